@@ -1,0 +1,30 @@
+# The two quickstart commands: `make demo` (whole pipeline on a synthetic corpus) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ecgpos-installed
+
+.PHONY: demo test test-fast test-slurm bench install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,export]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/ecgpos demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slurm and not slow"
+
+test-slurm: $(STAMP)
+	$(PY) -m pytest -q -m slurm
+
+clean:
+	rm -rf $(VENV) build *.egg-info

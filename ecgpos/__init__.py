@@ -1,0 +1,15 @@
+"""ecgpos: ECG self-supervised pretraining with nested manifold carving."""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "load_encoder"]
+
+
+def load_encoder(path: Any, device: str = "cpu") -> Any:
+    """Load an exported encoder folder (safetensors + config.json); see ecgpos.export."""
+    from .export.load import load_encoder as _load
+
+    return _load(path, device=device)
