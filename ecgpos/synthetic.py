@@ -188,23 +188,26 @@ def probe_params(per_class: int, seed: int) -> list[SimulationParams]:
 
 def write_probe_set(root: Path, params: Sequence[SimulationParams], signals: Sequence[np.ndarray],
                     seed: int = 0, fractions: tuple[float, float] = (0.6, 0.2)) -> dict[str, int]:
-    """WFDB records under `root/records/` and `root/splits/{train,val,test}.csv` (stratified by class).
+    """WFDB records under `root/records/` and `root/{train,val,test}.csv` (stratified by rhythm class).
 
-    Split columns: record (path relative to root, no extension), heart_rate, then one 0/1 column per
-    class in PROBE_CLASSES. Returns the row count of each split.
+    Split columns: record (path relative to root, no extension), then one 0/1 column per class in
+    PROBE_CLASSES — the layout of `ecgpos probe --task custom:<root>`. The simulated heart rates are
+    kept in `root/metadata.csv`. Returns the row count of each split.
     """
     import wfdb
 
     records = root / "records"
     records.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, metadata = [], []
     for i, (p, x) in enumerate(zip(params, signals)):
         name = f"synth{i:05d}"
         wfdb.wrsamp(name, fs=p.fs, units=["mV"] * 12, sig_name=list(CANONICAL_LEADS), p_signal=x.T.astype(np.float64),
                     fmt=["16"] * 12, adc_gain=[1000.0] * 12, baseline=[0] * 12, write_dir=str(records))
         rhythm = rhythm_class(p.heart_rate)
-        rows.append({"record": f"records/{name}", "heart_rate": round(p.heart_rate, 1),
-                     **{c: int(c == rhythm) for c in RHYTHM_CLASSES}, "noisy": int(p.noise > 0.1)})
+        rows.append({"record": f"records/{name}", **{c: int(c == rhythm) for c in RHYTHM_CLASSES},
+                     "noisy": int(p.noise > 0.1)})
+        metadata.append({"record": f"records/{name}", "heart_rate": round(p.heart_rate, 1),
+                         "heart_rate_std": round(p.heart_rate_std, 2), "noise_mv": round(p.noise, 3)})
     rng = np.random.default_rng(seed)
     splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     for label in RHYTHM_CLASSES:  # stratified: every split gets every rhythm class
@@ -214,11 +217,10 @@ def write_probe_set(root: Path, params: Sequence[SimulationParams], signals: Seq
         for rank, index in enumerate(order):
             split = "train" if rank < n_train else "val" if rank < n_train + n_val else "test"
             splits[split].append(group[index])
-    split_dir = root / "splits"
-    split_dir.mkdir(exist_ok=True)
-    for split, split_rows in splits.items():
-        with open(split_dir / f"{split}.csv", "w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=["record", "heart_rate", *PROBE_CLASSES])
+    tables = {**{f"{split}.csv": split_rows for split, split_rows in splits.items()}, "metadata.csv": metadata}
+    for name, table in tables.items():
+        with open(root / name, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(table[0]) if table else ["record"])
             writer.writeheader()
-            writer.writerows(split_rows)
+            writer.writerows(table)
     return {split: len(split_rows) for split, split_rows in splits.items()}

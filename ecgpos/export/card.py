@@ -1,0 +1,147 @@
+"""The model card (README.md of an export): what the encoder is, how it was trained, how to use it."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from ..errors import EcgposError
+
+PAPER_TITLE = ("When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on "
+               "Reconstruction-Based Anomaly Detection")
+PAPER_AUTHORS = "Mehmet Yamaç, Yagmur Mustu, Muhammad Numan Yousaf, Lei Xu, Marcel van Gerven"
+BIBTEX = """@misc{yamac2027pos,
+  title  = {When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on
+            Reconstruction-Based Anomaly Detection},
+  author = {Yama{\\c{c}}, Mehmet and Mustu, Yagmur and Yousaf, Muhammad Numan and Xu, Lei and
+            van Gerven, Marcel},
+  note   = {Submitted to ICLR 2027, under review},
+  year   = {2026}
+}"""
+MAX_TABLE_ROWS = 60
+
+
+def _describe_arch(arch: dict[str, Any]) -> str:
+    def one(cfg: dict[str, Any]) -> str:
+        keys = ("width", "depth", "heads", "patch_size", "seq_len")
+        return ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg)
+
+    if arch.get("kind") == "nested":
+        return (f"nested encoder: Stage 0 ST-MEM-style transformer ({one(arch.get('stage0', {}))}) "
+                f"followed by the Stage 1 latent transformer ({one(arch.get('stage1', {}))}) "
+                "trained by nested manifold carving on the frozen Stage 0 tokens")
+    return f"Stage 0 ST-MEM-style masked ECG transformer ({one(arch.get('encoder', {}))})"
+
+
+def _table(rows: list[dict[str, str]]) -> str:
+    """A markdown table of csv rows (first MAX_TABLE_ROWS)."""
+    if not rows:
+        return "_(empty results file)_"
+    header = list(rows[0])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows[:MAX_TABLE_ROWS]:
+        lines.append("| " + " | ".join(str(row.get(col, "")).replace("|", "/") for col in header) + " |")
+    if len(rows) > MAX_TABLE_ROWS:
+        lines.append(f"\n_{len(rows) - MAX_TABLE_ROWS} more rows in results.csv._")
+    return "\n".join(lines)
+
+
+def probe_section(folder: str | Path) -> str:
+    """Markdown for a probe results folder: its summary.md if present, else results.csv as a table."""
+    folder = Path(folder)
+    summary, results = folder / "summary.md", folder / "results.csv"
+    if summary.is_file():
+        body = summary.read_text().strip()
+        # demote headings so the summary nests under the card's own section
+        return "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
+    if results.is_file():
+        with results.open(newline="") as handle:
+            return _table(list(csv.DictReader(handle)))
+    raise EcgposError(f"--probe-results {folder}: no summary.md or results.csv there (run `ecgpos probe` first)")
+
+
+def _training_lines(training: dict[str, Any]) -> list[str]:
+    lines = []
+    stage = training.get("stage")
+    if stage is not None:
+        lines.append(f"- Stage: {stage}" + (" (Stage 1 on top of a frozen Stage 0)" if stage == 1 else ""))
+    if training.get("step") is not None:
+        total = training.get("steps")
+        finished = training.get("finished")
+        lines.append(f"- Optimiser steps: {training['step']}" + (f" of {total}" if total else "")
+                     + ("" if finished is None else (" (finished)" if finished else " (stopped early)")))
+    for key, label in (("batch_size", "Global batch size"), ("lr", "Peak learning rate"),
+                       ("mask_ratio", "Mask ratio"), ("push_pull", "Dynamic Push and Pull"),
+                       ("data", "Pretraining data"), ("records", "Pretraining records"),
+                       ("checkpoint", "Checkpoint")):
+        if training.get(key) not in (None, "", {}):
+            lines.append(f"- {label}: {training[key]}")
+    return lines or ["- (the run folder recorded no training details)"]
+
+
+def render_card(config: dict[str, Any], probe_results: str | Path | None = None) -> str:
+    """README.md text for an export whose config.json is `config`."""
+    spec = config["preprocess"]
+    io = config.get("io", {})
+    training = config.get("training", {})
+    probe = probe_section(probe_results) if probe_results else (
+        "No probe results were attached to this export (`ecgpos export --probe-results DIR`).")
+    onnx = config.get("onnx")
+    onnx_line = (f"- `encoder.onnx`: ONNX opset {onnx['opset']}, input `{onnx['input']}` (batch, 12, "
+                 f"{spec['window']}) float32 preprocessed windows, output `{onnx['output']}` (batch, "
+                 f"{io.get('features', '?')}); checked against PyTorch with onnxruntime.\n") if onnx else ""
+    return f"""# ecgpos ECG encoder ({training.get('name', config['arch'].get('kind', 'encoder'))})
+
+A frozen self-supervised 12-lead ECG encoder from **ecgpos** {config.get('ecgpos_version', '')}:
+{_describe_arch(config['arch'])}.
+It turns a 12-lead ECG into a {io.get('features', '?')}-dimensional feature vector ({config.get('pooling', '')}).
+
+## Intended use
+Research only: feature extraction for ECG representation learning, linear probes, retrieval and
+similar studies. **This is not a medical device and not a diagnostic tool**; it must not be used
+to make or support clinical decisions. It has no classification head and outputs no diagnoses.
+
+## How to load
+```python
+import ecgpos
+encoder = ecgpos.load_encoder("path/to/this/folder")          # eval mode, weights checked
+features = encoder.embed(signal_mV, fs=500, leads=lead_names)   # (leads, time) -> ({io.get('features', '?')},)
+```
+From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, and
+`ecgpos verify DIR` checks an installation against `test_vectors.npz`.
+
+## Preprocessing (applied by `embed`; apply it yourself before `forward_features`)
+- Input: raw signal in {spec['units']}, any sampling rate with a small rational ratio to {spec['fs']} Hz,
+  the 12 standard leads in any order and common spellings (AVR/aVR, DI/I).
+- Zero-phase Butterworth band-pass {spec['highpass_hz']}-{spec['lowpass_hz']} Hz (order {spec['filter_order']}) at
+  the source rate, per-{spec['standardise']} z-score, resampling to {spec['fs']} Hz.
+- Lead order: {', '.join(spec['leads'])}.
+- Window: {spec['window']} samples ({spec['window'] / spec['fs']:g} s); `embed` uses the centre window
+  (or `num_windows` windows spread over a long record, averaged). Records shorter than the window are refused.
+
+## Training
+{chr(10).join(_training_lines(training))}
+
+## Probe results
+{probe}
+
+## Files
+- `model.safetensors`: weights (safetensors, no pickle); sha256 of the tensors `{config['weights_sha256']}`.
+- `config.json`: architecture, preprocessing, pooling, versions, training summary.
+- `test_vectors.npz`: deterministic inputs with expected features.
+{onnx_line}
+## Limitations
+- Trained on the corpora listed above only; performance on other populations, devices, paediatric
+  ECGs, paced rhythms or recordings with other filtering is unknown.
+- Needs all 12 standard leads and at least {spec['window'] / spec['fs']:g} s of signal; reduced-lead ECGs
+  are not supported.
+- Features are averaged over time and may miss short or intermittent events outside the window used.
+- Self-supervised features can encode acquisition artefacts (device, site, noise); check for confounding.
+
+## Citation
+{PAPER_AUTHORS}. *{PAPER_TITLE}*. Submitted to ICLR 2027 (under review).
+
+```bibtex
+{BIBTEX}
+```
+"""

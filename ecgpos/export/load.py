@@ -1,0 +1,209 @@
+"""Loading an export folder: safetensors weights checked against config.json, never unpickled.
+
+`load_encoder(DIR)` rebuilds the architecture from config.json's `arch`, loads the weights strictly
+and refuses anything that does not match (missing/extra keys, shapes, dtypes, the weights hash):
+an export either loads exactly what was exported or fails with one line, never random weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..embedding import DEFAULT_NUM_WINDOWS, embed_signal
+from ..errors import EcgposError, SignalError
+from ..leads import lead_permutation
+from ..signal import resampled_length
+from ..spec import PreprocessSpec
+from . import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE
+
+
+def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
+
+    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
+    themselves, so an in-memory module can be checked as well as a file on disk.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
+        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def read_export_config(path: str | Path) -> dict[str, Any]:
+    """config.json of an export folder, validated; EcgposError (one line) for anything else."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise EcgposError(f"{folder} is not a folder (expected an ecgpos export folder)")
+    config_path = folder / CONFIG_FILE
+    if not config_path.is_file():
+        hint = ""
+        if (folder / "run_info.json").is_file() or (folder / "checkpoints").is_dir():
+            hint = f": it is a training run folder; export it first with `ecgpos export --run-dir {folder} --out DIR`"
+        raise EcgposError(f"{folder} is not an ecgpos export folder (no {CONFIG_FILE}){hint}")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise EcgposError(f"{config_path} is not valid JSON: {err}") from None
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise EcgposError(f"{folder} is not an ecgpos export folder ({CONFIG_FILE} has no format {FORMAT!r})")
+    if config.get("version") != FORMAT_VERSION:
+        raise EcgposError(f"{config_path}: export format version {config.get('version')!r} is not supported "
+                          f"(this ecgpos reads version {FORMAT_VERSION})")
+    missing = [key for key in ("arch", "preprocess", "weights_sha256") if key not in config]
+    if missing:
+        raise EcgposError(f"{config_path} lacks {', '.join(missing)}")
+    return config
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors of a .safetensors file (safetensors cannot execute code, unlike pickle)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise EcgposError(f"{path} is missing: the export folder has no weights")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise EcgposError(f"{path} is not a readable safetensors file: {str(err).splitlines()[0]}") from None
+
+
+def check_state_matches(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], what: str) -> None:
+    """Raise EcgposError naming missing/extra keys and shape/dtype mismatches between two state dicts."""
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+
+    def names(keys: list[str]) -> str:
+        return f"{len(keys)} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+
+    problems = ([f"missing {names(missing)}"] if missing else []) + ([f"unexpected {names(extra)}"] if extra else [])
+    for name in sorted(set(expected) & set(found)):
+        want, got = expected[name], found[name]
+        if tuple(want.shape) != tuple(got.shape):
+            problems.append(f"{name} has shape {tuple(got.shape)}, architecture needs {tuple(want.shape)}")
+        elif want.dtype != got.dtype:
+            problems.append(f"{name} has dtype {got.dtype}, expected {want.dtype}")
+    if problems:
+        raise EcgposError(f"{what} does not match the architecture in {CONFIG_FILE}: {'; '.join(problems[:4])}")
+
+
+def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], what: str) -> nn.Module:
+    """Rebuild the encoder from `arch` and load `state` strictly; every mismatch is an EcgposError."""
+    from ..models.factory import encoder_from_state
+
+    try:
+        module = encoder_from_state(arch, dict(state))
+    except EcgposError as err:
+        raise EcgposError(f"{what}: {err}") from None
+    except (RuntimeError, KeyError, TypeError, ValueError) as err:
+        # torch's strict-load message spans lines (missing/unexpected/size mismatch): keep it, on one line
+        text = " ".join(str(err).split())
+        raise EcgposError(f"{what} does not fit the architecture in {CONFIG_FILE}: "
+                          f"{text[:400]}{'...' if len(text) > 400 else ''}") from None
+    # Independent of the factory's own strictness: the module must now hold exactly these tensors.
+    loaded = module.state_dict()
+    check_state_matches(loaded, state, what)
+    for name, tensor in state.items():
+        if not torch.equal(loaded[name].cpu(), tensor):
+            raise EcgposError(f"{what}: tensor {name} was not loaded into the rebuilt encoder")
+    return module
+
+
+def check_raw_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> None:
+    """Cheap checks before filtering, so every bad record gets its own reason (SignalError).
+
+    Lead names/count first, then the rate, then the length after resampling: a record shorter than
+    the window would otherwise fail inside the filter with a numpy error instead of 'too_short'.
+    """
+    if signal.ndim != 2:
+        raise SignalError("shape", f"expected a (leads, time) array, got shape {signal.shape}")
+    if signal.shape[0] != len(leads):
+        raise SignalError("shape", f"{signal.shape[0]} signal rows but {len(leads)} lead names")
+    lead_permutation(leads)
+    length = resampled_length(signal.shape[1], fs, spec.fs)
+    if length < spec.window:
+        raise SignalError("too_short", f"{signal.shape[1] / fs:.2f} s at {fs:g} Hz = {length} samples at "
+                                       f"{spec.fs} Hz < window {spec.window}")
+
+
+class ExportedEncoder(nn.Module):
+    """A frozen, eval-mode encoder plus the preprocessing it was trained with.
+
+    forward(x) = forward_features(x): (B, 12, window) float32 preprocessed windows -> (B, width);
+    forward_tokens(x) -> (B, 12 * tokens_per_lead, width); embed(raw, fs, leads) -> (width,) numpy.
+    """
+
+    def __init__(self, encoder: nn.Module, spec: PreprocessSpec, arch: dict[str, Any], config: dict[str, Any],
+                 source: str = "") -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.spec = spec
+        self.arch = arch
+        self.config = config
+        self.source = source
+        self.info = dict(config.get("training", {}))
+        self.width = int(getattr(encoder, "width", 0) or config.get("io", {}).get("features", 0))
+        self.requires_grad_(False)
+        self.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_features(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 12, window) preprocessed float32 -> (B, width) pooled features."""
+        return self.encoder.forward_features(x)
+
+    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 12, window) preprocessed float32 -> (B, 12 * tokens_per_lead, width) token features."""
+        return self.encoder.forward_tokens(x)
+
+    @torch.no_grad()
+    def embed(self, signal: np.ndarray, fs: float, leads: Sequence[str],
+              num_windows: int = DEFAULT_NUM_WINDOWS) -> np.ndarray:
+        """Raw (leads, time) mV at any rate, any lead order/naming -> (width,) float32 features.
+
+        Applies the exported preprocessing (filter, standardise, resample, canonical lead order),
+        cuts up to `num_windows` windows spread over the record (1 = the centre window) and
+        averages their features. Raises SignalError for records that cannot be preprocessed.
+        """
+        signal = np.asarray(signal)
+        check_raw_record(signal, fs, list(leads), self.spec)
+        return embed_signal(self, signal, fs, list(leads), self.spec,
+                            num_windows=num_windows, device=self.device)
+
+
+def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> ExportedEncoder:
+    """Load an export folder (model.safetensors + config.json) as an eval-mode ExportedEncoder.
+
+    Raises EcgposError with one line when the folder is not an export, the weights hash differs
+    from config.json, or the weights do not fit the architecture.
+    """
+    folder = Path(path)
+    config = read_export_config(folder)
+    try:
+        spec = PreprocessSpec.from_dict(config["preprocess"])
+    except (EcgposError, TypeError) as err:
+        raise EcgposError(f"{folder / CONFIG_FILE}: invalid preprocess spec: {err}") from None
+    weights_path = folder / WEIGHTS_FILE
+    state = read_weights(weights_path)
+    digest = state_sha256(state)
+    if digest != config["weights_sha256"]:
+        raise EcgposError(f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
+                          f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)")
+    encoder = build_from_state(config["arch"], state, str(weights_path))
+    exported = ExportedEncoder(encoder.float(), spec, config["arch"], config, source=str(folder.resolve()))
+    return exported.to(device)

@@ -1,0 +1,114 @@
+"""Build encoders from JSON-able architecture dicts and load weights strictly (export, runs, probes).
+
+arch formats:
+    {"kind": "stage0", "encoder": {EncoderConfig fields}}                       -> STMEMEncoder
+    {"kind": "nested", "stage0": {EncoderConfig}, "stage1": {EncoderConfig}}     -> NestedEncoder
+`encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, EcgposError
+from .latent_mae import LatentEncoder
+from .nested import NestedEncoder
+from .st_mem import EncoderConfig, STMEMEncoder
+
+ENCODER_KINDS = ("stage0", "stage1")
+ARCH_KINDS = ("stage0", "nested")
+
+
+def encoder_config(cfg: EncoderConfig | Mapping[str, Any]) -> EncoderConfig:
+    """EncoderConfig from itself or a dict; unknown keys or bad values raise ConfigError."""
+    if isinstance(cfg, EncoderConfig):
+        return cfg
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"encoder config must be a mapping, got {type(cfg).__name__}")
+    known = {f.name for f in dataclasses.fields(EncoderConfig)}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ConfigError(f"unknown encoder config keys: {', '.join(unknown)}")
+    try:
+        return EncoderConfig(**dict(cfg))
+    except TypeError as exc:  # e.g. a value of the wrong type reaching a comparison
+        raise ConfigError(f"invalid encoder config: {exc}") from None
+
+
+def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
+    """Freshly initialised encoder: kind 'stage0' -> STMEMEncoder, 'stage1' -> LatentEncoder."""
+    if kind == "stage0":
+        return STMEMEncoder(encoder_config(cfg))
+    if kind == "stage1":
+        return LatentEncoder(encoder_config(cfg))
+    raise ConfigError(f"unknown encoder kind {kind!r} (expected one of {', '.join(ENCODER_KINDS)})")
+
+
+def build_nested(stage0: EncoderConfig | Mapping[str, Any],
+                 stage1: EncoderConfig | Mapping[str, Any]) -> NestedEncoder:
+    """Freshly initialised NestedEncoder(STMEMEncoder(stage0), LatentEncoder(stage1))."""
+    s0, s1 = build_encoder("stage0", stage0), build_encoder("stage1", stage1)
+    if (s0.width, s0.num_leads, s0.num_patches) != (s1.width, s1.num_leads, s1.num_patches):
+        raise ConfigError("stage-1 encoder width/leads/patches must match the stage-0 encoder "
+                          f"({s1.width}/{s1.num_leads}/{s1.num_patches} vs "
+                          f"{s0.width}/{s0.num_leads}/{s0.num_patches})")
+    return NestedEncoder(s0, s1)
+
+
+def encoder_arch(module: nn.Module) -> dict[str, Any]:
+    """JSON-able arch dict of an STMEMEncoder or NestedEncoder (inverse of module_from_arch)."""
+    if isinstance(module, STMEMEncoder):
+        return {"kind": "stage0", "encoder": dataclasses.asdict(module.cfg)}
+    if isinstance(module, NestedEncoder):
+        return {"kind": "nested", "stage0": dataclasses.asdict(module.stage0.cfg),
+                "stage1": dataclasses.asdict(module.stage1.cfg)}
+    raise EcgposError(f"no encoder arch for {type(module).__name__} (expected STMEMEncoder or NestedEncoder)")
+
+
+def module_from_arch(arch: Mapping[str, Any]) -> STMEMEncoder | NestedEncoder:
+    """Freshly initialised encoder described by `arch`; malformed arch raises EcgposError."""
+    if not isinstance(arch, Mapping) or arch.get("kind") not in ARCH_KINDS:
+        kind = arch.get("kind") if isinstance(arch, Mapping) else None
+        raise EcgposError(f"unknown encoder arch kind {kind!r} (expected one of {', '.join(ARCH_KINDS)})")
+    needed = ("encoder",) if arch["kind"] == "stage0" else ("stage0", "stage1")
+    missing = [k for k in needed if k not in arch]
+    if missing:
+        raise EcgposError(f"encoder arch of kind {arch['kind']!r} lacks {', '.join(missing)}")
+    if arch["kind"] == "stage0":
+        return build_encoder("stage0", arch["encoder"])
+    return build_nested(arch["stage0"], arch["stage1"])
+
+
+def _state_mismatch(module: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> str:
+    """One line describing how state_dict differs from module's (empty when it fits)."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [f"{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+        if items:
+            more = f" (+{len(items) - 3} more)" if len(items) > 3 else ""
+            parts.append(f"{label}: {', '.join(items[:3])}{more}")
+    return "; ".join(parts)
+
+
+def encoder_from_state(arch: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
+    """Encoder described by `arch` with `state_dict` loaded strictly, in eval mode.
+
+    Any missing/unexpected key or shape difference raises EcgposError with one line.
+    """
+    module = module_from_arch(arch)
+    problem = _state_mismatch(module, state_dict)
+    if problem:
+        raise EcgposError(f"weights do not match the {arch['kind']} encoder arch: {problem}")
+    try:
+        module.load_state_dict(dict(state_dict), strict=True)
+    except RuntimeError as exc:  # anything the checks above did not foresee
+        raise EcgposError(f"weights do not load into the {arch['kind']} encoder: "
+                          f"{str(exc).splitlines()[0]}") from None
+    return module.eval()

@@ -1,0 +1,74 @@
+"""Per-lead random masking shared by Stage 0 (signal patches) and Stage 1 (latent patch tokens).
+
+Every lead is masked independently: each keeps exactly `num_kept(N, mask_ratio)` of its N patch
+tokens (7 of 30 at mask_ratio 0.75, the same integer rule ST-MEM uses), so every lead contributes
+the same number of visible tokens and a batch stays a dense tensor. SEP tokens are not part of
+the N patch positions, so they are never masked; callers add them back around the kept tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ConfigError
+
+
+def num_kept(num_patches: int, mask_ratio: float) -> int:
+    """Visible patches per lead: int(num_patches * (1 - mask_ratio))."""
+    return int(num_patches * (1.0 - mask_ratio))
+
+
+def check_mask_ratio(mask_ratio: float, num_patches: int) -> None:
+    """Raise ConfigError unless 0 < mask_ratio < 1 and each lead keeps and masks >= 1 patch."""
+    if not 0.0 < float(mask_ratio) < 1.0:
+        raise ConfigError(f"mask_ratio must lie in (0, 1), got {mask_ratio}")
+    kept = num_kept(num_patches, mask_ratio)
+    if kept < 1 or kept >= num_patches:
+        raise ConfigError(f"mask_ratio {mask_ratio} keeps {kept} of {num_patches} patches per lead; "
+                          "each lead must keep at least one patch and mask at least one")
+
+
+def random_masking(batch: int, num_leads: int, num_patches: int, mask_ratio: float,
+                   device: torch.device | str = "cpu",
+                   generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Draw an independent random mask per (sample, lead).
+
+    Returns
+        ids_keep    (B, L, K) int64: indices of the kept patches, in shuffled order,
+        mask        (B, L, N) bool: True where the patch is masked (N - K per lead),
+        ids_restore (B, L, N) int64: inverse permutation, used by the decoder to unshuffle
+                    [kept tokens, mask tokens] back into time order.
+    The noise is drawn on the generator's device (so a CPU generator gives the same mask whatever
+    device the model runs on) and then moved to `device`.
+    """
+    keep = num_kept(num_patches, mask_ratio)
+    noise_device = generator.device if generator is not None else device
+    noise = torch.rand(batch, num_leads, num_patches, generator=generator, device=noise_device)
+    noise = noise.to(device)
+    ids_shuffle = torch.argsort(noise, dim=-1)           # ascending: smallest noise is kept
+    ids_restore = torch.argsort(ids_shuffle, dim=-1)
+    ids_keep = ids_shuffle[..., :keep]
+    mask = torch.ones(batch, num_leads, num_patches, dtype=torch.bool, device=device)
+    mask[..., :keep] = False
+    mask = torch.gather(mask, -1, ids_restore)            # back to time order
+    return ids_keep, mask, ids_restore
+
+
+def gather_tokens(tokens: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Select tokens per lead: tokens (B, L, N, D), ids (B, L, K) -> (B, L, K, D)."""
+    index = ids.unsqueeze(-1).expand(-1, -1, -1, tokens.shape[-1])
+    return torch.gather(tokens, 2, index)
+
+
+def unshuffle_with_mask_tokens(kept: torch.Tensor, mask_token: torch.Tensor,
+                               ids_restore: torch.Tensor) -> torch.Tensor:
+    """Re-insert mask tokens and restore time order.
+
+    kept (B, L, K, D), mask_token (D,) or broadcastable to (1, 1, 1, D), ids_restore (B, L, N)
+    -> (B, L, N, D), where masked positions hold `mask_token`.
+    """
+    b, l, k, d = kept.shape
+    n = ids_restore.shape[-1]
+    fill = mask_token.reshape(1, 1, 1, d).to(kept.dtype).expand(b, l, n - k, d)
+    full = torch.cat([kept, fill], dim=2)                # shuffled order: kept first
+    return gather_tokens(full, ids_restore)

@@ -1,0 +1,242 @@
+"""Building a shard set: list records, process chunks (optionally in worker processes), merge.
+
+Determinism: the reader's sorted record list is cut into fixed chunks of `records_per_shard`;
+chunk k is always shard k, whichever process or worker computes it, and `--part I --num-parts N`
+takes the chunks with k % N == I. Each record is processed independently in one thread, so the
+bytes written do not depend on --workers or --part (tests compare them).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from itertools import islice
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Iterable, Iterator, TextIO
+
+from ecgpos.errors import EcgposError, SignalError
+from ecgpos.signal import DEAD_LEAD_PTP_MV
+from ecgpos.spec import PreprocessSpec
+
+from . import code15, ecg_arrhythmia, manifest
+from .records import RecordPolicy, RecordRef, prepare
+from .shards import shard_name, write_shard
+
+SOURCES: dict[str, ModuleType] = {ecg_arrhythmia.NAME: ecg_arrhythmia, code15.NAME: code15}
+DEFAULT_RECORDS_PER_SHARD = 1000
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """Everything `ecgpos preprocess` was asked to do."""
+
+    dataset: str
+    src: Path
+    out: Path
+    spec: PreprocessSpec
+    subset: str | None = None
+    pad_short: bool = False
+    max_dead_leads: int = 2
+    records_per_shard: int = DEFAULT_RECORDS_PER_SHARD
+    workers: int = 1
+    part: int = 0
+    num_parts: int = 1
+
+    def settings(self) -> dict:
+        """What must be equal for two runs to share an output folder (not workers/parts)."""
+        return {"source": self.dataset, "subset": self.subset, "spec": self.spec.to_dict(),
+                "records_per_shard": self.records_per_shard, "pad_short": self.pad_short,
+                "max_dead_leads": self.max_dead_leads, "dead_lead_ptp_mv": DEAD_LEAD_PTP_MV}
+
+    def policy(self) -> RecordPolicy:
+        return RecordPolicy(expected_fs=SOURCES[self.dataset].FS, pad_short=self.pad_short,
+                            max_dead_leads=self.max_dead_leads)
+
+
+@dataclass
+class Summary:
+    stored: int
+    skipped: int
+    found: int
+    complete: bool
+    message: str
+
+    def line(self) -> str:
+        return f"stored {self.stored} + skipped {self.skipped} = found {self.found}{self.message}"
+
+
+# --- per-record work (runs in worker processes: module-level state set by the initializer) -----
+
+_state: dict = {}
+
+
+def _init_worker(dataset: str, src: str, spec: PreprocessSpec, policy: RecordPolicy) -> None:
+    _state.update(source=SOURCES[dataset], src=Path(src), spec=spec, policy=policy)
+
+
+def _process(ref: RecordRef) -> tuple:
+    """('ok', ref, signal in spec.dtype, dead, meta) or ('skip', ref, reason, detail)."""
+    try:
+        loaded = _state["source"].load_record(_state["src"], ref)
+        prepared = prepare(loaded, _state["spec"], _state["policy"])
+    except SignalError as err:
+        return ("skip", ref, err.reason, err.detail)
+    except Exception as err:  # a file no reader check anticipated: skipped with its error, never a traceback
+        return ("skip", ref, "unreadable", f"{type(err).__name__}: {err}".splitlines()[0])
+    return ("ok", ref, prepared.signal.astype(_state["spec"].dtype), prepared.dead, loaded.meta)
+
+
+def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
+    args = (req.dataset, str(req.src), req.spec, req.policy())
+    if req.workers <= 1:
+        _init_worker(*args)
+        yield from map(_process, refs)
+        return
+    # spawn: safe with h5py handles and threads, identical on Linux and macOS
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(req.workers, initializer=_init_worker, initargs=args) as pool:
+        yield from pool.imap(_process, refs, chunksize=8)
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+class Progress:
+    """A tqdm bar on a terminal; otherwise one plain line per finished shard."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
+        self.stream, self.total, self.done, self.start = stream, total, 0, time.monotonic()
+        self.bar = None
+        if stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="rec", file=stream, desc="preprocess")
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def chunk_done(self, chunk: int, stored: int, skipped: int) -> None:
+        if self.bar is None:
+            rate = self.done / max(time.monotonic() - self.start, 1e-9)
+            print(f"ecgpos preprocess: chunk {chunk}: stored {stored}, skipped {skipped} "
+                  f"({self.done}/{self.total} records, {rate:.0f} rec/s)", file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+def _counted(items: Iterable[tuple], progress: Progress) -> Iterator[tuple]:
+    for item in items:
+        progress.update()
+        yield item
+
+
+def _chunks(refs: list[RecordRef], size: int) -> list[list[RecordRef]]:
+    return [refs[i:i + size] for i in range(0, len(refs), size)]
+
+
+def _write_chunk(req: BuildRequest, chunk: int, results: Iterable[tuple],
+                 index_columns: tuple[str, ...]) -> tuple[int, int]:
+    """Write chunk `chunk`'s shard (if any record was stored), then its sidecar; returns (stored, skipped)."""
+    signals, ids, index_rows, skipped_rows, found = [], [], [], [], 0
+    name = shard_name(chunk)
+    sidecar = manifest.sidecar_path(req.out, chunk)
+    # Temporary files a killed run left for this chunk (only this part ever writes them).
+    for stale in [*req.out.glob(f".{name}.*.tmp"), *sidecar.parent.glob(f".{sidecar.name}.*.tmp")]:
+        stale.unlink(missing_ok=True)
+    for result in results:
+        found += 1
+        if result[0] == "ok":
+            _, ref, signal, dead, meta = result
+            index_rows.append({"shard": name, "row": len(signals), "source": req.dataset,
+                               "record_id": ref.record_id, "patient_id": meta.get("patient_id", ""),
+                               "age": meta.get("age", ""), "sex": meta.get("sex", ""),
+                               "length": int(signal.shape[-1]), "dead_leads": " ".join(dead),
+                               **{c: meta.get(c, "") for c in index_columns}})
+            signals.append(signal)
+            ids.append(ref.record_id)
+        else:
+            _, ref, reason, detail = result
+            skipped_rows.append({"source": req.dataset, "record_id": ref.record_id, "reason": reason,
+                                 "detail": detail})
+    if signals:
+        write_shard(req.out / name, signals, ids, req.spec, attrs={"source": req.dataset, "chunk": chunk})
+    # The sidecar comes last: its presence marks the chunk (and its shard) as complete.
+    manifest.write_json(sidecar, {
+        "chunk": chunk, "shard": name if signals else None, "found": found,
+        "index": index_rows, "skipped": skipped_rows})
+    return len(index_rows), len(skipped_rows)
+
+
+def _finished(req: BuildRequest) -> Summary | None:
+    final = req.out / "preprocess.json"
+    if not final.exists():
+        return None
+    done = manifest.read_json(final)
+    manifest.check_settings(done.get("settings", {}), req.settings(), req.out)
+    c = done["counts"]
+    return Summary(c["stored"], c["skipped"], c["found"], True, f" (already complete in {req.out}; left untouched)")
+
+
+def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
+    """Process this part's unfinished chunks; merge when every chunk of the set is done."""
+    source = SOURCES[req.dataset]
+    if not 0 <= req.part < req.num_parts:
+        raise EcgposError(f"--part must be in 0..{req.num_parts - 1}, got {req.part}")
+    if req.records_per_shard < 1 or req.workers < 1:
+        raise EcgposError("--records-per-shard and --workers must be at least 1")
+    finished = _finished(req)
+    if finished:
+        return finished
+    if not req.src.is_dir():
+        raise EcgposError(f"--src {req.src} is not a folder")
+    refs, notes = source.find_records(req.src, req.subset)
+    if not refs:
+        hint = f" ({notes['outside_subset']} records outside subset {req.subset!r}: try --subset all)" \
+            if notes.get("outside_subset") else ""
+        raise EcgposError(f"no {req.dataset} records found under {req.src}{hint}")
+    chunks = _chunks(refs, req.records_per_shard)
+    req.out.mkdir(parents=True, exist_ok=True)
+    plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes)
+    todo = [k for k in range(len(chunks)) if k % req.num_parts == req.part
+            and not manifest.sidecar_path(req.out, k).exists()]
+    progress = Progress(sum(len(chunks[k]) for k in todo), stream)
+    print(f"ecgpos preprocess: found {len(refs)} records in {len(chunks)} chunks; part {req.part}/{req.num_parts} "
+          f"has {len(todo)} chunks to do", file=stream, flush=True)
+    stored = skipped = 0
+    results = _results(req, [ref for k in todo for ref in chunks[k]])
+    try:
+        for k in todo:
+            s, sk = _write_chunk(req, k, _counted(islice(results, len(chunks[k])), progress), source.INDEX_COLUMNS)
+            stored, skipped = stored + s, skipped + sk
+            progress.chunk_done(k, s, sk)
+    finally:
+        results.close()  # stops the worker pool
+        progress.close()
+    if manifest.missing_chunks(req.out, len(chunks)):
+        pending = len(manifest.missing_chunks(req.out, len(chunks)))
+        return Summary(stored, skipped, stored + skipped, False,
+                       f" in part {req.part}/{req.num_parts} ({len(todo)} chunks); "
+                       f"{pending} chunks of other parts pending")
+    counts = manifest.merge(req.out, plan, source.INDEX_COLUMNS)
+    return Summary(counts["stored"], counts["skipped"], counts["found"], True,
+                   f" ({counts['shards']} shards in {req.out})")
+
+
+def check(out: Path) -> Summary:
+    """Verify a set (SLURM's final step): every chunk done, shards match sidecars; merge if needed."""
+    plan = manifest.read_plan(out)
+    source = SOURCES[plan["settings"]["source"]]
+    final = out / "preprocess.json"
+    done = final.exists()
+    counts = manifest.merge(out, plan, source.INDEX_COLUMNS, write=not done)  # a finished set is only read
+    if done and manifest.read_json(final)["counts"] != counts:
+        raise EcgposError(f"{final} disagrees with the chunks it was merged from")
+    return Summary(counts["stored"], counts["skipped"], counts["found"], True,
+                   f" ({counts['shards']} shards in {out}; complete)")

@@ -1,0 +1,147 @@
+"""CODE-15 (Zenodo): `exams.csv` + `exams_part{0..17}.hdf5` (`tracings` (N, 4096, 12) float32 mV at 400 Hz).
+
+Lead order DI, DII, DIII, AVR, AVL, AVF, V1..V6. Exams shorter than 4096 samples (7 s = 2800,
+10 s = 4000) are zero-padded symmetrically: `true_extent` recovers the recorded span so that
+filtering never sees the padding. The last row of every part is exam_id 0 with an all-zero trace:
+a padding row, not an exam, so it is not counted as found (preprocess.json reports how many).
+Records are ordered by (part number, row): each shard then reads one part sequentially.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+
+from ecgpos.errors import EcgposError, SignalError
+
+from .records import LoadedRecord, RecordRef
+
+NAME = "code15"
+FS = 400.0
+LEADS = ["DI", "DII", "DIII", "AVR", "AVL", "AVF", "V1", "V2", "V3", "V4", "V5", "V6"]
+INDEX_COLUMNS = ("1dAVb", "RBBB", "LBBB", "SB", "ST", "AF", "normal_ecg")
+_PART = re.compile(r"^exams_part(\d+)\.hdf5$")
+_open_parts: dict[str, h5py.File] = {}  # per process: parts stay open while a worker reads rows
+
+
+def true_extent(trace: np.ndarray) -> tuple[int, int]:
+    """(start, stop) of the recorded span of a symmetrically zero-padded (time, leads) trace.
+
+    The non-zero span is trusted where padding is (near) symmetric; if a recorded edge sample is
+    itself zero on every lead, the side with less padding is mirrored. (0, 0) for an all-zero trace.
+    """
+    nonzero = np.flatnonzero(np.any(trace != 0, axis=1))
+    if nonzero.size == 0:
+        return 0, 0
+    start, stop = int(nonzero[0]), int(nonzero[-1]) + 1
+    left, right = start, trace.shape[0] - stop
+    if abs(left - right) <= 1:
+        return start, stop
+    pad = min(left, right)
+    return pad, trace.shape[0] - pad
+
+
+def _bool01(value) -> str:
+    if isinstance(value, str):
+        return "1" if value.strip().lower() in ("true", "1") else "0" if value.strip() else ""
+    return "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(int(bool(value)))
+
+
+def _text(value) -> str:
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return ""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+_tables: dict[str, pd.DataFrame] = {}  # per process: exams.csv indexed by exam_id, read once
+
+
+def _file_key(path: Path) -> str:
+    """Cache key that changes when the file is replaced (a long-lived process may see new files)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return str(path)
+    return f"{path}|{stat.st_mtime_ns}|{stat.st_size}"
+
+
+def _table(src: Path) -> pd.DataFrame:
+    """exams.csv indexed by exam_id (first row wins), read once per process and kept compact."""
+    path = src / "exams.csv"
+    key = _file_key(path)
+    if key not in _tables:
+        try:
+            table = pd.read_csv(path, low_memory=False)
+        except (OSError, ValueError) as err:
+            raise EcgposError(f"cannot read {path}: {err}".splitlines()[0]) from None
+        if "exam_id" not in table.columns:
+            raise EcgposError(f"{path} has no exam_id column")
+        table = table.drop_duplicates("exam_id").set_index("exam_id")
+        _tables[key] = table
+    return _tables[key]
+
+
+def _row_meta(row: pd.Series) -> dict[str, str]:
+    """index.csv fields of one exams.csv row: patient_id, age, sex (M/F), the labels as 0/1."""
+    meta = {"patient_id": _text(row.get("patient_id")), "age": _text(row.get("age")),
+            "sex": {"1": "M", "0": "F"}.get(_bool01(row.get("is_male")), "")}
+    meta.update({name: _bool01(row.get(name)) for name in INDEX_COLUMNS})
+    return meta
+
+
+def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef], dict[str, int]]:
+    """Every exam in every `exams_partN.hdf5` under src, ordered by (part, row); exam_id 0 rows left out."""
+    if subset not in (None, "all"):
+        raise EcgposError("--subset applies to ecg-arrhythmia only")
+    parts = sorted((int(m.group(1)), p) for p in src.glob("exams_part*.hdf5") if (m := _PART.match(p.name)))
+    if not parts:
+        return [], {}
+    table = _table(src)
+    known = set(table.index.tolist())
+    trace_file = table["trace_file"].astype(str) if "trace_file" in table.columns else pd.Series(dtype=str)
+    refs, seen, padding = [], set(), 0
+    for _, path in parts:
+        try:
+            with h5py.File(path, "r") as f:
+                exam_ids = np.asarray(f["exam_id"][:], dtype=np.int64)
+                shape = f["tracings"].shape
+            if len(shape) != 3 or shape[0] != exam_ids.shape[0] or shape[2] != 12:
+                raise ValueError(f"tracings shape {shape} does not match {exam_ids.shape[0]} exam ids x 12 leads")
+        except Exception as err:  # h5py raises OSError/KeyError/ValueError for damaged files
+            detail = f"{path.name}: {type(err).__name__}: {err}".splitlines()[0]
+            listed = sorted(int(eid) for eid in trace_file.index[trace_file == path.name])
+            refs += [RecordRef(str(eid), path.name, problem=("unreadable_part", detail))
+                     for eid in listed] or [RecordRef(path.name, path.name, problem=("unreadable_part", detail))]
+            continue
+        for row, exam_id in enumerate(exam_ids.tolist()):
+            if exam_id == 0:
+                padding += 1
+                continue
+            problem = None
+            if exam_id in seen:
+                problem = ("duplicate_record", f"exam {exam_id} appears in more than one row")
+            elif exam_id not in known:
+                problem = ("missing_metadata", f"exam {exam_id} has no exams.csv row")
+            seen.add(exam_id)
+            refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
+    return refs, {"padding_rows": padding}
+
+
+def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
+    """One exam's recorded span as (12, time) float32 mV in CODE-15 lead order; raises SignalError."""
+    if ref.problem:
+        raise SignalError(*ref.problem)
+    key = _file_key(src / ref.location)
+    try:
+        if key not in _open_parts:
+            _open_parts[key] = h5py.File(src / ref.location, "r")
+        trace = np.asarray(_open_parts[key]["tracings"][ref.row], dtype=np.float32)
+    except Exception as err:
+        detail = f"{ref.location} row {ref.row}: {type(err).__name__}: {err}".splitlines()[0]
+        raise SignalError("unreadable", detail) from None
+    start, stop = true_extent(trace)
+    meta = _row_meta(_table(src).loc[int(ref.record_id)])
+    return LoadedRecord(signal=np.ascontiguousarray(trace[start:stop].T), fs=FS, leads=list(LEADS), meta=meta)

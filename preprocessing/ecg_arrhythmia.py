@@ -1,0 +1,83 @@
+"""ecg-arrhythmia (Chapman-Shaoxing + Ningbo, PhysioNet 1.0.0): `WFDBRecords/NN/NNN/JSxxxxx.{hea,mat}`.
+
+Bucket folders hold 100 existing records and ids have gaps, so folders cannot be computed from
+ids: the tree under --src is walked. JS00001..JS10646 are Chapman-Shaoxing, JS10647..JS45551
+Ningbo (the paper's pretraining pool). 500 Hz, 10 s, 12 leads, `#Age/#Sex/#Dx` header comments.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ecgpos.errors import EcgposError, SignalError
+
+from .records import LoadedRecord, RecordRef
+from .wfdb_fast import read_fast
+from .wfdb_io import read_wfdb_record
+
+NAME = "ecg-arrhythmia"
+FS = 500.0
+SUBSETS = {"chapman": (1, 10646), "ningbo": (10647, 45551), "all": (0, 10**9)}
+DEFAULT_SUBSET = "ningbo"
+INDEX_COLUMNS = ("dx",)  # SNOMED CT codes from `#Dx:`, comma-separated as in the header
+_ID = re.compile(r"^JS(\d+)$")
+
+
+def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRef], dict[str, int]]:
+    """Every JSxxxxx record under src (a .hea or a .mat counts), in the subset, sorted by id.
+
+    Returns (refs, notes): notes counts what was seen outside the subset. A record found twice
+    keeps the first path (sorted) and the others become `duplicate_record`.
+    """
+    if subset not in SUBSETS:
+        raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")
+    low, high = SUBSETS[subset]
+    stems: dict[tuple[int, str], set[str]] = {}
+    for folder, dirs, files in os.walk(src, followlinks=True):
+        dirs.sort()
+        rel = Path(folder).relative_to(src)
+        for name in files:
+            stem, ext = os.path.splitext(name)
+            match = _ID.match(stem)
+            if ext in (".hea", ".mat") and match:
+                stems.setdefault((int(match.group(1)), (rel / stem).as_posix()), set()).add(ext)
+    refs, seen, outside = [], set(), 0
+    for (number, location), exts in sorted(stems.items()):
+        if not low <= number <= high:
+            outside += 1
+            continue
+        record_id = Path(location).name
+        problem = None
+        if record_id in seen:
+            problem = ("duplicate_record", f"{record_id} also found earlier in the tree")
+        elif ".hea" not in exts:
+            problem = ("unreadable", "no .hea header beside the .mat")
+        seen.add(record_id)
+        refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
+    return refs, {"outside_subset": outside}
+
+
+def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
+    """Read one record in mV with its Age/Sex/Dx metadata; raises SignalError."""
+    if ref.problem:
+        raise SignalError(*ref.problem)
+    base = src / ref.location
+    if not base.with_suffix(".mat").is_file() and not base.with_suffix(".dat").is_file():
+        raise SignalError("unreadable", f"{ref.record_id}: signal file missing")
+    raw = read_fast(base)
+    if raw is None:  # a header outside the fast path: let wfdb read it
+        raw = read_wfdb_record(base)
+    fields = raw.header_fields()
+    meta = {"patient_id": "", "age": _age(fields.get("Age", "")), "sex": _sex(fields.get("Sex", "")),
+            "dx": fields.get("Dx", "")}
+    return LoadedRecord(signal=raw.signal, fs=raw.fs, leads=raw.leads, meta=meta)
+
+
+def _age(text: str) -> str:
+    return text if text.strip().isdigit() else ""
+
+
+def _sex(text: str) -> str:
+    text = text.strip().lower()
+    return "M" if text.startswith("m") else "F" if text.startswith("f") else ""

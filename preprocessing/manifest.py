@@ -1,0 +1,149 @@
+"""Book-keeping of a shard set: the plan, per-chunk sidecars, and the merged index/skipped/preprocess.json.
+
+Records are sorted (see each reader) and cut into fixed chunks of --records-per-shard; chunk k
+becomes `shard-k.h5` and the sidecar `chunks/chunk-k.json` (its index and skipped rows), written
+after the shard. A chunk is done when its sidecar exists, so a killed run redoes only unfinished
+chunks, and any process that finds every sidecar present merges them into index.csv, skipped.csv
+and, last, preprocess.json (whose presence means "finished"). The plan (`chunks/plan.json`) pins
+the settings and the record list, so runs with other settings cannot mix into the same folder.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import h5py
+
+from ecgpos import __version__
+from ecgpos.errors import ConfigError, EcgposError
+
+from .records import RecordRef
+from .shards import atomic_write_bytes, shard_name
+
+FORMAT_VERSION = 1
+INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads")
+SKIPPED_COLUMNS = ("source", "record_id", "reason", "detail")
+
+
+def records_digest(refs: Sequence[RecordRef]) -> str:
+    """sha256 of the ordered record list: parts of one run must agree on it."""
+    h = hashlib.sha256()
+    for ref in refs:
+        h.update(f"{ref.record_id}\t{ref.location}\t{ref.row}\t{ref.problem}\n".encode())
+    return h.hexdigest()
+
+
+def chunk_dir(out: Path) -> Path:
+    return out / "chunks"
+
+
+def sidecar_path(out: Path, chunk: int) -> Path:
+    return chunk_dir(out) / f"chunk-{chunk:05d}.json"
+
+
+def write_json(path: Path, data: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise EcgposError(f"cannot read {path}: {err}".splitlines()[0]) from None
+
+
+def check_settings(found: dict, wanted: dict, out: Path) -> None:
+    """Refuse to resume or reuse a folder written with other settings."""
+    diffs = [f"{k}: {found.get(k)!r} != {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
+    if diffs:
+        raise ConfigError(f"{out} holds a preprocessing run with other settings ({'; '.join(diffs)}); "
+                          "use a new --out or the same options")
+
+
+def write_or_check_plan(out: Path, settings: dict, refs: Sequence[RecordRef], num_chunks: int,
+                        notes: dict) -> dict:
+    """Create chunks/plan.json, or check that an existing one describes the same run."""
+    plan = {"settings": settings, "found": len(refs), "num_chunks": num_chunks,
+            "records_sha256": records_digest(refs), "notes": notes}
+    path = chunk_dir(out) / "plan.json"
+    if path.exists():
+        old = read_json(path)
+        check_settings(old.get("settings", {}), settings, out)
+        if old.get("records_sha256") != plan["records_sha256"]:
+            raise ConfigError(f"{out} was started on a different set of input records "
+                              f"({old.get('found')} then, {len(refs)} now); use a new --out")
+        return old
+    chunk_dir(out).mkdir(parents=True, exist_ok=True)
+    write_json(path, plan)
+    return plan
+
+
+def read_plan(out: Path) -> dict:
+    path = chunk_dir(out) / "plan.json"
+    if not path.exists():
+        raise EcgposError(f"{out} has no {path.relative_to(out)}: no preprocessing run was started there")
+    return read_json(path)
+
+
+def missing_chunks(out: Path, num_chunks: int) -> list[int]:
+    return [k for k in range(num_chunks) if not sidecar_path(out, k).exists()]
+
+
+def _csv_bytes(columns: Sequence[str], rows) -> bytes:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    return buffer.getvalue().encode()
+
+
+def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = True) -> dict:
+    """Check every chunk and (if write) write index.csv, skipped.csv, then preprocess.json. Returns the counts.
+
+    Raises EcgposError when chunks are missing or a shard disagrees with its sidecar.
+    """
+    missing = missing_chunks(out, plan["num_chunks"])
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise EcgposError(f"{len(missing)} of {plan['num_chunks']} chunks not done yet (chunk {shown}); "
+                          "rerun the command (or the --part that owns them: part = chunk % num-parts)")
+    index_rows, skipped_rows, shards = [], [], []
+    for k in range(plan["num_chunks"]):
+        side = read_json(sidecar_path(out, k))
+        if side.get("found") != len(side["index"]) + len(side["skipped"]):
+            raise EcgposError(f"chunk {k}: stored + skipped != found in its sidecar")
+        if side["index"]:
+            shard = out / shard_name(k)
+            try:
+                with h5py.File(shard, "r") as f:
+                    ids = list(f["record_id"].asstr()[:])
+            except (OSError, KeyError) as err:
+                raise EcgposError(f"{shard.name}: unreadable ({err}); "
+                                  f"delete {sidecar_path(out, k).name} and rerun") from None
+            if ids != [row["record_id"] for row in side["index"]]:
+                raise EcgposError(f"{shard.name} does not hold the records its sidecar lists; "
+                                  f"delete {sidecar_path(out, k).name} and rerun")
+            shards.append(shard.name)
+        index_rows += side["index"]
+        skipped_rows += side["skipped"]
+    counts = {"found": len(index_rows) + len(skipped_rows), "stored": len(index_rows),
+              "skipped": len(skipped_rows), "shards": len(shards),
+              "skipped_by_reason": dict(sorted(Counter(r["reason"] for r in skipped_rows).items())),
+              **plan.get("notes", {})}
+    if counts["found"] != plan["found"]:
+        raise EcgposError(f"chunks account for {counts['found']} records, the plan found {plan['found']}")
+    if not write:
+        return counts
+    atomic_write_bytes(out / "index.csv", _csv_bytes((*INDEX_BASE, *index_columns), index_rows))
+    atomic_write_bytes(out / "skipped.csv", _csv_bytes(SKIPPED_COLUMNS, skipped_rows))
+    settings = plan["settings"]
+    write_json(out / "preprocess.json", {"version": __version__, "format": FORMAT_VERSION,
+                                         "source": settings["source"], "spec": settings["spec"],
+                                         "settings": settings, "counts": counts, "shards": shards})
+    return counts

@@ -1,0 +1,85 @@
+"""What every corpus reader hands to shard building, and the checks every record goes through.
+
+A reader lists `RecordRef`s (cheap, picklable, sorted: the order fixes shard contents) and loads
+one into a `LoadedRecord` (raw mV, source rate, lead names as written, index metadata). `prepare`
+turns a loaded record into the stored signal or raises `SignalError(reason)`; the reason becomes the
+`skipped.csv` row. Skip reasons (one word each, documented in preprocessing/README.md):
+
+unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, duplicate_lead,
+unknown_lead, unexpected_fs, non_finite, all_zero, flat, dead_leads, too_short, missing_metadata,
+unreadable_part, duplicate_record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ecgpos.errors import SignalError
+from ecgpos.leads import CANONICAL_LEADS, lead_permutation, to_canonical_order
+from ecgpos.signal import check_finite, dead_leads, preprocess_signal, resampled_length
+from ecgpos.spec import PreprocessSpec
+
+DEFAULT_MAX_DEAD_LEADS = 2
+"""Records with up to this many dead (flat) leads are kept, the dead leads stored as exact zeros."""
+
+
+@dataclass(frozen=True)
+class RecordRef:
+    """Where one input record lives. `problem` = (reason, detail) known already when listing."""
+
+    record_id: str
+    location: str  # path relative to --src (WFDB record without extension, or HDF5 part file)
+    row: int = -1  # row inside an HDF5 part
+    problem: tuple[str, str] | None = None
+
+
+@dataclass
+class LoadedRecord:
+    """A raw record: (leads, time) float32 mV at `fs`, lead names as written, index metadata."""
+
+    signal: np.ndarray
+    fs: float
+    leads: list[str]
+    meta: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordPolicy:
+    """What to do with records that are short or have dead leads (stored in preprocess.json)."""
+
+    expected_fs: float
+    pad_short: bool = False
+    max_dead_leads: int = DEFAULT_MAX_DEAD_LEADS
+
+
+@dataclass
+class Prepared:
+    """A record ready for a shard: float32 (12, length) at spec.fs, canonical order."""
+
+    signal: np.ndarray
+    length: int
+    dead: list[str]
+
+
+def prepare(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Prepared:
+    """Validate and preprocess one record; raise SignalError(reason) when it must be skipped."""
+    x = np.asarray(record.signal)
+    if lead_permutation(record.leads) != list(range(len(CANONICAL_LEADS))) or x.shape[0] != len(record.leads):
+        x = to_canonical_order(x, record.leads)  # raises missing/duplicate/unknown lead
+    if abs(record.fs - policy.expected_fs) > 1e-6:
+        raise SignalError("unexpected_fs", f"{record.fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
+    check_finite(x)
+    if x.shape[-1] == 0 or not np.any(x):
+        raise SignalError("all_zero", "every sample is zero")
+    dead = dead_leads(x)
+    if dead.all():
+        raise SignalError("flat", "every lead is flat (peak-to-peak below 10 uV)")
+    names = [CANONICAL_LEADS[i] for i in np.flatnonzero(dead)]
+    if len(names) > policy.max_dead_leads:
+        raise SignalError("dead_leads", f"{len(names)} dead leads ({' '.join(names)}) > {policy.max_dead_leads}")
+    length = resampled_length(x.shape[-1], record.fs, spec.fs)
+    if length < spec.window and not policy.pad_short:
+        raise SignalError("too_short", f"{length} samples at {spec.fs} Hz < window {spec.window}")
+    y = preprocess_signal(x, record.fs, CANONICAL_LEADS, spec)
+    return Prepared(signal=y, length=int(y.shape[-1]), dead=names)

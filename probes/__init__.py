@@ -1,0 +1,1 @@
+"""Linear-probe evaluation of frozen ECG encoders (MERL's splits and protocol): `ecgpos probe`."""

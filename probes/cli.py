@@ -1,0 +1,162 @@
+"""`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from ecgpos.config import load_config, to_dict
+from ecgpos.errors import EcgposError
+
+from .encoder import load_probe_encoder, random_twin
+from .features import FeatureSource, encoder_source, raw_source
+from .report import merge_results, summary_markdown, write_outputs, write_results
+from .run import (ProbeConfig, extraction_device, make_jobs, missing_records, missing_report, prepare_task,
+                  record_column, run_jobs, sort_rows)
+from .tasks import SPLITS, read_split, resolve_task, task_names
+
+EPILOG = """\
+PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
+--data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
+--splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/).
+--task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
+(WFDB record path relative to <dir>) followed by one 0/1 column per class.
+Features are cached in --cache-dir (default $ECGPOS_CACHE or ~/.cache/ecgpos/probe-features).
+Writes OUT/results.csv, OUT/summary.md, OUT/summary.png, OUT/probe.json.
+`ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ecgpos probe", description=__doc__, epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--encoder", help="run folder, export folder or random:<config.yaml>")
+    p.add_argument("--task", default="all", help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, "
+                   "all, custom:<dir>, or a comma-separated list")
+    p.add_argument("--data-root", type=Path, help="folder holding ptbxl/ and cpsc2018/")
+    p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
+    p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
+    p.add_argument("--seeds", type=int, help="seeds per probe (default 5)")
+    p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
+    p.add_argument("--out", type=Path, help="output folder")
+    p.add_argument("--cache-dir", type=Path, help="feature cache folder")
+    p.add_argument("--random-baseline", action="store_true",
+                   help="also probe a random-init encoder of the same architecture")
+    p.add_argument("--raw-baseline", action="store_true",
+                   help="also probe raw-signal features (preprocessed, downsampled, flattened)")
+    p.add_argument("--require-complete", action="store_true", help="error if any split record is missing")
+    p.add_argument("--records100", action="store_true", help="PTB-XL at 100 Hz (records100/) instead of records500/")
+    p.add_argument("--workers", type=int, help="probe training processes (default 2)")
+    p.add_argument("--name", help="row label of the encoder in the tables")
+    p.add_argument("--device", help="feature extraction device (default auto: cuda when available)")
+    p.add_argument("--config", type=Path, help="YAML with ProbeConfig keys")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10")
+    p.add_argument("--compare", nargs="+", type=Path, metavar="DIR", help="merge result folders instead of probing")
+    return p
+
+
+def _fractions(text: str) -> list[str]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise EcgposError(f"--fractions expects percentages like 1,10,100, got {text!r}") from None
+    if not values or any(not 0 < v <= 100 for v in values):
+        raise EcgposError(f"--fractions must be percentages in (0, 100], got {text!r}")
+    return [f"{v / 100:g}" for v in values]
+
+
+def _config(args: argparse.Namespace) -> ProbeConfig:
+    overrides = list(args.overrides)
+    if args.fractions:
+        overrides.append(f"fractions=[{','.join(_fractions(args.fractions))}]")
+    for flag, key in ((args.seeds, "seeds"), (args.epochs, "protocol.epochs"), (args.workers, "workers")):
+        if flag is not None:
+            overrides.append(f"{key}={flag}")
+    if args.device:
+        overrides.append(f"device={args.device}")
+    if args.records100:
+        overrides.append("ptbxl_records=records100")
+    cfg = load_config(ProbeConfig, args.config, overrides)
+    if cfg.seeds < 1 or cfg.protocol.epochs < 1:
+        raise EcgposError("seeds and epochs must be at least 1")
+    return cfg
+
+
+def _compare(args: argparse.Namespace) -> int:
+    frame = merge_results(args.compare)
+    if args.out is None:
+        print(summary_markdown(frame))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
+        write_results(frame.to_dict("records"), args.out)
+    print(write_outputs(frame, args.out))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.compare:
+        return _compare(args)
+    for flag in ("encoder", "out"):
+        if getattr(args, flag) is None:
+            raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
+    names = task_names(args.task)
+    tasks = [resolve_task(n) for n in names]
+    needs_data = any(t.dataset != "custom" for t in tasks)
+    if needs_data and (args.data_root is None or args.splits is None):
+        raise EcgposError("--data-root and --splits are required for the PTB-XL and CPSC2018 tasks")
+    if args.splits is not None and not args.splits.is_dir():
+        raise EcgposError(f"--splits {args.splits} is not a folder")
+    if args.data_root is not None and not args.data_root.is_dir():
+        raise EcgposError(f"--data-root {args.data_root} is not a folder")
+    cfg = _config(args)
+    default_cache = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
+    cache_dir = args.cache_dir or default_cache
+    # check every split file (and, if asked, every record) before loading the encoder
+    for task in tasks:
+        for split in SPLITS:
+            table = read_split(task, args.splits, split, record_column(task, cfg))
+            if args.require_complete:
+                missing = missing_records(task, table, args.data_root or Path("."))
+                if missing:
+                    raise EcgposError(missing_report(task.name, split, missing, len(table.records))
+                                      .replace(", excluded", "") + " (--require-complete)")
+
+    enc = load_probe_encoder(args.encoder)
+    label = args.name or enc.label
+    device = extraction_device(cfg)
+    sources: list[FeatureSource] = [encoder_source(enc.module, enc.spec, label, cfg.extract_batch_size, device)]
+    if args.random_baseline and args.encoder.startswith("random:"):
+        print("--random-baseline: the encoder is already random-init; no second row")
+    elif args.random_baseline:
+        twin = random_twin(enc)
+        sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device))
+    if args.raw_baseline:
+        sources.append(raw_source(enc.spec, cfg.raw_fs))
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    jobs, notes, extraction = [], [], {}
+    for source in sources:
+        print(f"features: {source.name}")
+        for task in tasks:
+            data, stats = prepare_task(task, source, args.data_root or Path("."), args.splits, cache_dir, cfg,
+                                       args.require_complete, log=lambda s: (print(s), notes.append(s)))
+            extraction[f"{source.name} / {task.name}"] = {"extracted": stats.extracted, "cached": stats.cached,
+                                                           "failed": stats.failed}
+            jobs += make_jobs(source.name, data, cfg)
+    print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
+    t_train = time.time()
+    rows = sort_rows(run_jobs(jobs, cfg.workers), [src.name for src in sources], [t.name for t in tasks])
+    frame = write_results(rows, args.out)
+    text = write_outputs(frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")])
+    info = {"encoder": args.encoder, "label": label, "source": enc.source, "spec": enc.spec.to_dict(),
+            "tasks": names, "config": to_dict(cfg), "cache_dir": str(cache_dir), "extraction": extraction,
+            "seconds": {"total": round(time.time() - started, 2), "training": round(time.time() - t_train, 2)}}
+    (args.out / "probe.json").write_text(json.dumps(info, indent=2, default=str))
+    print(text)
+    print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,113 @@
+"""Finding and reading probe records: PTB-XL (WFDB), CPSC2018 (three published forms), custom WFDB.
+
+Layouts under --data-root:
+- ptbxl/records500/00000/00001_hr.{hea,dat} (records100/..._lr at 100 Hz), as published.
+- cpsc2018/ in any of the published forms, anywhere below it (found by walking the tree once):
+  the original challenge files (`A0001.mat`, a MATLAB struct `ECG` with sex, age, data 12 x N
+  float64 mV at 500 Hz, no header), the CinC 2020 WFDB form (`A0001.hea` + `.mat`, abbreviations
+  in #Dx) and the final CinC WFDB form (SNOMED codes in #Dx). A record held in several forms is
+  read from the original one (float64 source values, the other two are rounded to 1 uV).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.io
+
+from ecgpos.errors import SignalError
+from ecgpos.leads import CANONICAL_LEADS
+from preprocessing.wfdb_io import RawRecord, read_wfdb_record
+
+CPSC_FS = 500.0
+CPSC_FORMS = ("original", "cinc2020", "cinc-snomed")  # read-preference order
+
+
+def cpsc_wfdb_form(header: Path) -> str:
+    """'cinc-snomed' when the header's #Dx holds SNOMED codes (digits), else 'cinc2020' (abbreviations)."""
+    for line in header.read_text(errors="replace").splitlines():
+        if line.lstrip("#").strip().lower().startswith("dx:"):
+            codes = [c.strip() for c in line.split(":", 1)[1].split(",") if c.strip()]
+            return "cinc-snomed" if codes and all(c.isdigit() for c in codes) else "cinc2020"
+    return "cinc2020"
+
+
+def index_cpsc(root: Path) -> dict[str, dict[str, Path]]:
+    """Walk cpsc2018/ once: A-number -> {form: record path (extension stripped for WFDB)}."""
+    found: dict[str, dict[str, Path]] = {}
+    if not root.is_dir():
+        return found
+    for folder, _, files in os.walk(root):
+        names = set(files)
+        for name in files:
+            stem, ext = os.path.splitext(name)
+            if ext != ".mat" or not stem.startswith("A"):
+                continue
+            base = Path(folder) / stem
+            form = cpsc_wfdb_form(base.with_suffix(".hea")) if f"{stem}.hea" in names else "original"
+            found.setdefault(stem, {}).setdefault(form, base)
+    return found
+
+
+def read_cpsc_original(path: Path) -> RawRecord:
+    """The original CPSC2018 .mat: struct ECG {sex, age, data (12, N) float64 mV}, 500 Hz, standard lead order."""
+    try:
+        mat = scipy.io.loadmat(str(path.with_suffix(".mat")), squeeze_me=True, struct_as_record=False)
+        ecg = mat["ECG"]
+        data = np.asarray(ecg.data, dtype=np.float64)
+        sex, age = str(ecg.sex), str(ecg.age)
+    except Exception as err:  # scipy raises several types for truncated or foreign .mat files
+        raise SignalError("unreadable", f"{path.stem}: not a CPSC2018 ECG struct ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+    if data.ndim != 2 or data.shape[0] != len(CANONICAL_LEADS):
+        raise SignalError("unreadable", f"{path.stem}: ECG.data has shape {data.shape}, expected (12, N)")
+    return RawRecord(record_id=path.stem, signal=data.astype(np.float32), fs=CPSC_FS, leads=list(CANONICAL_LEADS),
+                     comments=[f"Age: {age}", f"Sex: {sex}"])
+
+
+@dataclass
+class RecordLocator:
+    """Maps a split's record key to a readable path for one dataset under the data root."""
+
+    dataset: str
+    data_root: Path
+    base: Path | None = None  # custom tasks: folder the record paths are relative to
+    _cpsc: dict[str, dict[str, Path]] | None = None
+    _dirs: dict[Path, frozenset[str]] | None = None
+
+    def locate(self, key: str) -> tuple[Path, str] | None:
+        """(record path, form) or None when the record is not under the data root."""
+        if self.dataset == "cpsc2018":
+            if self._cpsc is None:
+                self._cpsc = index_cpsc(self.data_root / "cpsc2018")
+            forms = self._cpsc.get(key, {})
+            for form in CPSC_FORMS:
+                if form in forms:
+                    return forms[form], form
+            return None
+        if self.dataset == "ptbxl":
+            path = self.data_root / "ptbxl" / key
+        else:
+            path = Path(key) if Path(key).is_absolute() else (self.base or self.data_root) / key
+        path = path.with_suffix("") if path.suffix in (".hea", ".dat", ".mat") else path
+        # one directory listing per folder instead of a stat per split row (21,799 rows for PTB-XL)
+        return (path, "wfdb") if f"{path.name}.hea" in self._listing(path.parent) else None
+
+    def _listing(self, folder: Path) -> frozenset[str]:
+        if self._dirs is None:
+            self._dirs = {}
+        if folder not in self._dirs:
+            try:
+                self._dirs[folder] = frozenset(os.listdir(folder))
+            except OSError:  # absent or unreadable folder: nothing in it can be found
+                self._dirs[folder] = frozenset()
+        return self._dirs[folder]
+
+
+def read_record(path: Path, form: str) -> RawRecord:
+    """Read one located record in mV; raises SignalError (never a library traceback)."""
+    if form == "original":
+        return read_cpsc_original(path)
+    return read_wfdb_record(path)

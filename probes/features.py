@@ -1,0 +1,152 @@
+"""Frozen features of probe records, extracted once and cached on disk.
+
+A feature source is an encoder (through `ecgpos.embedding`, with the encoder's own
+PreprocessSpec) or the raw-signal baseline. The cache is one file per (source, dataset,
+settings) key: source = the encoder's weights hash (or 'raw' + its settings), dataset = the
+dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
+are stored per record key (the split CSV's record column), so the four PTB-XL tasks and their
+three splits share one extraction and a second run with the same encoder extracts nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ecgpos.embedding import record_windows, window_features
+from ecgpos.errors import EcgposError
+from ecgpos.signal import pad_to, preprocess_signal
+from ecgpos.spec import PreprocessSpec
+from preprocessing.wfdb_io import RawRecord
+
+from .datasets import RecordLocator, read_record
+
+CACHE_VERSION = 1
+
+
+@dataclass
+class FeatureSource:
+    """Turns raw records into (D,) feature vectors; `key` identifies it in the cache."""
+
+    name: str  # row label in the tables
+    key: dict
+    spec: PreprocessSpec
+    embed: Callable[[list[np.ndarray], int], np.ndarray]  # preprocessed (12, T) records, windows -> (n, D)
+
+
+def weights_hash(module: torch.nn.Module) -> str:
+    """sha256 over the state dict tensors in key order (ecgpos.encoders.weights_hash)."""
+    from ecgpos.encoders import weights_hash as shared  # one definition of an encoder's identity
+
+    return shared(module)
+
+
+def encoder_source(module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64,
+                   device: str = "cpu") -> FeatureSource:
+    """Features = mean of `forward_features` over each record's windows (ecgpos.embedding)."""
+    key = {"encoder": weights_hash(module)}  # hashed on CPU before moving: the same key on any device
+    module.eval().to(device)
+
+    def embed(records: list[np.ndarray], windows: int) -> np.ndarray:
+        # windows of all records go through the encoder in shared batches, then are averaged per record
+        per_record = [record_windows(pad_to(x, spec.window), spec.window, windows) for x in records]
+        counts = [len(w) for w in per_record]
+        feats = window_features(module, np.concatenate(per_record), batch_size=batch_size, device=device)
+        bounds = np.cumsum([0] + counts)
+        return np.stack([feats[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
+
+    return FeatureSource(name, key, spec, embed)
+
+
+def raw_source(spec: PreprocessSpec, raw_fs: float = 25.0, name: str = "raw signal") -> FeatureSource:
+    """Baseline: the preprocessed centre window, block-averaged down to raw_fs and flattened
+    -> (12 * window * raw_fs / fs,) features (2700 at the defaults)."""
+    factor = max(1, int(round(spec.fs / raw_fs)))
+
+    def embed(records: list[np.ndarray], windows: int) -> np.ndarray:
+        out = []
+        for x in records:
+            w = record_windows(pad_to(x, spec.window), spec.window, 1)[0]  # (12, window), centre
+            usable = w.shape[-1] // factor * factor
+            out.append(w[:, :usable].reshape(w.shape[0], -1, factor).mean(axis=-1).reshape(-1))
+        return np.stack(out).astype(np.float32)
+
+    return FeatureSource(name, {"raw": {"raw_fs": raw_fs}}, spec, embed)
+
+
+@dataclass
+class FeatureStats:
+    """What one `extract_features` call did; failed maps record key -> reason."""
+
+    extracted: int = 0
+    cached: int = 0
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: int) -> Path:
+    key = {"version": CACHE_VERSION, "source": source.key, "dataset": dataset, "spec": source.spec.to_dict(),
+           "windows": windows}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir / f"{dataset.split(':')[0].replace('/', '_')}-{digest}.npz"
+
+
+def _load_cache(path: Path) -> dict[str, np.ndarray]:
+    if not path.is_file():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return dict(zip(data["ids"].tolist(), data["features"]))
+    except Exception:  # a truncated cache file is recomputed, never trusted
+        return {}
+
+
+def _save_cache(path: Path, store: dict[str, np.ndarray]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
+    ids = sorted(store)
+    np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
+    os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half of one
+
+
+def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], locator: RecordLocator,
+                     cache_dir: Path, windows: int, chunk: int = 32,
+                     log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, np.ndarray], FeatureStats]:
+    """Features of the located records `keys` (record key -> (D,)), from the cache where present.
+
+    Records that fail to read or preprocess are left out and listed in stats.failed.
+    """
+    path = cache_file(cache_dir, source, dataset, windows)
+    store = _load_cache(path)
+    stats = FeatureStats()
+    todo = [k for k in dict.fromkeys(keys) if k not in store]
+    stats.cached = len(set(keys)) - len(todo)
+    if todo:
+        log(f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached) with {source.name}")
+    for start in range(0, len(todo), chunk):
+        names, signals = [], []
+        for key in todo[start:start + chunk]:
+            found = locator.locate(key)
+            if found is None:
+                stats.failed[key] = "missing"
+                continue
+            try:
+                raw: RawRecord = read_record(*found)
+                signals.append(preprocess_signal(raw.signal, raw.fs, raw.leads, source.spec))
+                names.append(key)
+            except EcgposError as err:
+                stats.failed[key] = str(err)
+        if signals:
+            for key, vec in zip(names, source.embed(signals, windows)):
+                store[key] = np.asarray(vec, dtype=np.float32)
+            stats.extracted += len(names)
+        if signals and (start // chunk) % 50 == 49:  # an interrupted full-size run keeps most of its work
+            _save_cache(path, store)
+    if stats.extracted:
+        _save_cache(path, store)
+    return {k: store[k] for k in keys if k in store}, stats

@@ -1,0 +1,150 @@
+"""Probe outputs: results.csv (one row per seed), summary.md (the paper's table), a bar chart; --compare."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from ecgpos.errors import EcgposError
+
+from .tasks import TASKS
+
+RESULT_COLUMNS = ["encoder", "task", "fraction", "seed", "best_epoch", "val_auroc", "test_auroc", "n_train", "n_val",
+                  "n_test", "excluded_val", "excluded_test", "test_auroc_per_class", "note"]
+
+
+def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
+    """results.csv: encoder, task, fraction, seed, best_epoch (1-based), val/test macro-AUROC, split sizes,
+    classes left out of val/test AUROC, per-class test AUROC (JSON {class: AUROC})."""
+    frame = pd.DataFrame(list(rows), columns=RESULT_COLUMNS)
+    frame.to_csv(out / "results.csv", index=False)
+    return frame
+
+
+def read_results(folder: Path) -> pd.DataFrame:
+    path = Path(folder) / "results.csv"
+    if not path.is_file():
+        raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
+    frame = pd.read_csv(path, keep_default_na=True).fillna({"excluded_val": "", "excluded_test": "", "note": ""})
+    missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
+    if missing:
+        raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")
+    return frame
+
+
+def _task_label(task: str) -> str:
+    return TASKS[task].label if task in TASKS else task.split(":", 1)[-1]
+
+
+def _fraction_label(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def summary_tables(frame: pd.DataFrame) -> dict[float, pd.DataFrame]:
+    """fraction -> table (rows = encoders in order of appearance, columns = tasks) of 'mean ± std' over seeds.
+
+    std is the population std over seeds (0 for one seed); a cell with no finite AUROC is '—'.
+    """
+    tasks = [t for t in TASKS if t in set(frame["task"])] + sorted(set(frame["task"]) - set(TASKS))
+    encoders = list(dict.fromkeys(frame["encoder"]))
+    tables = {}
+    for fraction in sorted(set(frame["fraction"])):
+        part = frame[frame["fraction"] == fraction]
+        cells = {}
+        for enc in encoders:
+            row = {}
+            for task in tasks:
+                vals = part[(part["encoder"] == enc) & (part["task"] == task)]["test_auroc"].astype(float).to_numpy()
+                vals = vals[np.isfinite(vals)]
+                row[_task_label(task)] = f"{vals.mean():.4f} ± {vals.std():.4f}" if len(vals) else "—"
+            cells[enc] = row
+        tables[fraction] = pd.DataFrame.from_dict(cells, orient="index")
+    return tables
+
+
+def _markdown(table: pd.DataFrame) -> str:
+    head = "| Encoder | " + " | ".join(table.columns) + " |"
+    rule = "|---|" + "---|" * len(table.columns)
+    body = ["| " + " | ".join([str(idx), *map(str, row)]) + " |" for idx, row in zip(table.index, table.to_numpy())]
+    return "\n".join([head, rule, *body])
+
+
+def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+    """summary.md: one table per label fraction, then which classes were left out and other notes."""
+    seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
+    parts = ["# Linear-probe test macro-AUROC", "",
+             f"Mean ± std over {seeds.min()}{'' if seeds.min() == seeds.max() else f'-{seeds.max()}'} seed(s) "
+             "of the test macro-AUROC at the epoch with the best validation macro-AUROC.", ""]
+    for fraction, table in summary_tables(frame).items():
+        parts += [f"## {_fraction_label(fraction)} of the training labels", "", _markdown(table), ""]
+    # which classes a split cannot score depends on the labels, not the encoder: listed once
+    left_out: dict[str, list[str]] = {}
+    for (task, fraction), group in frame.groupby(["task", "fraction"], sort=False):
+        for column, what in (("excluded_val", "val"), ("excluded_test", "test"), ("note", "")):
+            for value in dict.fromkeys(str(v).strip() for v in group[column].fillna("")):
+                if value and value != "nan":
+                    text = f"{what}: {value}" if what else value
+                    left_out.setdefault(f"{task}, {text}", []).append(_fraction_label(fraction))
+    if left_out:
+        parts += ["## Classes left out of the macro-AUROC (no positive or no negative in that split) and other "
+                  "notes per task", "", *[f"- {key} ({', '.join(fr)} labels)" for key, fr in left_out.items()], ""]
+    if notes:
+        parts += ["## Notes", "", *[f"- {n}" for n in notes], ""]
+    return "\n".join(parts)
+
+
+def write_chart(frame: pd.DataFrame, path: Path) -> None:
+    """Grouped bars: tasks on x, one bar per encoder (error bar = std over seeds), one panel per fraction."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fractions = sorted(set(frame["fraction"]))
+    encoders = list(dict.fromkeys(frame["encoder"]))
+    tasks = [t for t in TASKS if t in set(frame["task"])] + sorted(set(frame["task"]) - set(TASKS))
+    fig, axes = plt.subplots(1, len(fractions), figsize=(max(6, 1.6 * len(tasks) * len(fractions)), 4), squeeze=False)
+    width = 0.8 / max(1, len(encoders))
+    for ax, fraction in zip(axes[0], fractions):
+        part = frame[frame["fraction"] == fraction]
+        for k, enc in enumerate(encoders):
+            stats = [part[(part["encoder"] == enc) & (part["task"] == t)]["test_auroc"].astype(float) for t in tasks]
+            means = [s.mean() if s.notna().any() else 0.0 for s in stats]
+            stds = [s.std(ddof=0) if s.notna().sum() > 1 else 0.0 for s in stats]
+            ax.bar(np.arange(len(tasks)) + (k - (len(encoders) - 1) / 2) * width, means, width, yerr=stds,
+                   label=enc, capsize=2)
+        ax.set_xticks(np.arange(len(tasks)), [_task_label(t) for t in tasks], rotation=30)
+        finite = part["test_auroc"].astype(float)
+        ax.set_ylim(min(0.4, float(np.nanmin(finite)) - 0.05) if finite.notna().any() else 0.4, 1.0)
+        ax.axhline(0.5, color="grey", lw=0.5, ls="--")
+        ax.set_title(f"{_fraction_label(fraction)} labels")
+        ax.set_ylabel("test macro-AUROC")
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(frame: pd.DataFrame, out: Path, notes: Sequence[str] = ()) -> str:
+    """summary.md + summary.png in `out`; returns the summary text."""
+    out.mkdir(parents=True, exist_ok=True)
+    text = summary_markdown(frame, notes)
+    (out / "summary.md").write_text(text)
+    write_chart(frame, out / "summary.png")
+    return text
+
+
+def merge_results(folders: Sequence[Path]) -> pd.DataFrame:
+    """Concatenate several results.csv; an encoder label used by two folders gets the folder name added."""
+    frames = []
+    seen: dict[str, Path] = {}
+    for folder in folders:
+        frame = read_results(Path(folder))
+        renames = {}
+        for enc in dict.fromkeys(frame["encoder"]):
+            if enc in seen and seen[enc] != Path(folder):
+                renames[enc] = f"{enc} [{Path(folder).name}]"
+            seen.setdefault(enc, Path(folder))
+        frames.append(frame.replace({"encoder": renames}))
+    return pd.concat(frames, ignore_index=True)

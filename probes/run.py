@@ -1,0 +1,280 @@
+"""One probe run: read splits, find records, extract (or load) features, train all probes, collect rows.
+
+Probe jobs (one per source x task x fraction, all seeds inside) run in `workers` processes with one
+torch thread each: a 16-row linear step is too small for intra-op threads to pay off, so two
+single-threaded processes use two cores best.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ecgpos.errors import EcgposError
+
+from .datasets import RecordLocator
+from .features import FeatureSource, FeatureStats, extract_features
+from .linear import ProtocolConfig, label_fraction_rows, train_probe_groups
+from .tasks import SPLITS, SplitTable, TaskDef, read_split
+
+
+SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
+
+
+@dataclass
+class ProbeConfig:
+    """Probe settings (`--config FILE`, `--set key=value`); defaults are the paper's protocol."""
+
+    protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
+    fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
+    seeds: int = 5
+    ptbxl_records: str = "records500"  # or records100 (reads filename_lr)
+    # windows of spec.window samples embedded per record and averaged (spread evenly, at least half a
+    # window apart; a record shorter than one window is zero-padded at the end). CPSC records are
+    # 6-60 s (up to 6 windows at 250 Hz), PTB-XL records are 10 s (one centred 9 s window).
+    windows_ptbxl: int = 1
+    windows_cpsc2018: int = 4
+    windows_custom: int = 1
+    raw_fs: float = 25.0  # raw-signal baseline: block-mean downsampling rate of the centre window
+    extract_batch_size: int = 64
+    device: str = "auto"  # feature extraction device: auto (cuda when available), cpu, cuda, cuda:1 ...
+    workers: int = 2
+
+
+@dataclass
+class TaskData:
+    """Features and labels of one task for one source, with what was left out and why."""
+
+    task: TaskDef
+    x: dict[str, np.ndarray]
+    y: dict[str, np.ndarray]
+    train_positions: np.ndarray  # row of each kept train sample in the full train CSV
+    n_full_train: int
+    missing: dict[str, list[str]]
+    failed: dict[str, str]
+    keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
+
+
+def extraction_device(cfg: ProbeConfig) -> str:
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device
+
+
+def _windows(cfg: ProbeConfig, dataset: str) -> int:
+    return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018}.get(dataset, cfg.windows_custom)
+
+
+def _dataset_key(task: TaskDef, data_root: Path, cfg: ProbeConfig) -> str:
+    if task.dataset == "custom":
+        return f"custom:{Path(task.files['train']).parent}"
+    extra = f"/{cfg.ptbxl_records}" if task.dataset == "ptbxl" else ""
+    return f"{task.dataset}:{data_root.resolve()}{extra}"
+
+
+def record_column(task: TaskDef, cfg: ProbeConfig) -> str | None:
+    if task.dataset == "ptbxl":
+        if cfg.ptbxl_records not in ("records500", "records100"):
+            raise EcgposError(f"ptbxl_records must be records500 or records100, got {cfg.ptbxl_records!r}")
+        return "filename_lr" if cfg.ptbxl_records == "records100" else "filename_hr"
+    return None
+
+
+def _locator(task: TaskDef, data_root: Path) -> RecordLocator:
+    base = Path(task.files["train"]).parent if task.dataset == "custom" else None
+    return _cached_locator(task.dataset, Path(data_root).resolve(), base)
+
+
+@lru_cache(maxsize=16)
+def _cached_locator(dataset: str, data_root: Path, base: Path | None) -> RecordLocator:
+    """One locator (and one directory scan) per dataset and root within a process."""
+    return RecordLocator(dataset, data_root, base)
+
+
+def missing_records(task: TaskDef, table: SplitTable, data_root: Path) -> list[str]:
+    """Record keys of a split that are not under the data root."""
+    locator = _locator(task, data_root)
+    return [k for k in table.records if locator.locate(k) is None]
+
+
+def missing_report(task: str, split: str, ids: Sequence[str], total: int, first: int = 5) -> str:
+    """One line: how many records of a split are absent, and the first few ids."""
+    shown = ", ".join(ids[:first]) + (", ..." if len(ids) > first else "")
+    return f"{task} {split}: {len(ids)} of {total} records not found under the data root, excluded ({shown})"
+
+
+def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_root: Path | None,
+                 cache_dir: Path, cfg: ProbeConfig, require_complete: bool = False,
+                 log: Callable[[str], None] = print) -> tuple[TaskData, FeatureStats]:
+    """Read the three splits, locate records, get features; report (or, if required, refuse) gaps."""
+    column = record_column(task, cfg)
+    tables = {s: read_split(task, splits_root, s, column) for s in SPLITS}
+    locator = _locator(task, data_root)
+    missing = {s: [k for k in t.records if locator.locate(k) is None] for s, t in tables.items()}
+    for split, ids in missing.items():
+        if ids:
+            line = missing_report(task.name, split, ids, len(tables[split].records))
+            if require_complete:
+                raise EcgposError(line.replace(", excluded", "") + " (--require-complete)")
+            log(line)
+    wanted = [k for t in tables.values() for k in t.records]
+    missing_set = {k for ids in missing.values() for k in ids}
+    feats, stats = extract_features(source, _dataset_key(task, data_root, cfg),
+                                    [k for k in wanted if k not in missing_set], locator, cache_dir,
+                                    _windows(cfg, task.dataset), log=log)
+    failed = {k: v for k, v in stats.failed.items() if k not in missing_set}
+    if failed:
+        ids = sorted(failed)
+        log(f"{task.name}: {len(ids)} records failed to read and are excluded: "
+            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5]) + (" ..." if len(ids) > 5 else ""))
+    x, y, keys, positions = {}, {}, {}, np.zeros(0, int)
+    for split, table in tables.items():
+        keep = np.array([k in feats for k in table.records], dtype=bool)
+        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
+        dim = len(next(iter(feats.values()))) if feats else 0
+        x[split] = (np.stack([feats[k] for k, ok in zip(table.records, keep) if ok]) if keep.any()
+                    else np.zeros((0, dim), np.float32))
+        y[split] = table.labels[keep]
+        if split == "train":
+            positions = np.flatnonzero(keep)
+    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys), stats
+
+
+def fraction_rows(data: TaskData, fraction: float) -> np.ndarray:
+    """Rows of data.x['train'] in the label-fraction subset: MERL's subset of the full train CSV,
+    restricted to the records present (in the subset's order)."""
+    subset = label_fraction_rows(data.n_full_train, fraction)
+    where = {int(p): i for i, p in enumerate(data.train_positions)}
+    return np.array([where[int(p)] for p in subset if int(p) in where], dtype=int)
+
+
+@dataclass
+class Job:
+    """Probes trained together: every group (a task's classes) on the same rows, all `seeds` batched."""
+
+    source: str
+    tasks: list[str]
+    groups: list[list[str]]
+    fraction: float
+    arrays: tuple[np.ndarray, ...]  # x_train, y_train (N, sum of group sizes), x_val, y_val, x_test, y_test
+    seeds: list[int]
+    protocol: ProtocolConfig
+    rows_key: str = ""  # identifies the exact train/val/test rows; equal keys may share one layer
+
+    def cost(self) -> float:
+        """Rough relative training time: rows x (classes + per-step fixed cost) x seeds."""
+        return len(self.arrays[0]) * (sum(map(len, self.groups)) + 8) * len(self.seeds)
+
+
+def run_job(job: Job) -> list[dict]:
+    """Train one job's seeds; rows for results.csv (NaN rows with a note when it cannot train)."""
+    torch.set_num_threads(1)
+    x_tr, y_tr, x_va, y_va, x_te, y_te = job.arrays
+    base = {"encoder": job.source, "fraction": job.fraction, "n_train": len(x_tr), "n_val": len(x_va),
+            "n_test": len(x_te)}
+    if len(x_tr) == 0 or len(x_va) == 0 or len(x_te) == 0:
+        note = "no " + "/".join(s for s, a in (("train", x_tr), ("val", x_va), ("test", x_te)) if len(a) == 0) + " rows"
+        return [dict(base, task=t, seed=s, best_epoch=np.nan, val_auroc=np.nan, test_auroc=np.nan, excluded_val="",
+                     excluded_test="", test_auroc_per_class="{}", note=note) for t in job.tasks for s in job.seeds]
+    outs = train_probe_groups(x_tr, y_tr, x_va, y_va, x_te, y_te, job.seeds, job.groups, job.protocol)
+    positives = np.asarray(y_tr).sum(axis=0)
+    rows, start = [], 0
+    for task, classes, out in zip(job.tasks, job.groups, outs):
+        absent = [c for c, k in zip(classes, positives[start:start + len(classes)]) if k == 0]
+        start += len(classes)
+        note = f"no positive training example: {' '.join(absent)}" if absent else ""
+        rows += [dict(base, task=task, seed=r.seed, best_epoch=r.best_epoch + 1, val_auroc=r.val_auroc,
+                      test_auroc=r.test_auroc, excluded_val=" ".join(out.excluded_val),
+                      excluded_test=" ".join(out.excluded_test), test_auroc_per_class=json.dumps(r.test_per_class),
+                      note=note) for r in out.seeds]
+    return rows
+
+
+def _rows_key(*parts: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update("\n".join(part).encode())
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+def make_jobs(source: str, data: TaskData, cfg: ProbeConfig) -> list[Job]:
+    """One job per label fraction of a task (all seeds inside)."""
+    jobs = []
+    for fraction in cfg.fractions:
+        rows = fraction_rows(data, fraction)
+        arrays = (data.x["train"][rows], data.y["train"][rows], data.x["val"], data.y["val"],
+                  data.x["test"], data.y["test"])
+        key = _rows_key([data.keys["train"][i] for i in rows], data.keys["val"], data.keys["test"]) if data.keys else ""
+        jobs.append(Job(source, [data.task.name], [list(data.task.classes)], fraction, arrays,
+                        list(range(cfg.seeds)), cfg.protocol, key))
+    return jobs
+
+
+def merge_jobs(jobs: Sequence[Job]) -> list[Job]:
+    """Jobs of one source and fraction on exactly the same rows (PTB-XL super and sub) become one layer
+    with the tasks' columns side by side: same result, one pass over the data instead of two."""
+    merged: dict[tuple, Job] = {}
+    out = []
+    for job in jobs:
+        key = (job.source, job.fraction, job.rows_key, tuple(job.seeds), job.protocol)
+        if not job.rows_key or key not in merged:
+            merged[key] = dataclasses.replace(job)  # a copy: the caller's jobs stay as they were
+            out.append(merged[key])
+            continue
+        into = merged[key]
+        x_tr, y_tr, x_va, y_va, x_te, y_te = into.arrays
+        _, y2_tr, _, y2_va, _, y2_te = job.arrays
+        into.arrays = (x_tr, np.concatenate([y_tr, y2_tr], 1), x_va, np.concatenate([y_va, y2_va], 1), x_te,
+                       np.concatenate([y_te, y2_te], 1))
+        into.tasks = into.tasks + job.tasks
+        into.groups = into.groups + job.groups
+    return out
+
+
+def _split_seeds(jobs: Sequence[Job], workers: int) -> list[Job]:
+    """Split the largest jobs into seed halves so `workers` processes finish together (seeds are
+    independent of the seeds they are batched with)."""
+    limit = sum(j.cost() for j in jobs) / (2 * workers)
+    out = []
+    for job in jobs:
+        if job.cost() > limit and len(job.seeds) > 1:
+            half = (len(job.seeds) + 1) // 2
+            out += [dataclasses.replace(job, seeds=job.seeds[:half]), dataclasses.replace(job, seeds=job.seeds[half:])]
+        else:
+            out.append(job)
+    return out
+
+
+def run_jobs(jobs: Sequence[Job], workers: int = 1) -> list[dict]:
+    """All jobs (merged where they share rows), largest first, in `workers` single-threaded processes
+    (in this process when workers <= 1 or the work is small). Rows in job order, then seed."""
+    jobs = merge_jobs(jobs)
+    steps = sum(-(-len(j.arrays[0]) // j.protocol.batch_size) * j.protocol.epochs for j in jobs)
+    if workers <= 1 or len(jobs) <= 1 or steps < SPAWN_MIN_STEPS:
+        threads = torch.get_num_threads()
+        try:
+            results = [run_job(j) for j in sorted(jobs, key=lambda j: -j.cost())]
+        finally:
+            torch.set_num_threads(threads)
+    else:
+        jobs = sorted(_split_seeds(jobs, workers), key=lambda j: -j.cost())
+        ctx = multiprocessing.get_context("spawn")  # no fork after torch has started its thread pools
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            results = [f.result() for f in [pool.submit(run_job, j) for j in jobs]]
+    return [row for rows in results for row in rows]
+
+
+def sort_rows(rows: Sequence[dict], sources: Sequence[str], tasks: Sequence[str]) -> list[dict]:
+    """results.csv order: source, task (as asked), fraction, seed."""
+    return sorted(rows, key=lambda r: (list(sources).index(r["encoder"]), list(tasks).index(r["task"]),
+                                       r["fraction"], r["seed"]))

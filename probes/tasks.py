@@ -1,0 +1,129 @@
+"""Probe tasks as data: which split files, which record column, which class columns.
+
+The five paper tasks use MERL's split files (`--splits DIR`). A `custom:<dir>` task is any folder
+holding train.csv, val.csv and test.csv with a `record` column (a WFDB record path, relative to
+that folder or absolute) and, after it, one 0/1 column per class (the same columns in all three);
+the demo uses it on synthetic records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ecgpos.errors import EcgposError
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class TaskDef:
+    """Where a task's splits live and how to read them.
+
+    dataset: 'ptbxl' | 'cpsc2018' | 'custom' (decides how a record column value becomes a signal).
+    files: split name -> CSV path relative to the splits root (or absolute for custom tasks).
+    record_column: the column naming the record (PTB-XL: filename_hr, swapped for filename_lr at 100 Hz).
+    """
+
+    name: str
+    dataset: str
+    files: dict[str, str]
+    record_column: str
+    classes: tuple[str, ...]
+    label: str  # column title in tables
+    meta: tuple[str, ...] = ()  # the non-class columns; any other column that is not a class is a mismatch
+
+
+def _ptbxl(name: str, folder: str, label: str, classes: str) -> TaskDef:
+    files = {s: f"ptbxl/{folder}/ptbxl_{folder}_{s}.csv" for s in SPLITS}
+    meta = ("ecg_id", "patient_id", "strat_fold", "filename_lr", "filename_hr", folder)
+    return TaskDef(name, "ptbxl", files, "filename_hr", tuple(classes.split()), label, meta)
+
+
+TASKS: dict[str, TaskDef] = {t.name: t for t in (
+    _ptbxl("ptbxl-super", "super_class", "Super", "HYP NORM MI CD STTC"),
+    _ptbxl("ptbxl-sub", "sub_class", "Sub",
+           "AMI LAFB/LPFB LVH STTC IMI SEHYP CRBBB WPW LAO/LAE NORM AVB RAO/RAE ISC LMI ISCI ISCA NST CLBBB "
+           "ILBBB IRBBB PMI RVH IVCD"),
+    _ptbxl("ptbxl-form", "form", "Form",
+           "PAC DIG HVOLT STD LPR QWAVE VCLVH NDT TAB LOWT ABQRS LNGQT PRC(S) NT STE NST PVC INVT LVOLT"),
+    _ptbxl("ptbxl-rhythm", "rhythm", "Rhythm", "SVARR BIGU STACH SARRH SBRAD TRIGU AFIB SR SVTAC PSVT AFLT PACE"),
+    TaskDef("cpsc2018", "cpsc2018", {s: f"icbeb/icbeb_{s}.csv" for s in SPLITS}, "filename",
+            ("AFIB", "VPC", "NORM", "1AVB", "CRBBB", "STE", "PAC", "CLBBB", "STD"), "CPSC2018",
+            ("patient_id", "ecg_id", "filename", "validation", "age", "sex", "scp_codes")),
+)}
+PAPER_TASKS = tuple(TASKS)
+
+
+def task_names(spec: str) -> list[str]:
+    """'all' -> the five paper tasks; otherwise a comma-separated list of names or custom:<dir>."""
+    names = list(PAPER_TASKS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    for name in names:
+        if name not in TASKS and not name.startswith("custom:"):
+            raise EcgposError(f"unknown task {name!r} (known: {', '.join(PAPER_TASKS)}, all, custom:<dir>)")
+    return names
+
+
+def _custom_task(folder: Path) -> TaskDef:
+    """A custom task: classes are the columns after `record` in train.csv."""
+    path = folder / "train.csv"
+    if not path.is_file():
+        raise EcgposError(f"custom task folder {folder} has no train.csv (needs train.csv, val.csv, test.csv)")
+    header = list(pd.read_csv(path, nrows=0).columns)
+    if "record" not in header:
+        raise EcgposError(f"{path}: no 'record' column (columns: {', '.join(header)})")
+    classes = tuple(header[header.index("record") + 1:])
+    if not classes:
+        raise EcgposError(f"{path}: no class columns after 'record'")
+    files = {s: str((folder / f"{s}.csv").resolve()) for s in SPLITS}
+    return TaskDef(f"custom:{folder.name}", "custom", files, "record", classes, folder.name, ("record",))
+
+
+def resolve_task(name: str) -> TaskDef:
+    """A paper task by name, or `custom:<dir>` read from its folder."""
+    if name.startswith("custom:"):
+        return _custom_task(Path(name.split(":", 1)[1]).expanduser())
+    if name not in TASKS:
+        task_names(name)  # raises the one-line unknown-task error
+    return TASKS[name]
+
+
+@dataclass
+class SplitTable:
+    """One split of one task: record keys (N,), labels (N, C) uint8, and the CSV it came from."""
+
+    records: list[str]
+    labels: np.ndarray
+    path: Path
+
+
+def read_split(task: TaskDef, splits_root: Path | None, split: str, record_column: str | None = None) -> SplitTable:
+    """Read and validate one split CSV: the file must exist, its class columns must be exactly the
+    task's classes (by name; labels come back in the task's class order) and hold only 0/1."""
+    rel = task.files[split]
+    path = Path(rel) if Path(rel).is_absolute() else Path(splits_root or ".") / rel
+    if not path.is_file():
+        raise EcgposError(f"task {task.name}: split file {path} not found "
+                          f"(--splits must hold the MERL split folders)")
+    try:
+        frame = pd.read_csv(path, dtype={record_column or task.record_column: str})
+    except Exception as err:  # pandas raises many types for malformed files
+        raise EcgposError(f"{path}: cannot read CSV ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    column = record_column or task.record_column
+    if column not in frame.columns:
+        raise EcgposError(f"{path}: no record column {column!r}")
+    # MERL's files do not all list the classes in the same order: match by name, read in task order
+    missing = [c for c in task.classes if c not in frame.columns]
+    extra = [c for c in frame.columns if c not in task.classes and c not in task.meta]
+    if missing or extra:
+        detail = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
+                                       f"unexpected {', '.join(map(str, extra))}" if extra else "") if x)
+        raise EcgposError(f"{path}: class columns do not match task {task.name} ({detail}; expected "
+                          f"{' '.join(task.classes)})")
+    labels = frame[list(task.classes)]
+    bad = ~labels.isin([0, 1]).all()
+    if bad.any():
+        raise EcgposError(f"{path}: class column(s) {', '.join(labels.columns[bad])} hold values other than 0/1")
+    return SplitTable([str(r) for r in frame[column]], labels.to_numpy(np.uint8), path)

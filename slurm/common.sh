@@ -1,0 +1,76 @@
+# Shared by the slurm/*.sbatch scripts (sourced, not run). Defaults for every ECGPOS_* variable are here and
+# in slurm/env.example; nothing cluster-specific (paths, accounts, partitions) is hard-coded.
+# shellcheck shell=bash
+
+# Repository root: where this file lives (dry runs, `bash slurm/x.sbatch`), else what pipeline.sh exported.
+: "${ECGPOS_REPO:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
+: "${ECGPOS_WORK:=$PWD/ecgpos-work}"          # outputs: shards/, runs/, probes/, export/
+: "${ECGPOS_SHARDS:=$ECGPOS_WORK/shards}"
+: "${ECGPOS_RUNS:=$ECGPOS_WORK/runs}"
+: "${ECGPOS_PROBES:=$ECGPOS_WORK/probes}"
+: "${ECGPOS_EXPORT:=$ECGPOS_WORK/export}"
+: "${ECGPOS_GPUS_PER_NODE:=1}"                  # 0 = CPU only (no --gres, accelerate --cpu)
+: "${ECGPOS_DRY_RUN:=0}"                        # 1 = print the commands instead of running them
+export ECGPOS_REPO ECGPOS_WORK
+
+# HDF5 file locks fail or hang on NFS/Lustre/GPFS; shards are written once and then only read.
+export HDF5_USE_FILE_LOCKING=FALSE
+export PYTHONUNBUFFERED=1
+
+ecgpos_log() { echo "[$(date -u +%FT%TZ) ${SLURM_JOB_ID:-nojob}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}] $*" >&2; }
+ecgpos_die() { ecgpos_log "error: $*"; exit 2; }
+
+# Environment set-up inside a job: ECGPOS_SETUP (any shell snippet, e.g. "module load cuda; source ~/venv/bin/activate")
+# or, by default, the repository's .venv when it exists.
+ecgpos_setup() {
+    if [ -n "${ECGPOS_SETUP:-}" ]; then
+        eval "$ECGPOS_SETUP"
+    elif [ -z "${VIRTUAL_ENV:-}" ] && [ -f "$ECGPOS_REPO/.venv/bin/activate" ]; then
+        # shellcheck disable=SC1091
+        . "$ECGPOS_REPO/.venv/bin/activate"
+    fi
+    [ "$ECGPOS_DRY_RUN" = 1 ] || command -v ecgpos >/dev/null || ecgpos_die "ecgpos is not on PATH (set ECGPOS_SETUP)"
+}
+
+# Run (or, with ECGPOS_DRY_RUN=1, print) a command; arguments are shell-quoted when printed.
+ecgpos_run() {
+    if [ "$ECGPOS_DRY_RUN" = 1 ]; then
+        printf '%q ' "$@"; echo
+        return 0
+    fi
+    ecgpos_log "+ $(printf '%q ' "$@")"
+    "$@"
+}
+
+# First host of a Slurm node list ("gpu[07-08,11],cpu01" -> gpu07). Uses scontrol when it works, else expands
+# the first element itself (dry runs on machines without a Slurm configuration).
+ecgpos_first_host() {
+    local list=$1 host
+    if host=$(scontrol show hostnames "$list" 2>/dev/null | head -n 1) && [ -n "$host" ]; then
+        echo "$host"
+        return
+    fi
+    local first=${list%%,*}
+    if [[ $list =~ ^([^,\[]*)\[([^]]*)\] ]]; then
+        local range=${BASH_REMATCH[2]}
+        range=${range%%,*}
+        first="${BASH_REMATCH[1]}${range%%-*}"
+    fi
+    echo "$first"
+}
+
+# Rendezvous port from the job id, so two jobs that share a head node do not collide (requeued jobs keep
+# their id and get the same port back, their previous processes are gone by then).
+ecgpos_port() { echo $(( 20000 + ${1:-0} % 20000 )); }
+
+# True when a run folder says the run finished (run_info.json {"finished": true}).
+ecgpos_run_finished() {
+    local info=$1/run_info.json
+    [ -f "$info" ] && python3 - "$info" <<'EOF'
+import json, sys
+try:
+    sys.exit(0 if json.load(open(sys.argv[1])).get("finished") is True else 1)
+except (OSError, ValueError):
+    sys.exit(1)
+EOF
+}

@@ -1,0 +1,60 @@
+"""Small shard sets in the documented layout, written directly (no WFDB reading, no filtering).
+
+Signals are cheap ECG-like waveforms: a periodic train of Gaussian "QRS" and "T" bumps per lead
+with a per-record heart rate, per-lead gain and noise, standardised per lead, stored as float16
+like `ecgpos preprocess` writes them. Lengths vary, so readers must use `lengths`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ecgpos.spec import DEFAULT_SPEC, PreprocessSpec
+from preprocessing.shards import shard_name, write_shard
+
+
+def ecg_like(length: int, fs: int, rng: np.random.Generator) -> np.ndarray:
+    """(12, length) float32 standardised ECG-like signal."""
+    t = np.arange(length) / fs
+    rate = rng.uniform(50, 120) / 60.0
+    phase = (t * rate + rng.uniform()) % 1.0
+    gains = rng.uniform(0.5, 1.5, size=(12, 1))
+    qrs = np.exp(-((phase - 0.3) ** 2) / (2 * 0.012**2))
+    tw = np.exp(-((phase - 0.6) ** 2) / (2 * 0.05**2))
+    mix = rng.uniform(-1, 1, size=(12, 2))
+    x = gains * (mix[:, :1] * qrs + 0.4 * mix[:, 1:] * tw) + 0.05 * rng.standard_normal((12, length))
+    x = (x - x.mean(axis=1, keepdims=True)) / (x.std(axis=1, keepdims=True) + 1e-6)
+    return x.astype(np.float32)
+
+
+def write_tiny_shards(folder: Path, n_records: int = 48, records_per_shard: int = 20, seed: int = 0,
+                      spec: PreprocessSpec = DEFAULT_SPEC, min_length: int | None = None,
+                      max_length: int | None = None, nan_records: set[int] | None = None) -> Path:
+    """Write shard-*.h5, index.csv and preprocess.json into `folder`; returns it.
+
+    nan_records: record numbers (0-based, over the whole set) whose signal is all NaN (bad-data tests).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    lo = min_length or spec.window
+    hi = max_length or spec.window + 750
+    rows = []
+    for chunk, first in enumerate(range(0, n_records, records_per_shard)):
+        ids = [f"TINY{seed:02d}{i:05d}" for i in range(first, min(n_records, first + records_per_shard))]
+        signals = [ecg_like(int(rng.integers(lo, hi + 1)), spec.fs, rng) for _ in ids]
+        signals = [np.full_like(s, np.nan) if first + k in (nan_records or ()) else s for k, s in enumerate(signals)]
+        write_shard(folder / shard_name(chunk), signals, ids, spec, {"source": "tiny", "chunk": chunk})
+        rows += [{"shard": shard_name(chunk), "row": r, "source": "tiny", "record_id": rid, "patient_id": rid,
+                  "age": "", "sex": "", "length": s.shape[-1], "labels": ""}
+                 for r, (rid, s) in enumerate(zip(ids, signals))]
+    with open(folder / "index.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (folder / "preprocess.json").write_text(json.dumps({"spec": spec.to_dict(), "source": "tiny",
+                                                        "counts": {"written": n_records}, "version": "test"}))
+    return folder

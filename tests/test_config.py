@@ -1,0 +1,119 @@
+"""YAML -> dataclass configs (ecgpos.config) and the run configs (ecgpos.run_config, configs/*.yaml)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ecgpos.config import apply_overrides, from_dict, load_config, save_config, to_dict
+from ecgpos.errors import ConfigError
+from ecgpos.paths import CONFIG_DIR
+from ecgpos.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
+
+SHIPPED = ["stage0.yaml", "stage1.yaml", "stmem12.yaml", "tiny/stage0.yaml", "tiny/stage1.yaml"]
+
+
+@dataclass
+class Inner:
+    rate: float = 0.5
+    names: tuple[str, ...] = ("a",)
+
+
+@dataclass
+class Outer:
+    count: int = 1
+    flag: bool = False
+    inner: Inner = field(default_factory=Inner)
+
+
+def test_from_dict_nested_types_and_unknown_keys() -> None:
+    cfg = from_dict(Outer, {"count": 3.0, "inner": {"rate": "2e-3", "names": ["x", "y"]}})
+    assert cfg == Outer(3, False, Inner(0.002, ("x", "y")))
+    with pytest.raises(ConfigError, match=r"unknown config key\(s\): inner.speed"):
+        from_dict(Outer, {"inner": {"speed": 1}})
+    with pytest.raises(ConfigError, match="count: expected an integer"):
+        from_dict(Outer, {"count": 1.5})
+    with pytest.raises(ConfigError, match="flag: expected true/false"):
+        from_dict(Outer, {"flag": "yes"})
+
+
+def test_overrides_parse_yaml_values_and_reject_bad_syntax() -> None:
+    data = apply_overrides({"inner": {"rate": 1}}, ["inner.rate=0.25", "count=7", "inner.names=[p, q]"])
+    assert from_dict(Outer, data) == Outer(7, False, Inner(0.25, ("p", "q")))
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides({}, ["count"])
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"count": 1}, ["count.x=2"])
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_load_and_round_trip(name: str, tmp_path: Path) -> None:
+    cfg = load_run_config(CONFIG_DIR / name)
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(RunConfig, tmp_path / "config.yaml") == cfg
+    assert isinstance(cfg.optim.betas, tuple) and cfg.preprocess.window == cfg.encoder.seq_len
+
+
+def test_paper_values() -> None:
+    s0 = load_run_config(CONFIG_DIR / "stage0.yaml")
+    assert (s0.stage, s0.encoder.width, s0.encoder.depth, s0.encoder.heads, s0.encoder.patch_size) == (0, 768, 6, 12, 75)
+    assert (s0.decoder.width, s0.decoder.depth, s0.decoder.heads) == (256, 4, 4)
+    assert s0.mask_ratio == 0.75 and s0.norm_target
+    o = s0.optim
+    assert (o.lr, o.weight_decay, o.betas, o.grad_clip) == (3.75e-5, 0.05, (0.9, 0.95), 1.0)
+    assert (o.steps, o.warmup_steps, o.min_lr) == (150_000, 15_000, 1e-6)
+    assert s0.train.batch_size == 64 and s0.preprocess.window == 2250 and s0.preprocess.fs == 250
+    s1 = load_run_config(CONFIG_DIR / "stage1.yaml")
+    assert s1.stage == 1 and s1.optim == s0.optim and s1.train == s0.train
+    assert (s1.encoder.width, s1.encoder.depth, s1.decoder.depth) == (768, 6, 4) and not s1.push_pull.enabled
+    st12 = load_run_config(CONFIG_DIR / "stmem12.yaml")
+    assert config_differences(s0, st12) == ["encoder.depth: 6 -> 12"]
+
+
+def test_tiny_configs_are_small_versions() -> None:
+    t0, t1 = (load_run_config(CONFIG_DIR / "tiny" / n) for n in ("stage0.yaml", "stage1.yaml"))
+    assert (t0.encoder.width, t0.encoder.depth, t0.decoder.depth) == (64, 2, 1) and 32 <= t0.decoder.width <= 64
+    assert t1.stage == 1 and t1.encoder.width == t0.encoder.width and t0.optim.steps == 200
+
+
+@pytest.mark.parametrize("override, message", [
+    ("mask_ratio=1.0", "mask_ratio must lie in"),
+    ("mask_ratio=0.0", "mask_ratio must lie in"),
+    ("mask_ratio=0.99", "keeps 0 of 30"),
+    ("stage=2", "stage must be 0 or 1"),
+    ("encoder.patch_size=80", "not a multiple"),
+    ("encoder.seq_len=1500", "must equal preprocess.window"),
+    ("encoder.heads=5", "not divisible"),
+    ("optim.lr=0", "optim.lr must be > 0"),
+    ("optim.min_lr=1.0", "optim.min_lr must lie in"),
+    ("optim.steps=0", "optim.steps must be >= 1"),
+    ("optim.betas=[0.9, 1.0]", "optim.betas"),
+    ("train.batch_size=10", "not a multiple of train.grad_accum"),
+    ("train.val_fraction=1.0", "val_fraction"),
+    ("train.mixed_precision=fp16", "must be one of"),
+    ("push_pull.enabled=true", "Stage-1 objective"),
+    ("preprocess.standardise=global", "standardise"),
+])
+def test_impossible_values_are_one_line_config_errors(override: str, message: str) -> None:
+    overrides = [override] + (["train.grad_accum=4"] if override.startswith("train.batch_size") else [])
+    with pytest.raises(ConfigError, match=message) as err:
+        load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml", overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_stage_flag_against_config(tmp_path: Path) -> None:
+    assert load_run_config(CONFIG_DIR / "tiny" / "stage1.yaml", stage=1).stage == 1
+    with pytest.raises(ConfigError, match="contradicts"):
+        load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml", stage=1)
+    (tmp_path / "c.yaml").write_text("encoder:\n  width: 64\n  heads: 4\n")
+    assert load_run_config(tmp_path / "c.yaml", stage=1).stage == 1  # the file leaves the stage open
+
+
+def test_config_differences_ignore_operational_keys() -> None:
+    a = load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml")
+    b = load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml", ["train.num_workers=0", "train.log_every=1",
+                                                              "optim.lr=0.002"])
+    assert config_differences(a, b) == ["optim.lr: 0.001 -> 0.002"]
+    assert set(OPERATIONAL_KEYS) <= set(flat_dict(a))
+    assert to_dict(a)["optim"]["betas"] == [0.9, 0.95]

@@ -1,0 +1,166 @@
+"""`ecgpos preprocess` end to end on the real records: format, round trip, --workers/--part, resume, --check."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ecgpos.cli import main
+from ecgpos.signal import preprocess_signal
+from ecgpos.spec import DEFAULT_SPEC
+from preprocessing import ecg_arrhythmia
+from preprocessing.shards import iter_shard_records, read_shard_spec
+
+
+def preprocess(capsys, *args: str) -> tuple[int, str, str]:
+    rc = main(["preprocess", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def arrhythmia_args(shared_data: Path, out: Path, *extra: str) -> list[str]:
+    return ["ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--subset", "all", "--out", str(out),
+            *extra]
+
+
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file in a shard folder (relative path -> digest)."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_done_when_200_real_records(arrhythmia_shards):
+    index = read_csv(arrhythmia_shards / "index.csv")
+    assert len(index) == 200 and read_csv(arrhythmia_shards / "skipped.csv") == []
+    assert list(index[0])[:9] == ["shard", "row", "source", "record_id", "patient_id", "age", "sex", "length",
+                                  "dead_leads"]
+    info = json.loads((arrhythmia_shards / "preprocess.json").read_text())
+    assert info["counts"]["found"] == info["counts"]["stored"] == 200 and info["counts"]["skipped"] == 0
+    assert info["spec"] == DEFAULT_SPEC.to_dict() and info["source"] == "ecg-arrhythmia" and info["version"]
+    shards = sorted(arrhythmia_shards.glob("shard-*.h5"))
+    assert [p.name for p in shards] == [f"shard-{k:05d}.h5" for k in range(4)]  # 64 records per shard
+    rows = 0
+    for path in shards:
+        with h5py.File(path, "r") as f:
+            signals = f["signals"]
+            assert signals.dtype == np.float16 and signals.shape[1:] == (12, 2500)
+            assert signals.chunks == (1, 12, 2500)
+            assert f.attrs["fs"] == 250 and list(f.attrs["leads"]) == list(DEFAULT_SPEC.leads)
+            assert np.all(f["lengths"][:] == 2500)
+            rows += signals.shape[0]
+            assert np.isfinite(signals[:]).all()
+    assert rows == 200
+    assert read_shard_spec(arrhythmia_shards) == DEFAULT_SPEC
+
+
+def test_shard_round_trip(arrhythmia_shards, shared_data):
+    src = shared_data / "ecg-arrhythmia"
+    refs = {r.record_id: r for r in ecg_arrhythmia.find_records(src, "all")[0]}
+    index = {row["record_id"]: row for row in read_csv(arrhythmia_shards / "index.csv")}
+    seen = 0
+    for record_id, x in iter_shard_records(arrhythmia_shards):
+        seen += 1
+        if seen % 25:
+            continue
+        raw = ecg_arrhythmia.load_record(src, refs[record_id])
+        expected = preprocess_signal(raw.signal, raw.fs, raw.leads, DEFAULT_SPEC)
+        assert x.dtype == np.float32 and x.shape == expected.shape == (12, int(index[record_id]["length"]))
+        np.testing.assert_allclose(x, expected, atol=2e-3 * np.abs(expected).max())  # float16 storage
+        assert index[record_id]["age"] == raw.meta["age"] and index[record_id]["dx"] == raw.meta["dx"]
+    assert seen == 200
+
+
+def test_workers_and_parts_write_the_same_bytes(shared_data, tmp_path, capsys):
+    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "one", "--records-per-shard", "16"))
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+    reference = digests(tmp_path / "one")
+    assert len([k for k in reference if k.startswith("shard-")]) == 13
+    rc, _, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "two", "--records-per-shard", "16",
+                                                   "--workers", "2"))
+    assert rc == 0 and digests(tmp_path / "two") == reference
+    for part in (2, 0, 1):  # any order; the last one merges
+        rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "parts", "--records-per-shard", "16",
+                                                         "--part", str(part), "--num-parts", "3"))
+        assert rc == 0
+        assert ("= found 200" in out) == (part == 1)
+        assert ((tmp_path / "parts" / "index.csv").exists()) == (part == 1)
+    assert digests(tmp_path / "parts") == reference
+    rc, out, _ = preprocess(capsys, "--check", "--out", str(tmp_path / "parts"))
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+
+
+def test_check_names_missing_chunks_and_settings_are_guarded(shared_data, tmp_path, capsys):
+    out_dir = tmp_path / "set"
+    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50",
+                                                     "--part", "0", "--num-parts", "2"))
+    assert rc == 0 and "2 chunks of other parts pending" in out
+    rc, _, err = preprocess(capsys, "--check", "--out", str(out_dir))
+    assert rc == 2 and "2 of 4 chunks not done yet (chunk 1, 3)" in err and len(err.strip().splitlines()) == 1
+    rc, _, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "40"))
+    assert rc == 2 and "records_per_shard: 50 != 40" in err
+    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50"))
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+    before = {p: p.stat().st_mtime_ns for p in out_dir.rglob("*")}
+    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50"))
+    assert rc == 0 and "already complete" in out and "stored 200 + skipped 0 = found 200" in out
+    assert {p: p.stat().st_mtime_ns for p in out_dir.rglob("*")} == before  # a finished set is left untouched
+    rc, _, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50",
+                                                     "--dtype", "float32"))
+    assert rc == 2 and "dtype" in err
+
+
+def test_resume_after_kill_9(shared_data, tmp_path, capsys):
+    args = arrhythmia_args(shared_data, tmp_path / "killed", "--records-per-shard", "8")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.cli", "preprocess", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    chunks = tmp_path / "killed" / "chunks"
+    deadline = time.monotonic() + 60
+    while len(list(chunks.glob("chunk-*.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    done = len(list(chunks.glob("chunk-*.json")))
+    assert 3 <= done < 25 and not (tmp_path / "killed" / "preprocess.json").exists()
+    rc, out, _ = preprocess(capsys, *args)
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+    rc, _, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "clean", "--records-per-shard", "8"))
+    resumed, clean = digests(tmp_path / "killed"), digests(tmp_path / "clean")
+    assert resumed == clean  # no duplicates, no losses, no temporary files left behind
+    ids = [row["record_id"] for row in read_csv(tmp_path / "killed" / "index.csv")]
+    assert len(ids) == len(set(ids)) == 200
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
+    import io
+
+    from preprocessing.build import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, bar in ((Terminal(), True), (io.StringIO(), False)):
+        progress = Progress(4, stream)
+        for _ in range(4):
+            progress.update()
+        progress.chunk_done(0, 3, 1)
+        progress.close()
+        text = stream.getvalue()
+        assert ("4/4" in text and "\r" in text) == bar
+        assert ("chunk 0: stored 3, skipped 1 (4/4 records" in text) == (not bar)

@@ -1,0 +1,303 @@
+"""`ecgpos pretrain` end to end on tiny shards: outputs, resume, processes, signals, Stage 1."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ecgpos.checkpoint import list_checkpoints, newest_checkpoint
+from ecgpos.cli import main
+from ecgpos.config import load_config
+from ecgpos.data import StepBatchSampler
+from ecgpos.encoders import load_run_encoder, weights_hash
+from ecgpos.paths import CONFIG_DIR, PROJECT_ROOT
+from ecgpos.run_config import RunConfig, load_run_config
+from ecgpos.schedule import lr_at
+from shard_fixtures import write_tiny_shards
+
+TINY0 = CONFIG_DIR / "tiny" / "stage0.yaml"
+TINY1 = CONFIG_DIR / "tiny" / "stage1.yaml"
+# Small and quick: 48 records, global batch 8 -> 6 steps per epoch.
+FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", "train.log_every=1"]
+
+
+def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
+    args = ["pretrain", "--stage", str(stage), "--config", str(config or (TINY0 if stage == 0 else TINY1)),
+            "--shards", str(shards), "--run-dir", str(run), *FAST, *extra]
+    return main(args)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(newest_checkpoint(run) / "model.safetensors"))
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny") / "shards", n_records=48, records_per_shard=20)
+
+
+@pytest.fixture(scope="module")
+def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run = tmp_path_factory.mktemp("runs") / "stage0"
+    assert pretrain(0, shards, run, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20",
+                    "--set", "train.figure_every=20") == 0
+    return run
+
+
+def test_lr_schedule_paper_values() -> None:
+    optim = load_run_config(CONFIG_DIR / "stage0.yaml").optim
+    assert lr_at(0, optim) == pytest.approx(3.75e-5 / 15000)
+    assert lr_at(7499, optim) == pytest.approx(3.75e-5 / 2)
+    assert lr_at(14999, optim) == pytest.approx(3.75e-5)           # warm-up reaches the peak
+    assert lr_at(15000, optim) == pytest.approx(3.75e-5)           # cosine starts at the peak
+    assert lr_at(82500, optim) == pytest.approx((3.75e-5 + 1e-6) / 2)  # half-way: the mean
+    assert lr_at(150000, optim) == pytest.approx(1e-6)            # cosine ends at min_lr
+    assert lr_at(10**6, optim) == pytest.approx(1e-6)
+    decay = [lr_at(s, optim) for s in range(15000, 150001, 500)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    # A pure function of the step: order of evaluation and history do not matter.
+    steps = [149999, 3, 15000, 3, 80000]
+    assert [lr_at(s, optim) for s in steps] == [lr_at(s, optim) for s in reversed(steps)][::-1]
+
+
+def test_tiny_stage0_run_writes_everything_and_learns(run0: Path) -> None:
+    records = [r for r in metrics(run0) if "loss" in r]
+    assert [r["step"] for r in records] == list(range(1, 41))
+    first, last = sum(r["loss"] for r in records[:5]) / 5, sum(r["loss"] for r in records[-5:]) / 5
+    assert last < 0.85 * first, (first, last)
+    assert {"step", "loss", "lr", "grad_norm", "samples_per_s", "epoch"} <= records[0].keys()
+    cfg = load_config(RunConfig, run0 / "config.yaml")
+    assert cfg.optim.steps == 40 and cfg.train.batch_size == 8 and cfg.encoder.width == 64
+    assert [r["lr"] for r in records] == [lr_at(s, cfg.optim) for s in range(40)]
+    assert json.loads((run0 / "spec.json").read_text()) == cfg.preprocess.to_dict()
+    assert list((run0 / "tb").glob("events.out.tfevents.*"))
+    assert [s for s, _ in list_checkpoints(run0)] == [20, 40]
+    state = json.loads((newest_checkpoint(run0) / "trainer_state.json").read_text())
+    assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (40, 6, 4)  # 6 steps per epoch
+    info = json.loads((run0 / "run_info.json").read_text())
+    assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["stage0"] is None
+    for name in ("recon-step-0000020.png", "recon-step-0000040.png", "curves.png"):
+        png = (run0 / "figures" / name).read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+
+
+def test_resume_mid_epoch_equals_uninterrupted(run0: Path, shards: Path, tmp_path: Path) -> None:
+    """A crash after the step-20 checkpoint (mid-epoch: 20 = 3 x 6 + 2), resumed, ends where the
+    uninterrupted run ended: same parameters and the same logged losses."""
+    crashed = tmp_path / "crashed"
+    shutil.copytree(run0, crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step-0000040")
+    (crashed / "checkpoints" / "step-0000030.tmp").mkdir()  # a save interrupted mid-write
+    assert pretrain(0, shards, crashed, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20",
+                    "--set", "train.figure_every=20", "--resume", "auto") == 0
+    assert max_diff(weights(crashed), weights(run0)) <= 1e-6
+    straight, resumed = metrics(run0), metrics(crashed)
+    assert [r["step"] for r in resumed] == list(range(1, 41))
+    assert [r["loss"] for r in resumed[20:]] == pytest.approx([r["loss"] for r in straight[20:]], abs=1e-6)
+    assert not (crashed / "checkpoints" / "step-0000030.tmp").exists()
+
+
+def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None:
+    stage0_file = newest_checkpoint(run0) / "model.safetensors"
+    before = stage0_file.read_bytes()
+    run1 = tmp_path / "stage1"
+    assert pretrain(1, shards, run1, "--stage0", str(run0), "--set", "optim.steps=30",
+                    "--set", "train.checkpoint_every=30") == 0
+    assert stage0_file.read_bytes() == before
+    records = [r for r in metrics(run1) if "loss" in r]
+    assert "recon_loss" in records[0]
+    first, last = sum(r["recon_loss"] for r in records[:5]) / 5, sum(r["recon_loss"] for r in records[-5:]) / 5
+    assert last < 0.85 * first, (first, last)
+    # The frozen Stage-0 inside the Stage-1 checkpoint is bit-identical to the Stage-0 run's encoder.
+    encoder0 = load_run_encoder(run0).module
+    stage1_state = weights(run1)
+    for name, tensor in encoder0.state_dict().items():
+        assert torch.equal(stage1_state[f"stage0.{name}"], tensor), name
+    nested = load_run_encoder(run1)
+    assert nested.arch["kind"] == "nested" and not nested.module.training
+    assert weights_hash(nested.module.stage0) == weights_hash(encoder0)
+    x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        f1, f2 = nested.module.forward_features(x), nested.module.forward_features(x)
+    assert f1.shape == (3, 64) and torch.equal(f1, f2) and float((f1[0] - f1[1]).abs().max()) > 1e-4
+    assert list((run1 / "figures").glob("latent-step-*.png"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_path: Path) -> None:
+    """2 processes (gloo) x accum 1 and 1 process x accum 2 see the same global batches, masks and lr:
+    same losses and parameters."""
+    common = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), *FAST, "--set", "optim.steps=4"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    # `accelerate launch --cpu` runs one process (multi-CPU needs mpirun there); --multi_gpu starts torchrun,
+    # and ecgpos picks gloo on hosts without CUDA.
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port()), "-m", "ecgpos.train"]
+    done = subprocess.run([*launch, *common, "--run-dir", str(tmp_path / "two")], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["pretrain", *common, "--run-dir", str(tmp_path / "one"), "--set", "train.grad_accum=2"]) == 0
+    two, one = (json.loads((tmp_path / n / "run_info.json").read_text()) for n in ("two", "one"))
+    assert (two["num_processes"], two["per_process_batch"], two["global_batch"]) == (2, 4, 8)
+    assert (one["num_processes"], one["per_process_batch"], one["global_batch"]) == (1, 4, 8)
+    m2, m1 = metrics(tmp_path / "two"), metrics(tmp_path / "one")
+    assert [r["lr"] for r in m2] == [r["lr"] for r in m1]
+    assert [r["loss"] for r in m2] == pytest.approx([r["loss"] for r in m1], abs=1e-5)
+    assert max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
+
+
+def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), "--run-dir", str(run), *FAST,
+            "--set", "optim.steps=40", "--set", "train.checkpoint_every=1000", "--set", "train.figure_every=1000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.train", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    info = json.loads((run / "run_info.json").read_text())
+    stopped = info["step"]
+    assert not info["finished"] and "SIGUSR1" in info["stopped"] and 3 <= stopped < 40
+    assert [s for s, _ in list_checkpoints(run)] == [stopped]
+    assert main(["pretrain", *args, "--resume", "auto"]) == 0
+    assert [r["step"] for r in metrics(run)] == list(range(1, 41))
+    assert json.loads((run / "run_info.json").read_text())["finished"]
+    assert main(["pretrain", *args, "--resume", "auto"]) == 0  # already finished: nothing to do
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    sampler = StepBatchSampler(48, 8, 1, 1, 0, seed=0)
+    bad_record = int(sampler.global_batch_indices(2)[0])  # first seen at step 3 (index 2)
+    assert bad_record not in set(sampler.global_batch_indices(0)) | set(sampler.global_batch_indices(1))
+    shards = write_tiny_shards(tmp_path / "nan", n_records=48, records_per_shard=48, nan_records={bad_record})
+    run = tmp_path / "run"
+    rc = pretrain(0, shards, run, "--set", "optim.steps=6", "--set", "train.checkpoint_every=1")
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and "non-finite loss" in err and "step 3" in err and "step-0000002" in err
+    assert [s for s, _ in list_checkpoints(run)] == [1, 2]
+    assert max(r["step"] for r in metrics(run)) == 2
+    info = json.loads((run / "run_info.json").read_text())
+    assert not info["finished"] and "step 3" in info["failed"]
+
+
+def _stage0_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
+    """A copy of the Stage-0 run made incomplete or inconsistent in one way."""
+    copy = tmp_path / f"stage0-{edit}"
+    shutil.copytree(run0, copy)
+    if edit == "no-checkpoint":
+        shutil.rmtree(copy / "checkpoints")
+        (copy / "checkpoints").mkdir()
+        (copy / "checkpoints" / "step-0000040.tmp").mkdir()
+    elif edit == "unfinished":
+        shutil.rmtree(copy / "checkpoints" / "step-0000040")
+        info = json.loads((copy / "run_info.json").read_text())
+        (copy / "run_info.json").write_text(json.dumps({**info, "finished": False, "step": 20}))
+    elif edit == "other-spec":
+        text = (copy / "config.yaml").read_text()
+        (copy / "config.yaml").write_text(text.replace("lowpass_hz: 40.0", "lowpass_hz: 35.0"))
+    return copy
+
+
+BAD_CASES = {
+    "missing shards": (0, lambda s, r0, t: ["--shards", str(t / "nowhere")], "does not exist"),
+    "empty shards": (0, lambda s, r0, t: ["--shards", str((t / "empty").mkdir() or t / "empty")], "no shard-"),
+    "other spec": (0, lambda s, r0, t: ["--shards", str(write_tiny_shards(
+        t / "s35", n_records=8, spec=load_run_config(TINY0).preprocess.__class__(lowpass_hz=35.0)))],
+        "lowpass_hz"),
+    "unknown key": (0, lambda s, r0, t: ["--set", "train.bogus=1"], "unknown config key(s): train.bogus"),
+    "unknown yaml key": (0, lambda s, r0, t: ["--config", str(_yaml(t, "optim:\n  lr: 1.0e-3\n  warmup: 5\n"))],
+                         "optim.warmup"),
+    "mask ratio 1": (0, lambda s, r0, t: ["--set", "mask_ratio=1.0"], "mask_ratio"),
+    "mask ratio 0": (0, lambda s, r0, t: ["--set", "mask_ratio=0"], "mask_ratio"),
+    "mask ratio 1.5": (0, lambda s, r0, t: ["--set", "mask_ratio=1.5"], "mask_ratio"),
+    "window not multiple": (0, lambda s, r0, t: ["--set", "preprocess.window=2000", "--set", "encoder.seq_len=2000"],
+                            "not a multiple of encoder.patch_size"),
+    "seq_len != window": (0, lambda s, r0, t: ["--set", "encoder.seq_len=1500"], "must equal preprocess.window"),
+    "batch > records": (0, lambda s, r0, t: ["--set", "train.batch_size=64"], "fewer than the global batch"),
+    "stage contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--stage0", str(r0)], "contradicts"),
+    "stage0 with stage 0": (0, lambda s, r0, t: ["--stage0", str(r0)], "only used with --stage 1"),
+    "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --stage0"),
+    "stage0 missing": (1, lambda s, r0, t: ["--stage0", str(t / "nothing")], "does not exist"),
+    "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a Stage-0 run folder"),
+    "stage0 no checkpoint": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
+                             "no complete checkpoint"),
+    "stage0 unfinished": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "unfinished"))],
+                          "is incomplete"),
+    "stage0 other spec": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
+                          "the Stage-0 encoder"),
+    "stage0 width": (1, lambda s, r0, t: ["--stage0", str(r0), "--set", "encoder.width=32"], "width 64"),
+    "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "Stage-1 run"),
+}
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def _stage1_like(run0: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "stage1-like"
+    shutil.copytree(run0, copy)
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace("stage: 0", "stage: 1"))
+    return copy
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_exits_2_with_one_line_before_training(case: str, shards: Path, run0: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    stage, extra, expected = BAD_CASES[case]
+    run = tmp_path / "run"
+    args = ["pretrain", "--stage", str(stage), "--config", str(TINY0 if stage == 0 else TINY1),
+            "--shards", str(shards), "--run-dir", str(run), *FAST]
+    capsys.readouterr()
+    rc = main(args + extra(shards, run0, tmp_path))  # later --config/--shards flags win in argparse
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("ecgpos pretrain: error: "), err
+    assert expected in err, err
+    assert not run.exists()  # nothing was started
+
+
+def test_existing_run_needs_resume_and_same_config(run0: Path, shards: Path, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    base = ["pretrain", "--stage", "0", "--config", str(TINY0), "--shards", str(shards), "--run-dir", str(run0),
+            *FAST, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20", "--set", "train.figure_every=20"]
+    before = (run0 / "metrics.jsonl").read_text()
+    assert main(base) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(base + ["--set", "optim.lr=0.01", "--resume", "auto"]) == 2
+    assert "optim.lr: 0.001 -> 0.01" in capsys.readouterr().err
+    assert (run0 / "metrics.jsonl").read_text() == before

@@ -1,0 +1,124 @@
+"""Pieces of the trainer on their own: data order and windows, lazy HDF5, checkpoints, figures."""
+from __future__ import annotations
+
+import itertools
+import pickle
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from ecgpos.checkpoint import checkpoint_name, list_checkpoints, newest_checkpoint, prune_checkpoints
+from ecgpos.data import (ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start)
+from ecgpos.figures import plot_reconstruction, plot_training_curves
+from shard_fixtures import write_tiny_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_shards(tmp_path_factory.mktemp("parts") / "shards", n_records=30, records_per_shard=12,
+                             max_length=3500)
+
+
+def take(sampler: StepBatchSampler, count: int) -> list[list[tuple[int, int]]]:
+    return list(itertools.islice(iter(sampler), count))
+
+
+def test_global_batches_do_not_depend_on_process_count() -> None:
+    one = StepBatchSampler(50, 8, grad_accum=2, num_processes=1, process_index=0, seed=3)
+    two = [StepBatchSampler(50, 8, grad_accum=1, num_processes=2, process_index=p, seed=3) for p in (0, 1)]
+    for step in range(20):  # crosses epoch boundaries (6 steps per epoch)
+        a = one.micro_batches(step)
+        b = [two[p].micro_batches(step)[0] for p in (0, 1)]
+        assert a == b and len(a[0]) == 4
+
+
+def test_epochs_visit_each_record_once_and_reshuffle() -> None:
+    sampler = StepBatchSampler(50, 8, 1, 1, 0, seed=0)
+    epoch0 = np.concatenate([sampler.global_batch_indices(s) for s in range(6)])
+    epoch1 = np.concatenate([sampler.global_batch_indices(s) for s in range(6, 12)])
+    assert len(set(epoch0)) == 48 and len(set(epoch1)) == 48
+    assert not np.array_equal(epoch0, epoch1)
+    assert {e for batch in take(sampler, 12) for _, e in batch} == {0, 1}
+
+
+def test_resumed_sampler_continues_the_same_stream() -> None:
+    full = take(StepBatchSampler(50, 8, 2, 1, 0, seed=5), 2 * 15)
+    resumed = take(StepBatchSampler(50, 8, 2, 1, 0, seed=5, start_step=7), 2 * 8)
+    assert resumed == full[14:]
+
+
+def test_window_starts_random_in_training_and_centred_in_eval() -> None:
+    starts = {window_start(3000, 2250, True, 0, epoch, 7) for epoch in range(50)}
+    assert len(starts) > 10 and min(starts) >= 0 and max(starts) <= 750
+    assert window_start(3000, 2250, True, 0, 4, 7) == window_start(3000, 2250, True, 0, 4, 7)
+    assert window_start(3000, 2250, False, 0, 4, 7) == 375
+    assert window_start(2000, 2250, True, 0, 0, 0) == 0
+
+
+def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None:
+    index = read_index(shards)
+    assert len(index) == 30 and len(set(index.length.tolist())) > 5
+    data = ShardDataset(index, 2250, train=False)
+    assert data._files == {}  # nothing opened by construction
+    x = data[4]
+    assert x.shape == (12, 2250) and x.dtype == torch.float32 and len(data._files) == 1
+    i, start = 4, (int(index.length[4]) - 2250) // 2
+    with h5py.File(index.paths[index.shard[i]], "r") as f:
+        expected = f["signals"][index.row[i], :, start:start + 2250].astype(np.float32)
+    assert np.array_equal(x.numpy(), expected)
+    clone = pickle.loads(pickle.dumps(data))  # what a worker receives: no handles
+    assert clone._files == {} and torch.equal(clone[4], x)
+
+
+def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> None:
+    index = read_index(shards)
+    data = ShardDataset(index, 2250, train=True, seed=1)
+    batches = []
+    for workers in (0, 2):
+        sampler = StepBatchSampler(len(index), 6, 1, 1, 0, seed=1, start_step=3)
+        loader = iter(train_loader(data, sampler, workers))
+        batches.append([next(loader) for _ in range(4)])
+        del loader
+    for a, b in zip(*batches):
+        assert torch.equal(a, b)
+
+
+def test_validation_split_by_record_id(shards: Path) -> None:
+    index = read_index(shards)
+    train, val = split_index(index, 0.3)
+    assert val is not None and 0 < len(val) < len(index)
+    assert set(train.record_id).isdisjoint(val.record_id) and len(train) + len(val) == len(index)
+    assert split_index(index, 0.3)[1].record_id == val.record_id
+    assert split_index(index, 0.0)[1] is None
+
+
+def test_newest_checkpoint_ignores_partial_and_prune_keeps_last(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    for step in (5, 10, 15):
+        folder = root / checkpoint_name(step)
+        folder.mkdir(parents=True)
+        (folder / "trainer_state.json").write_text('{"step": %d}' % step)
+        (folder / "model.safetensors").write_bytes(b"x")
+    (root / f"{checkpoint_name(20)}.tmp").mkdir()
+    (root / checkpoint_name(25)).mkdir()  # no trainer state: not complete
+    assert newest_checkpoint(tmp_path).name == checkpoint_name(15)
+    prune_checkpoints(tmp_path, keep=2)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [10, 15]
+    assert not (root / f"{checkpoint_name(20)}.tmp").exists()
+
+
+def test_figures_write_pngs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((12, 2250)).astype(np.float32)
+    mask = np.zeros((12, 30), dtype=bool)
+    mask[:, ::2] = True
+    out = plot_reconstruction(x, x.reshape(12, 30, 75) * 0.5, mask, tmp_path / "r.png")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join('{"step": %d, "loss": %f, "lr": 0.1, "grad_norm": 1}\n' % (s, 1 / s)
+                               for s in range(1, 9)) + '{"step": 8, "val_loss": 0.3}\n{"step": 9, "lo')
+    curves = plot_training_curves(metrics, tmp_path / "c.png")
+    for path in (out, curves):
+        assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000
