@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ecgpos.data import ShardDataset, StepBatchSampler, read_index, train_loader  # noqa: E402
 
 
-def loader_rate(shards: Path, workers: int, batch: int, batches: int, window: int) -> float:
+def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, window: int) -> float:
     """Samples/s over `batches` batches after one warm-up batch."""
     index = read_index(shards)
     dataset = ShardDataset(index, window, train=True, seed=0)
@@ -39,7 +39,7 @@ def loader_rate(shards: Path, workers: int, batch: int, batches: int, window: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=Path, required=True)
+    parser.add_argument("--shards", type=Path, nargs="+", required=True)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--batches", type=int, default=30)
@@ -56,7 +56,8 @@ def main() -> None:
     per_worker = rates[best] / max(best, 1)
     ratio = ""
     if args.train_samples_per_s:
-        ratio = (f" train_samples_per_s={args.train_samples_per_s:.0f} ratio={rates[best] / args.train_samples_per_s:.1f}"
+        ratio = (f" train_samples_per_s={args.train_samples_per_s:.0f}"
+                 f" ratio={rates[best] / args.train_samples_per_s:.1f}"
                  f" workers_needed={args.train_samples_per_s / per_worker:.2f}")
     print(f"loader best_workers={best} samples_per_s={rates[best]:.0f} per_worker={per_worker:.0f}{ratio}")
 

@@ -11,11 +11,15 @@
   so a resumed run sees the same windows whichever worker reads them.
 - The global batch is split the same way for any process count: micro-batch m of process p is
   a fixed slice of it, so 1 and N processes see identical global batches.
+- The optional validation split is by record id (the shards' `record_id`, the same ids as
+  index.csv): a record is held out when a hash of its id falls below val_fraction, so the split
+  does not depend on the seed, the shard layout or which folders are pooled.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -28,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from .errors import ConfigError
 
 SHARD_GLOB = "shard-*.h5"
+MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,13 @@ def shard_files(folder: str | Path) -> list[Path]:
     return paths
 
 
-def read_index(folder: str | Path) -> RecordIndex:
-    """Record locations from the shards' `lengths` and `record_id` (files closed before returning)."""
-    paths = shard_files(folder)
+def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
+    """Record locations of one or more shard folders (e.g. the paper's Ningbo + CODE-15 pool), from
+    the shards' `lengths` and `record_id`; every file is closed before returning."""
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    paths = [p for folder in folders for p in shard_files(folder)]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("the same shard folder is given more than once")
     shard, row, length, ids = [], [], [], []
     for k, path in enumerate(paths):
         try:
@@ -79,7 +88,7 @@ def read_index(folder: str | Path) -> RecordIndex:
         length += list(lengths)
         ids += names
     if not ids:
-        raise ConfigError(f"shard folder {folder} holds no records")
+        raise ConfigError(f"shard folder(s) {', '.join(map(str, folders))} hold no records")
     return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids))
 
 
@@ -123,7 +132,7 @@ class ShardDataset(Dataset):
         self.window = window
         self.train = train
         self.seed = seed
-        self._files: dict[int, h5py.File] = {}
+        self._files: OrderedDict[int, h5py.File] = OrderedDict()
         self._pid = -1
 
     def __len__(self) -> int:
@@ -131,8 +140,12 @@ class ShardDataset(Dataset):
 
     def _file(self, shard: int) -> h5py.File:
         if self._pid != os.getpid():  # first use in this process (e.g. a fresh worker): never reuse a parent's handle
-            self._files, self._pid = {}, os.getpid()
-        if shard not in self._files:
+            self._files, self._pid = OrderedDict(), os.getpid()
+        if shard in self._files:
+            self._files.move_to_end(shard)
+        else:
+            if len(self._files) >= MAX_OPEN_FILES:  # least recently used handle goes (open-file limits)
+                self._files.popitem(last=False)[1].close()
             self._files[shard] = h5py.File(self.index.paths[shard], "r")
         return self._files[shard]
 
@@ -148,7 +161,7 @@ class ShardDataset(Dataset):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_files"], state["_pid"] = {}, -1  # handles never travel to another process
+        state["_files"], state["_pid"] = OrderedDict(), -1  # handles never travel to another process
         return state
 
 

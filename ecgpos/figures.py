@@ -91,9 +91,9 @@ def plot_latent_reconstruction(x: np.ndarray, target: np.ndarray, pred: np.ndarr
     for col, (name, data) in enumerate((("target tokens", target[lead]), ("reconstruction", pred[lead]))):
         ax = fig.add_subplot(grid[leads_n // 4:, col])
         image = ax.imshow(data.T, aspect="auto", cmap="coolwarm", vmin=lo, vmax=hi, interpolation="nearest")
-        for j in np.flatnonzero(mask[lead]):
-            ax.axvline(j, color="black", lw=0.4, alpha=0.4)
-        ax.set_title(f"lead {leads[lead]}: {name} ({n} positions x {width} channels; lines = masked)", fontsize=8)
+        for j in np.flatnonzero(~mask[lead]):  # visible tokens are not reconstructed by the objective: fade them
+            ax.axvspan(j - 0.5, j + 0.5, color="white", alpha=0.65, lw=0)
+        ax.set_title(f"lead {leads[lead]}: {name} ({n} positions x {width} channels; faded = visible)", fontsize=8)
         ax.set_xlabel("token position")
         ax.set_ylabel("channel")
         fig.colorbar(image, ax=ax, fraction=0.03)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import ConfigError, EcgposError
+from .errors import ConfigError
 from .run_config import RunConfig, config_differences, load_run_config
 from .spec import PreprocessSpec
 
@@ -33,7 +33,7 @@ class RunPlan:
     """Everything validated before training starts."""
 
     cfg: RunConfig
-    shards: Path
+    shards: list[Path]
     run_dir: Path
     shards_spec: PreprocessSpec
     resume: bool = False
@@ -47,10 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ecgpos pretrain",
         description="Pretrain Stage 0 (ST-MEM-style masked ECG autoencoder) or Stage 1 (masked latent "
                     "autoencoder on the frozen Stage-0 tokens). Launch with `accelerate launch -m "
-                    "ecgpos.train` for several processes. SIGUSR1/SIGTERM: checkpoint at the next step, exit 0.")
+                    "ecgpos.train` for several processes.",
+        epilog="signals: SIGUSR1 or SIGTERM makes every process write a checkpoint at the next step boundary "
+               "and exit 0 (run_info.json: finished false, stopped ...); rerun the same command with --resume "
+               "auto to continue (e.g. after a Slurm requeue). exit codes: 0 finished or stopped cleanly; "
+               "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.")
     parser.add_argument("--stage", type=int, choices=(0, 1), required=True)
     parser.add_argument("--config", type=Path, required=True, help="run config YAML (see configs/README.md)")
-    parser.add_argument("--shards", type=Path, required=True, help="shard folder written by `ecgpos preprocess`")
+    parser.add_argument("--shards", type=Path, nargs="+", required=True, metavar="DIR",
+                        help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled "
+                             "(e.g. Ningbo + CODE-15)")
     parser.add_argument("--run-dir", type=Path, required=True, help="run folder (created)")
     parser.add_argument("--stage0", type=Path, help="Stage 1: finished Stage-0 run folder or export folder")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -60,15 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_shards(cfg: RunConfig, shards: Path) -> PreprocessSpec:
-    """The shards' spec, checked against the config's (ConfigError naming each difference)."""
+def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
+    """The shards' spec, checked against the config's for every folder (ConfigError naming each difference)."""
     from preprocessing.shards import read_shard_spec
 
     from .data import shard_files
 
-    shard_files(shards)
-    spec = read_shard_spec(shards)
-    cfg.preprocess.check_compatible(spec, f"the shards in {shards}")
+    spec = None
+    for folder in folders:
+        shard_files(folder)
+        spec = read_shard_spec(folder)
+        cfg.preprocess.check_compatible(spec, f"the shards in {folder}")
     return spec
 
 
@@ -147,7 +155,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     if cfg.stage == 1:
         stage0, source, info = load_stage0(args.stage0, cfg)
     resume = check_run_dir(cfg, args.run_dir, args.resume == "auto", info)
-    return RunPlan(cfg, args.shards, args.run_dir, spec, resume, stage0, source, info)
+    return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, stage0, source, info)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,8 +19,8 @@ import json
 import math
 import signal
 import sys
+import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -110,7 +110,8 @@ class Trainer:
             return
         checkpoint = newest_checkpoint(self.run_dir)
         info = {"stage": self.cfg.stage, "step": getattr(self, "step", self.start_step), "steps": self.cfg.optim.steps,
-                "finished": finished, "stage0": self.plan.stage0_source, "shards": str(self.plan.shards.resolve()),
+                "finished": finished, "stage0": self.plan.stage0_source,
+                "shards": [str(folder.resolve()) for folder in self.plan.shards],
                 "checkpoint": str(checkpoint) if checkpoint else None, "num_processes": self.acc.num_processes,
                 "global_batch": self.cfg.train.batch_size, "per_process_batch": self.sampler.per_process,
                 "grad_accum": self.cfg.train.grad_accum, "mixed_precision": self.acc.mixed_precision,
@@ -133,8 +134,7 @@ class Trainer:
         lr = lr_at(step, cfg.optim)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        sums: dict[str, float] = {}
-        finite = True
+        parts: dict[str, list[torch.Tensor]] = {}
         for m in range(cfg.train.grad_accum):
             x = next(batches).to(acc.device, non_blocking=True)
             slice_index = m * acc.num_processes + acc.process_index
@@ -144,9 +144,12 @@ class Trainer:
                 acc.backward(out["loss"] / cfg.train.grad_accum)
             for key in ("loss", "recon_loss", "pp_loss", "push_active"):
                 if key in out and out[key] is not None:
-                    value = float(out[key].detach().float())
-                    finite &= math.isfinite(value)
-                    sums[key] = sums.get(key, 0.0) + value / cfg.train.grad_accum
+                    parts.setdefault(key, []).append(torch.as_tensor(out[key], device=acc.device).detach().float())
+        # one device->host copy per step for all stats (not one sync per value)
+        keys = list(parts)
+        values = torch.stack([torch.stack(parts[k]).mean() for k in keys]).tolist()
+        sums = dict(zip(keys, values))
+        finite = all(math.isfinite(v) for v in values)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         grad_norm = float(acc.clip_grad_norm_(self.trainable, clip))
         return sums, grad_norm, finite and math.isfinite(grad_norm)
@@ -180,7 +183,8 @@ class Trainer:
         total = torch.zeros(2, device=self.acc.device)
         for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
             out = model(x.to(self.acc.device), generator=step_generator(self.cfg.train.seed, 0, k, salt=1))
-            total += torch.stack([out["loss"].detach().float() * len(x), torch.tensor(float(len(x)), device=total.device)])
+            count = torch.tensor(float(len(x)), device=total.device)
+            total += torch.stack([out["loss"].detach().float() * count, count])
         model.train()
         self._keep_stage0_frozen()
         if self.acc.num_processes > 1:
@@ -221,7 +225,10 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        # Signal handlers can only be installed from the main thread (a run started from another
+        # thread, e.g. inside a notebook worker, trains without them).
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS} if in_main else {}
         try:
             return self._run()
         finally:
@@ -248,7 +255,8 @@ class Trainer:
         batches = iter(loader)
         self.model.train()
         self._keep_stage0_frozen()
-        acc.print(f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, global batch {cfg.train.batch_size} "
+        acc.print(f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
+                  f"global batch {cfg.train.batch_size} "
                   f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
                   f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}")
         bar = tqdm(total=total, initial=self.step, disable=not (acc.is_main_process and sys.stderr.isatty()),
@@ -260,9 +268,12 @@ class Trainer:
             if bad:
                 last = newest_checkpoint(self.run_dir)
                 self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {self.step + 1}")
-                print(f"ecgpos pretrain: error: non-finite loss or gradient at step {self.step + 1} "
-                      f"(local loss {stats.get('loss')}); stopped without updating. Last good checkpoint: "
-                      f"{last or 'none'}", file=sys.stderr)
+                if acc.is_main_process:
+                    print(f"ecgpos pretrain: error: non-finite loss or gradient at step {self.step + 1} "
+                          f"(loss {stats.get('loss')}, grad norm {grad_norm}); stopped before the update. "
+                          f"Last good checkpoint: {last or 'none'}", file=sys.stderr)
+                bar.close()
+                self.metrics.close()
                 return 1
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -282,7 +293,7 @@ class Trainer:
                 self._figure(self.step)
             if self.step % cfg.train.checkpoint_every == 0 or self.step == total:
                 self._checkpoint(self.step)
-            if stop:
+            if stop and self.step < total:  # a signal during the last step: just finish
                 if self.saved_step != self.step:
                     self._checkpoint(self.step)
                 name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another process"

@@ -24,8 +24,13 @@ PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<con
 --splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/).
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
 (WFDB record path relative to <dir>) followed by one 0/1 column per class.
-Features are cached in --cache-dir (default $ECGPOS_CACHE or ~/.cache/ecgpos/probe-features).
-Writes OUT/results.csv, OUT/summary.md, OUT/summary.png, OUT/probe.json.
+Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
+~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash, dataset, preprocessing spec
+and window count: a second run on the same encoder extracts nothing. Windows per record
+(averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
+Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
+per-class test AUROC as JSON), OUT/summary.md (mean +- std over seeds, one table per fraction),
+OUT/summary.png and OUT/probe.json (settings, extraction counts, timings).
 `ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart."""
 
 

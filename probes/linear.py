@@ -196,8 +196,7 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
         per_class = np.full((num_seeds, n_cls), np.nan)
         if valid_val.any():
             cols = np.tile(valid_val, num_seeds)
-            per_class[:, valid_val] = auroc_columns(scores[:, cols].double().numpy(),
-                                                    yv_tiled[:, cols]).reshape(num_seeds, -1)
+            per_class[:, valid_val] = auroc_columns(scores[:, cols].numpy(), yv_tiled[:, cols]).reshape(num_seeds, -1)
         for g in range(n_groups):
             part = per_class[:, bounds[g]:bounds[g + 1]]
             ok = valid_val[bounds[g]:bounds[g + 1]]

@@ -57,7 +57,8 @@ def test_shipped_configs_load_and_round_trip(name: str, tmp_path: Path) -> None:
 
 def test_paper_values() -> None:
     s0 = load_run_config(CONFIG_DIR / "stage0.yaml")
-    assert (s0.stage, s0.encoder.width, s0.encoder.depth, s0.encoder.heads, s0.encoder.patch_size) == (0, 768, 6, 12, 75)
+    e = s0.encoder
+    assert (s0.stage, e.width, e.depth, e.heads, e.patch_size) == (0, 768, 6, 12, 75)
     assert (s0.decoder.width, s0.decoder.depth, s0.decoder.heads) == (256, 4, 4)
     assert s0.mask_ratio == 0.75 and s0.norm_target
     o = s0.optim

@@ -26,9 +26,14 @@ def _data(seed: int, n: int = 48, dim: int = 12, classes: int = 3, n_val: int = 
     return (*make(n), *make(n_val), *make(n_val))
 
 
-def test_auroc_columns_equals_sklearn_with_ties_and_degenerate_columns():
+@pytest.mark.parametrize("tied", [False, True])
+def test_auroc_columns_equals_sklearn_with_ties_and_degenerate_columns(tied):
     rng = np.random.default_rng(0)
-    scores = np.round(rng.normal(size=(300, 6)), 1)  # rounding makes many ties
+    scores = rng.normal(size=(300, 6)).astype(np.float32)
+    if tied:
+        scores = np.round(scores, 1)  # many ties: the tie-averaged ranks path
+    else:
+        assert len(np.unique(scores)) == scores.size  # the plain-sort path
     labels = (rng.random((300, 6)) < [0.5, 0.1, 0.02, 0.9, 0.3, 0.0]).astype(int)
     labels[:, 3] = 1 - labels[:, 2]
     fast = auroc_columns(scores, labels)

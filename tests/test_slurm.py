@@ -119,11 +119,12 @@ def _wait_all(cluster: SlurmCluster, jobs: dict[str, str], work: Path, timeout: 
 
 
 def _train_steps(run_dir: Path) -> list[int]:
-    """Steps of the training records in metrics.jsonl, in file order."""
+    """Steps of the training records (those with a loss) in metrics.jsonl, in file order."""
+    lines = (run_dir / "metrics.jsonl").read_text().split("\n")
     steps = []
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+    for line in lines[:-1]:  # the part after the last newline may still be being written
         rec = json.loads(line)
-        if rec.get("split", "train") == "train" and "loss" in rec:
+        if "loss" in rec:
             steps.append(int(rec["step"]))
     return steps
 
@@ -164,8 +165,8 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     assert len(index) + len(skipped) == 200 and len(index) > 150
     assert index["record_id"].is_unique
     assert len(list(shards.glob("shard-*.h5"))) >= 2
-    logs = {p.name: p.read_text() for p in (work / "logs").glob("ecgpos-preprocess-*")}
-    assert any("--part 0 --num-parts 2" in t for t in logs.values()) and any("--part 1 --num-parts 2" in t for t in logs.values())
+    logs = "\n".join(p.read_text() for p in (work / "logs").glob("ecgpos-preprocess-*"))
+    assert "--part 0 --num-parts 2" in logs and "--part 1 --num-parts 2" in logs
 
     # both stages finished at their configured step counts, with checkpoints
     for stage in (0, 1):
@@ -214,7 +215,7 @@ def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
     deadline = time.monotonic() + 300
     while not ((run / "metrics.jsonl").is_file() and len(_train_steps(run)) >= 3):
         state = _job_records(slurm_cluster, job)[0].get("JobState")
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} {state} before training started\n{_logs(work)}"
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job} {state} before training\n{_logs(work)}"
         assert time.monotonic() < deadline, f"no training progress\n{_logs(work)}"
         time.sleep(0.5)
     signalled_at = _train_steps(run)[-1]
@@ -281,7 +282,8 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     for rank in ("0", "1"):
         env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_PROCID": rank}
-        argv = subprocess.run(["bash", "-c", inner], env=env, capture_output=True, text=True, check=True).stdout.split("\n")
+        proc = subprocess.run(["bash", "-c", inner], env=env, capture_output=True, text=True, check=True)
+        argv = proc.stdout.split("\n")
         assert _flag(argv, "--machine_rank") == rank
         assert _flag(argv, "--main_process_ip") == "gpu-a07"
 
@@ -316,6 +318,7 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
                                              ("node[3]", "node3"), ("single", "single")])
 def test_first_host_without_scontrol(nodelist: str, first: str) -> None:
     # the fallback for machines without a Slurm configuration (dry runs); scontrol is made to fail
-    script = f". {shlex.quote(str(SLURM / 'common.sh'))}; scontrol() {{ return 1; }}; ecgpos_first_host {shlex.quote(nodelist)}"
+    common = shlex.quote(str(SLURM / "common.sh"))
+    script = f". {common}; scontrol() {{ return 1; }}; ecgpos_first_host {shlex.quote(nodelist)}"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
     assert out == first

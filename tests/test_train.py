@@ -120,9 +120,14 @@ def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None
     stage0_file = newest_checkpoint(run0) / "model.safetensors"
     before = stage0_file.read_bytes()
     run1 = tmp_path / "stage1"
-    assert pretrain(1, shards, run1, "--stage0", str(run0), "--set", "optim.steps=30",
-                    "--set", "train.checkpoint_every=30") == 0
+    stage1_args = ("--stage0", str(run0), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15")
+    assert pretrain(1, shards, run1, *stage1_args) == 0
     assert stage0_file.read_bytes() == before
+    crashed = tmp_path / "stage1-crashed"  # resume equivalence, as for Stage 0 (15 = 2 x 6 + 3: mid-epoch)
+    shutil.copytree(run1, crashed)
+    shutil.rmtree(crashed / "checkpoints" / "step-0000030")
+    assert pretrain(1, shards, crashed, *stage1_args, "--resume", "auto") == 0
+    assert max_diff(weights(crashed), weights(run1)) <= 1e-6
     records = [r for r in metrics(run1) if "loss" in r]
     assert "recon_loss" in records[0]
     first, last = sum(r["recon_loss"] for r in records[:5]) / 5, sum(r["recon_loss"] for r in records[-5:]) / 5
@@ -140,6 +145,21 @@ def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None
         f1, f2 = nested.module.forward_features(x), nested.module.forward_features(x)
     assert f1.shape == (3, 64) and torch.equal(f1, f2) and float((f1[0] - f1[1]).abs().max()) > 1e-4
     assert list((run1 / "figures").glob("latent-step-*.png"))
+
+
+def test_tiny_config_on_real_sample_shards(arrhythmia_shards: Path, tmp_path: Path) -> None:
+    """The shipped tiny config as is (DataLoader worker included) on the real ecg-arrhythmia shards."""
+    run = tmp_path / "real"
+    args = ["pretrain", "--stage", "0", "--config", str(TINY0), "--shards", str(arrhythmia_shards),
+            "--run-dir", str(run), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15",
+            "--set", "train.figure_every=15"]
+    assert main(args) == 0
+    losses = [r["loss"] for r in metrics(run)]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
+    assert (run / "figures" / "recon-step-0000030.png").stat().st_size > 20_000
+    shutil.rmtree(run / "checkpoints" / "step-0000030")
+    assert main(args + ["--resume", "auto"]) == 0
+    assert [r["step"] for r in metrics(run)] == [10, 20, 30] and newest_checkpoint(run).name == "step-0000030"
 
 
 def _free_port() -> int:
@@ -172,21 +192,24 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
 
 
 def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -> None:
+    """SIGUSR1 to the whole process group (as Slurm delivers it: DataLoader workers get it too)."""
     run = tmp_path / "run"
     args = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), "--run-dir", str(run), *FAST,
-            "--set", "optim.steps=40", "--set", "train.checkpoint_every=1000", "--set", "train.figure_every=1000"]
+            "--set", "train.num_workers=1", "--set", "optim.steps=40", "--set", "train.checkpoint_every=1000",
+            "--set", "train.figure_every=1000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "ecgpos.train", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
-    proc.send_signal(signal.SIGUSR1)
+    os.killpg(proc.pid, signal.SIGUSR1)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
+    assert "stopped by SIGUSR1" in out
     info = json.loads((run / "run_info.json").read_text())
     stopped = info["step"]
     assert not info["finished"] and "SIGUSR1" in info["stopped"] and 3 <= stopped < 40

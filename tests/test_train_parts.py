@@ -12,6 +12,7 @@ import torch
 
 from ecgpos.checkpoint import checkpoint_name, list_checkpoints, newest_checkpoint, prune_checkpoints
 from ecgpos.data import (ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start)
+from ecgpos.errors import ConfigError
 from ecgpos.figures import plot_reconstruction, plot_training_curves
 from shard_fixtures import write_tiny_shards
 
@@ -62,7 +63,7 @@ def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None
     index = read_index(shards)
     assert len(index) == 30 and len(set(index.length.tolist())) > 5
     data = ShardDataset(index, 2250, train=False)
-    assert data._files == {}  # nothing opened by construction
+    assert len(data._files) == 0  # nothing opened by construction
     x = data[4]
     assert x.shape == (12, 2250) and x.dtype == torch.float32 and len(data._files) == 1
     i, start = 4, (int(index.length[4]) - 2250) // 2
@@ -70,7 +71,26 @@ def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None
         expected = f["signals"][index.row[i], :, start:start + 2250].astype(np.float32)
     assert np.array_equal(x.numpy(), expected)
     clone = pickle.loads(pickle.dumps(data))  # what a worker receives: no handles
-    assert clone._files == {} and torch.equal(clone[4], x)
+    assert len(clone._files) == 0 and torch.equal(clone[4], x)
+
+
+def test_open_files_are_bounded(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ecgpos.data
+
+    monkeypatch.setattr(ecgpos.data, "MAX_OPEN_FILES", 2)
+    data = ShardDataset(read_index(shards), 2250, train=False)
+    first = [data[i] for i in range(30)]  # 3 shards
+    assert len(data._files) == 2 and all(torch.equal(a, data[i]) for i, a in enumerate(first))
+
+
+def test_several_shard_folders_are_pooled(shards: Path, tmp_path: Path) -> None:
+    other = write_tiny_shards(tmp_path / "other", n_records=7, seed=9)
+    pooled = read_index([shards, other])
+    assert len(pooled) == 37 and len(pooled.paths) == 4 and pooled.record_id[-1].startswith("TINY09")
+    data = ShardDataset(pooled, 2250, train=False)
+    assert torch.equal(data[36], ShardDataset(read_index(other), 2250, train=False)[6])
+    with pytest.raises(ConfigError, match="more than once"):
+        read_index([shards, shards])
 
 
 def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> None:
