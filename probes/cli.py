@@ -31,7 +31,10 @@ and window count: a second run on the same encoder extracts nothing. Windows per
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON), OUT/summary.md (mean +- std over seeds, one table per fraction),
 OUT/summary.png and OUT/probe.json (settings, extraction counts, timings).
-`ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart."""
+`ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
+one encoder label probed on different tasks in different folders (e.g. one folder per task from an
+array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
+folder name added, e.g. `stage1 [run2]`."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -91,14 +94,15 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    frame = merge_results(args.compare)
+    notes: list[str] = []
+    frame = merge_results(args.compare, notes)
     if args.out is None:
-        print(summary_markdown(frame))
+        print(summary_markdown(frame, notes))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
-    print(write_outputs(frame, args.out))
+    print(write_outputs(frame, args.out, notes))
     return 0
 
 

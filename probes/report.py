@@ -135,16 +135,38 @@ def write_outputs(frame: pd.DataFrame, out: Path, notes: Sequence[str] = ()) -> 
     return text
 
 
-def merge_results(folders: Sequence[Path]) -> pd.DataFrame:
-    """Concatenate several results.csv; an encoder label used by two folders gets the folder name added."""
+def _free_label(enc: str, folder: Path, keys: set[tuple], taken: set[tuple]) -> str:
+    """`enc [folder]` (then `enc [parent/folder]`, `enc [folder] 2`, ...): the first label none of `keys` uses."""
+    candidates = [f"{enc} [{folder.name}]", f"{enc} [{folder.parent.name}/{folder.name}]"]
+    k = 2
+    while True:
+        for label in candidates:
+            if not any((label, task, fraction) in taken for _, task, fraction in keys):
+                return label
+        candidates, k = [f"{enc} [{folder.name}] {k}"], k + 1
+
+
+def merge_results(folders: Sequence[Path], notes: list[str] | None = None) -> pd.DataFrame:
+    """Concatenate several results.csv (a folder given twice is read once).
+
+    An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction):
+    then that folder's rows of the encoder get the folder name added (one note per rename is appended to
+    `notes`). So one encoder probed task by task into several folders stays one row of the table.
+    """
     frames = []
-    seen: dict[str, Path] = {}
-    for folder in folders:
-        frame = read_results(Path(folder))
+    taken: set[tuple] = set()
+    for folder in dict.fromkeys(Path(f).resolve() for f in folders):
+        frame = read_results(folder)
         renames = {}
-        for enc in dict.fromkeys(frame["encoder"]):
-            if enc in seen and seen[enc] != Path(folder):
-                renames[enc] = f"{enc} [{Path(folder).name}]"
-            seen.setdefault(enc, Path(folder))
+        for enc, part in frame.groupby("encoder", sort=False):
+            keys = set(zip(part["encoder"], part["task"], part["fraction"]))
+            if keys & taken:
+                renames[enc] = _free_label(str(enc), folder, keys, taken)
+                clash = sorted({f"{t} {_fraction_label(fr)}" for _, t, fr in keys & taken})
+                if notes is not None:
+                    notes.append(f"{renames[enc]}: rows of {folder / 'results.csv'} labelled {enc!r}, renamed "
+                                 f"because an earlier folder has the same encoder label for {', '.join(clash)}")
+            label = renames.get(enc, enc)
+            taken |= {(label, task, fraction) for _, task, fraction in keys}
         frames.append(frame.replace({"encoder": renames}))
     return pd.concat(frames, ignore_index=True)

@@ -168,6 +168,47 @@ def test_compare_merges_result_folders(capsys, tmp_path):
     assert "enc-a" in out
 
 
+def _result_folder(folder: Path, encoder: str, tasks: tuple[str, ...], auroc: float) -> Path:
+    """A probe output folder written by the report code from hand-made rows (2 seeds per task)."""
+    rows = [{"encoder": encoder, "task": task, "fraction": 1.0, "seed": seed, "best_epoch": 2, "val_auroc": auroc,
+             "test_auroc": auroc + seed / 100, "excluded_val": "", "excluded_test": "",
+             "test_auroc_per_class": "{}", "note": ""} for task in tasks for seed in range(2)]
+    folder.mkdir(parents=True)
+    write_outputs(write_results(rows, folder), folder)
+    return folder
+
+
+def test_compare_keeps_one_encoder_across_task_folders(capsys, tmp_path):
+    # an array job: one folder per task, all probed with --name stage1
+    super_ = _result_folder(tmp_path / "out" / "ptbxl-super", "stage1", ("ptbxl-super",), 0.8)
+    cpsc = _result_folder(tmp_path / "out" / "cpsc2018", "stage1", ("cpsc2018",), 0.7)
+    rc, out, err = _probe(capsys, "--compare", super_, cpsc, "--out", tmp_path / "merged")
+    assert rc == 0, err
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert "| Encoder | Super | CPSC2018 |" in summary
+    assert "| stage1 | 0.8050 ± 0.0050 | 0.7050 ± 0.0050 |" in summary
+    assert "[" not in summary and summary in out
+    assert (tmp_path / "merged" / "summary.png").stat().st_size > 1000
+    merged = pd.read_csv(tmp_path / "merged" / "results.csv")
+    assert set(merged["encoder"]) == {"stage1"} and len(merged) == 4
+
+
+def test_compare_renames_only_a_repeated_encoder_task_fraction(capsys, tmp_path):
+    first = _result_folder(tmp_path / "run1", "stage1", ("ptbxl-super", "cpsc2018"), 0.8)
+    other = _result_folder(tmp_path / "other", "stage1", ("ptbxl-rhythm",), 0.9)
+    again = _result_folder(tmp_path / "run2", "stage1", ("ptbxl-super",), 0.6)
+    rc, out, err = _probe(capsys, "--compare", first, other, again, "--out", tmp_path / "merged")
+    assert rc == 0, err
+    summary = (tmp_path / "merged" / "summary.md").read_text()
+    assert "| Encoder | Super | Rhythm | CPSC2018 |" in summary
+    assert "| stage1 | 0.8050 ± 0.0050 | 0.9050 ± 0.0050 | 0.8050 ± 0.0050 |" in summary
+    assert "| stage1 [run2] | 0.6050 ± 0.0050 | — | — |" in summary
+    assert "stage1 [run2]: rows of" in summary  # the rename is explained under Notes
+    assert (tmp_path / "merged" / "summary.png").stat().st_size > 1000
+    merged = pd.read_csv(tmp_path / "merged" / "results.csv")
+    assert merged.groupby("encoder").size().to_dict() == {"stage1": 6, "stage1 [run2]": 2}
+
+
 @pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/stage0.yaml not written yet")
 def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
     args = ["--encoder", f"random:{TINY}", "--task", "all", "--data-root", shared_data, "--splits",
