@@ -32,10 +32,12 @@ class DemoSize:
     probe_seeds: int
 
 
-QUICK = DemoSize(wfdb_records=20, code15_exams=12, probe_per_class=8, stage0_steps=60, stage1_steps=40,
+PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
+
+QUICK = DemoSize(wfdb_records=24, code15_exams=12, probe_per_class=24, stage0_steps=150, stage1_steps=100,
                  probe_epochs=30, probe_seeds=2)
-FULL = DemoSize(wfdb_records=96, code15_exams=48, probe_per_class=30, stage0_steps=400, stage1_steps=300,
-                probe_epochs=100, probe_seeds=3)
+FULL = DemoSize(wfdb_records=96, code15_exams=48, probe_per_class=60, stage0_steps=1500, stage1_steps=1000,
+                probe_epochs=100, probe_seeds=5)
 
 
 class Steps:
@@ -72,7 +74,7 @@ def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
     synthetic.write_arrhythmia_tree(out / "raw" / "ecg-arrhythmia", wfdb_signals, seed=seed)
     synthetic.write_code15(out / "raw" / "code15", [synthetic.to_code15_trace(x, 500) for x in code15_signals],
                            seed=seed, heart_rates=[p.heart_rate for p in pretrain[size.wfdb_records:]])
-    synthetic.write_probe_set(out / "raw" / "probe", probe, signals[len(pretrain):], seed=seed)
+    synthetic.write_probe_set(out / "raw" / PROBE_TASK, probe, signals[len(pretrain):], seed=seed)
     done.write_text(json.dumps(size.__dict__ | {"seed": seed}))
 
 
@@ -100,7 +102,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     _run("pretrain", "--stage", 1, "--config", CONFIG_DIR / "tiny" / "stage1.yaml", "--shards", *pool,
          "--stage0", runs / "stage0", "--run-dir", runs / "stage1", "--set", f"optim.steps={size.stage1_steps}",
          "--set", f"optim.warmup_steps={size.stage1_steps // 10}", *common)
-    probe_task = f"custom:{out / 'raw' / 'probe'}"
+    probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
     probe_args = ["--task", probe_task, "--fractions", "100", "--seeds", size.probe_seeds,
                   "--epochs", size.probe_epochs, "--cache-dir", out / "feature-cache"]
     step("linear probes (brady/normal/tachy + noisy): random-init, Stage 0, Stage 1")

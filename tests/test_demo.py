@@ -1,0 +1,52 @@
+"""`ecgpos demo --quick` end to end: the README's main job, on the synthetic corpus."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+
+import ecgpos
+from ecgpos.demo import PROBE_TASK, QUICK
+
+
+@pytest.mark.slow
+def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    # The real readers ran on the real layouts: every simulated record is accounted for.
+    ningbo = json.loads((out / "shards" / "ningbo" / "preprocess.json").read_text())
+    code15 = json.loads((out / "shards" / "code15" / "preprocess.json").read_text())
+    assert pd.read_csv(out / "shards" / "ningbo" / "index.csv").shape[0] == QUICK.wfdb_records, ningbo
+    assert pd.read_csv(out / "shards" / "code15" / "index.csv").shape[0] == QUICK.code15_exams, code15
+    with h5py.File(next((out / "shards" / "code15").glob("shard-*.h5"))) as f:
+        assert f["signals"].shape[1:2] == (12,) and f["signals"].shape[2] >= 2250
+        assert int(f.attrs["fs"]) == 250
+
+    # Both stages trained to their step counts and drew their figures.
+    for stage, steps in (("stage0", QUICK.stage0_steps), ("stage1", QUICK.stage1_steps)):
+        info = json.loads((out / "runs" / stage / "run_info.json").read_text())
+        assert info["finished"] and info["step"] == steps
+        assert list((out / "runs" / stage / "figures").glob("*.png"))
+
+    # The probe table has all three encoders on the synthetic task, with AUROCs in [0, 1].
+    results = pd.read_csv(out / "probes" / "summary" / "results.csv")
+    assert set(results["encoder"]) == {"random-init", "stage0", "stage1"}
+    assert results["task"].str.contains(PROBE_TASK).all()
+    assert results["test_auroc"].between(0, 1).all()
+    assert (out / "probes" / "summary" / "summary.png").stat().st_size > 1000
+    assert "random-init" in proc.stdout and "stage1" in proc.stdout
+
+    # The exported nested encoder loads and embeds a raw record.
+    encoder = ecgpos.load_encoder(out / "export" / "nested-encoder")
+    signal = np.random.default_rng(0).normal(size=(12, 5000)).astype(np.float32)
+    features = encoder.embed(signal, fs=500, leads=list(encoder.spec.leads))
+    assert features.shape == (encoder.width,) and np.isfinite(features).all()
