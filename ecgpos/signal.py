@@ -51,13 +51,18 @@ def bandpass(x: np.ndarray, fs: float, highpass_hz: float = 0.67, lowpass_hz: fl
     steady-state initial conditions; tests compare the two) with the per-rate set-up cached.
     """
     sos, zi, padlen = _filtfilt_plan(float(fs), float(highpass_hz), float(lowpass_hz), int(order))
-    shape = np.shape(x)
-    x = np.asarray(x, dtype=np.float64).reshape(-1, shape[-1])
-    if x.shape[-1] <= padlen:
-        raise SignalError("too_short", f"{x.shape[-1]} samples: too short to filter (need > {padlen})")
-    # Odd extension at both ends, as scipy.signal's odd_ext.
-    ext = np.concatenate([2 * x[:, :1] - x[:, padlen:0:-1], x,
-                          2 * x[:, -1:] - x[:, -2:-(padlen + 2):-1]], axis=-1)
+    raw = np.asarray(x)
+    shape = raw.shape
+    n = shape[-1]
+    if n <= padlen:
+        raise SignalError("too_short", f"{n} samples: too short to filter (need > {padlen})")
+    # Odd extension at both ends, as scipy.signal's odd_ext, in one float64 buffer: the middle
+    # is filled straight from the input (one converting pass instead of a cast and a concatenate).
+    ext = np.empty((raw.size // n, n + 2 * padlen), dtype=np.float64)
+    x = ext[:, padlen:padlen + n]
+    x[...] = raw.reshape(-1, n)
+    ext[:, :padlen] = 2 * x[:, :1] - x[:, padlen:0:-1]
+    ext[:, padlen + n:] = 2 * x[:, -1:] - x[:, -2:-(padlen + 2):-1]
     y, _ = sps.sosfilt(sos, ext, axis=-1, zi=zi * ext[:, :1])
     y, _ = sps.sosfilt(sos, y[:, ::-1], axis=-1, zi=zi * y[:, -1:])
     return np.ascontiguousarray(y[:, ::-1][:, padlen:-padlen], dtype=np.float32).reshape(shape)
@@ -68,7 +73,15 @@ def standardise(x: np.ndarray, mode: str = "lead") -> np.ndarray:
 
     A flat lead (std below 1e-6) becomes all zeros instead of NaN/inf.
     """
-    y = np.array(x, dtype=np.float32)  # a private copy, normalised in place (the hot path)
+    return _standardise_inplace(np.array(x, dtype=np.float32), mode)  # a private copy
+
+
+def _standardise_inplace(y: np.ndarray, mode: str) -> np.ndarray:
+    """`standardise` on a float32 array the caller owns; (..., leads, time), one record per (leads, time)."""
+    if mode == "record" and y.ndim > 2:  # per record, each exactly as a lone (leads, time) record
+        for record in y.reshape(-1, *y.shape[-2:]):
+            _standardise_inplace(record, mode)
+        return y
     if mode == "lead":
         y -= y.mean(axis=-1, keepdims=True)
         std = np.sqrt(np.einsum("...t,...t->...", y, y) / y.shape[-1])[..., None]
@@ -100,6 +113,11 @@ def _polyphase_fir(up: int, down: int) -> np.ndarray:
     return sps.firwin(2 * 10 * max_rate + 1, 1.0 / max_rate, window=("kaiser", 5.0))
 
 
+@lru_cache(maxsize=32)
+def _polyphase_fir32(up: int, down: int) -> np.ndarray:
+    return _polyphase_fir(up, down).astype(np.float32)
+
+
 def resample(x: np.ndarray, fs_in: float, fs_out: float) -> np.ndarray:
     """Polyphase resampling along time with exact rational factors (scipy.signal.resample_poly).
 
@@ -110,7 +128,7 @@ def resample(x: np.ndarray, fs_in: float, fs_out: float) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
     if up == down:
         return x
-    fir = _polyphase_fir(up, down).astype(x.dtype)
+    fir = _polyphase_fir32(up, down) if x.dtype == np.float32 else _polyphase_fir(up, down)
     return sps.resample_poly(x, up, down, axis=-1, window=fir).astype(np.float32, copy=False)
 
 
@@ -161,6 +179,38 @@ def dead_leads(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarra
     return np.ptp(x, axis=-1) < min_ptp_mv
 
 
+def screen(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarray:
+    """`check_finite(x)` and then `dead_leads(x)` in one max/min pass over a (..., leads, time) array.
+
+    NaN and inf propagate through max/min, so a non-finite sample is always caught; the dead-lead
+    mask is exactly `np.ptp(x, axis=-1) < min_ptp_mv` (same max - min in x's dtype).
+    """
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape[:-1], dtype=bool)
+    hi, lo = x.max(axis=-1), x.min(axis=-1)
+    if not (np.isfinite(hi).all() and np.isfinite(lo).all()):
+        check_finite(x)  # raises with the count
+    return (hi - lo) < min_ptp_mv
+
+
+def preprocess_batch(x: np.ndarray, fs: float, spec: PreprocessSpec, dead: np.ndarray | None = None) -> np.ndarray:
+    """k canonical-order raw records of equal length, (k, 12, time) in mV at fs -> float32 (k, 12, T').
+
+    Every step works per lead (filtering, resampling) or per record (standardisation), so record i
+    of the batch is bit-for-bit what `preprocess_signal` returns for it alone (tested): batching
+    only amortises scipy's per-call overhead. `dead` (k, 12) marks leads to zero (see `screen`);
+    the input must already be finite.
+    """
+    resample_factors(fs, spec.fs)  # fail before filtering on an impossible rate
+    lowpass = min(spec.lowpass_hz, fs / 2)
+    y = bandpass(x, fs, spec.highpass_hz, lowpass, spec.filter_order)  # a fresh float32 array
+    y = _standardise_inplace(y, spec.standardise)
+    y = resample(y, fs, spec.fs)
+    if dead is not None and dead.any():
+        y[dead] = 0.0  # a dead lead stays exactly zero (not amplified filter residue)
+    return y
+
+
 def preprocess_signal(x: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> np.ndarray:
     """Raw (leads, time) in mV at rate fs, any lead order -> float32 (12, T') at spec.fs, canonical order.
 
@@ -174,13 +224,5 @@ def preprocess_signal(x: np.ndarray, fs: float, leads: Sequence[str], spec: Prep
         pass  # already canonical (the common case): no copy
     else:
         x = to_canonical_order(x, leads)
-    check_finite(x)
-    resample_factors(fs, spec.fs)  # fail before filtering on an impossible rate
-    lowpass = min(spec.lowpass_hz, fs / 2)
-    y = bandpass(x, fs, spec.highpass_hz, lowpass, spec.filter_order)
-    y = standardise(y, spec.standardise)
-    y = resample(y, fs, spec.fs)
-    dead = dead_leads(x)
-    if dead.any():
-        y[dead] = 0.0  # a dead lead stays exactly zero (not amplified filter residue)
-    return y
+    dead = screen(x)  # raises non_finite
+    return preprocess_batch(x[None], fs, spec, dead[None])[0]

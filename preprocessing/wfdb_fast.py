@@ -130,13 +130,19 @@ def read_fast(base: Path) -> RawRecord | None:
         raise SignalError("header_mismatch", f"{header.file_name}: {len(raw)} bytes, header describes {expected}")
     digital = np.frombuffer(raw, "<i2", count=n_sig * header.sig_len, offset=header.byte_offset)
     digital = digital.reshape(header.sig_len, n_sig).T  # (leads, time) view of the interleaved frames
-    values = digital.astype(np.float64)  # one transposing pass; long rows make the rest fast
+    # One transposing pass into C order (a plain astype keeps the view's column-major layout, and
+    # every later per-lead pass would then stride across the interleaved frames).
+    values = np.empty(digital.shape, dtype=np.float64)
+    values[...] = digital
     _check_checksums(values, digital, header)
+    invalid = values == _INVALID_FMT16 if header.sig_len and values.min() == _INVALID_FMT16 else None
     values -= header.baselines[:, None]
-    values /= header.gains[:, None]  # wfdb's (digital - baseline) / gain, in float64
-    if header.sig_len and digital.min() == _INVALID_FMT16:
-        values[digital == _INVALID_FMT16] = np.nan
-    return RawRecord(record_id=base.name, signal=values.astype(np.float32), fs=header.fs, leads=header.leads,
+    signal = np.empty(values.shape, dtype=np.float32)
+    # wfdb's (digital - baseline) / gain, computed in float64 and rounded once to float32
+    np.divide(values, header.gains[:, None], out=signal, casting="same_kind")
+    if invalid is not None:
+        signal[invalid] = np.nan
+    return RawRecord(record_id=base.name, signal=signal, fs=header.fs, leads=header.leads,
                      comments=header.comments)
 
 

@@ -61,5 +61,5 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
         scale = 1e-3
     elif units and not units <= {"mv"}:
         raise SignalError("units", f"{base.name}: unsupported units {sorted(units)}")
-    return RawRecord(record_id=base.name, signal=(rec.p_signal.T * scale).astype(np.float32),
+    return RawRecord(record_id=base.name, signal=np.ascontiguousarray(rec.p_signal.T * scale, dtype=np.float32),
                      fs=float(rec.fs), leads=[str(s) for s in rec.sig_name], comments=list(rec.comments or []))

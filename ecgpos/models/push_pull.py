@@ -27,11 +27,14 @@ class PushPullConfig:
     perturbation 'gaussian': e ~ N(0, (scale * std_j)^2) per latent dimension j, std_j measured on
     the batch; 'mask': each token is zeroed with probability `scale`.
     lambda_sp weights an L1 sparsity penalty on the Stage-1 latent (0 = off).
+    lambda_pp defaults to 1e-3 because d is a per-sample Euclidean distance over all 360 x width
+    latent values (about sqrt(360 * width) times a per-value error), while the reconstruction loss
+    is a per-value mean: at width 768 a weight of 1e-3 puts both terms on a similar scale.
     """
 
     enabled: bool = False
     alpha: float = 1.0
-    lambda_pp: float = 0.1
+    lambda_pp: float = 1e-3
     perturbation: str = "gaussian"
     scale: float = 0.1
     lambda_sp: float = 0.0
