@@ -26,7 +26,7 @@ from .shards import shard_name, write_shard
 
 SOURCES: dict[str, ModuleType] = {ecg_arrhythmia.NAME: ecg_arrhythmia, code15.NAME: code15}
 DEFAULT_RECORDS_PER_SHARD = 1000
-BATCH = 16
+BATCH = 8
 """Records read, then filtered and resampled together (one scipy call per batch): amortises scipy's
 per-call overhead; the output of a record does not depend on its batch (see records.prepare_many)."""
 
@@ -196,7 +196,7 @@ def _write_chunk(req: BuildRequest, chunk: int, results: Iterable[tuple],
     # The sidecar comes last: its presence marks the chunk (and its shard) as complete.
     manifest.write_json(sidecar, {
         "chunk": chunk, "shard": name if signals else None, "found": found,
-        "index": index_rows, "skipped": skipped_rows})
+        "index": index_rows, "skipped": skipped_rows}, compact=True)
     return len(index_rows), len(skipped_rows)
 
 

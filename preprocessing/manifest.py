@@ -46,8 +46,14 @@ def sidecar_path(out: Path, chunk: int) -> Path:
     return chunk_dir(out) / f"chunk-{chunk:05d}.json"
 
 
-def write_json(path: Path, data: dict) -> None:
-    atomic_write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+def write_json(path: Path, data: dict, compact: bool = False) -> None:
+    """Sorted keys; `compact` (no indentation) lets json use its C encoder: chunk sidecars hold
+    one index row per record, and the indenting pure-Python encoder cost ~3 % of a build."""
+    if compact:
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    else:
+        text = json.dumps(data, indent=1, sort_keys=True)
+    atomic_write_bytes(path, (text + "\n").encode())
 
 
 def read_json(path: Path) -> dict:

@@ -175,3 +175,25 @@ def test_default_ningbo_subset_on_chapman_samples_says_why(shared_data, tmp_path
     rc, out, err = run(capsys, "ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--out",
                        str(tmp_path / "o"))
     assert rc == 2 and "200 records outside subset 'ningbo': try --subset all" in err
+
+
+def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
+    """Records are filtered in batches; a run scipy cannot process (here: 20 samples, too short to
+    filter even with --pad-short) is skipped record by record, its neighbours are stored."""
+    from types import SimpleNamespace
+
+    from ecgpos.spec import DEFAULT_SPEC
+    from preprocessing import build
+    from preprocessing.records import LoadedRecord, RecordPolicy, RecordRef
+
+    rng = np.random.default_rng(0)
+    lengths = {"a": 5000, "b": 20, "c": 5000, "d": 5000}
+    source = SimpleNamespace(load_record=lambda src, ref: LoadedRecord(
+        signal=rng.normal(size=(12, lengths[ref.record_id])).astype(np.float32), fs=500.0,
+        leads=list(CANONICAL_LEADS), meta={"dx": ""}))
+    monkeypatch.setattr(build, "_state", {"source": source, "src": None, "spec": DEFAULT_SPEC,
+                                          "policy": RecordPolicy(expected_fs=500.0, pad_short=True)})
+    out = build._process_batch([RecordRef(record_id=k, location=k) for k in lengths])
+    assert [(r[0], r[1].record_id) for r in out] == [("ok", "a"), ("skip", "b"), ("ok", "c"), ("ok", "d")]
+    assert out[1][2] == "too_short"
+    assert all(r[2].shape == (12, 2500) and r[2].dtype == np.float16 for r in out if r[0] == "ok")

@@ -116,3 +116,42 @@ def test_preprocess_signal_shapes_dead_leads_and_lead_order(fs):
     order = rng.permutation(12)
     names = [CANONICAL_LEADS[i].upper() for i in order]
     np.testing.assert_array_equal(preprocess_signal(x[order], fs, names, DEFAULT_SPEC), y)
+
+
+@pytest.mark.parametrize("mode", ["lead", "record"])
+def test_batch_is_bit_identical_to_one_record_at_a_time(shared_data, mode):
+    """Shard building filters/resamples records in batches: each row must equal the lone-record result."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from ecgpos.signal import preprocess_batch, screen
+    from preprocessing.wfdb_fast import read_fast
+
+    spec = replace(DEFAULT_SPEC, standardise=mode)
+    paths = sorted(Path(shared_data, "ecg-arrhythmia").rglob("JS*.hea"))
+    records = [read_fast(p.with_suffix("")) for p in paths]
+    for start in range(0, len(records), 50):
+        batch = records[start:start + 50]
+        x = np.stack([r.signal for r in batch])
+        dead = screen(x)
+        y = preprocess_batch(x, batch[0].fs, spec, dead)
+        assert y.dtype == np.float32 and y.shape == (len(batch), 12, 2500)
+        for row, r in zip(y, batch):
+            np.testing.assert_array_equal(row, preprocess_signal(r.signal, r.fs, r.leads, spec))
+
+
+def test_screen_equals_check_finite_then_dead_leads():
+    from ecgpos.signal import screen
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3, 12, 1000)).astype(np.float32)
+    x[0, 4] = 0.25
+    x[2, 1] = 0.0
+    np.testing.assert_array_equal(screen(x), dead_leads(x))
+    assert screen(np.zeros((12, 0), np.float32)).shape == (12,)
+    for bad in (np.nan, np.inf, -np.inf):
+        y = x.copy()
+        y[1, 5, 17] = bad
+        with pytest.raises(SignalError) as err:
+            screen(y)
+        assert err.value.reason == "non_finite"
