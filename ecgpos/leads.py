@@ -44,7 +44,8 @@ def lead_permutation(leads: Sequence[str]) -> list[int]:
 
 
 def to_canonical_order(signal: np.ndarray, leads: Sequence[str]) -> np.ndarray:
-    """Reorder a (leads, time) array into CANONICAL_LEADS order."""
+    """Reorder a (leads, time) array into CANONICAL_LEADS order (no copy when already canonical)."""
     if signal.ndim != 2 or signal.shape[0] != len(leads):
         raise SignalError("shape", f"signal shape {signal.shape} does not match {len(leads)} lead names")
-    return signal[lead_permutation(leads)]
+    perm = lead_permutation(leads)
+    return signal if perm == list(range(len(perm))) else signal[perm]

@@ -14,7 +14,7 @@ import numpy as np
 from scipy import signal as sps
 
 from .errors import SignalError
-from .leads import lead_permutation, to_canonical_order
+from .leads import to_canonical_order
 from .spec import PreprocessSpec
 
 _EPS = 1e-6  # below this std a lead is treated as flat and set to zero, never divided by
@@ -30,42 +30,19 @@ def bandpass_sos(fs: float, highpass_hz: float, lowpass_hz: float, order: int) -
     return np.vstack([high, low])
 
 
-@lru_cache(maxsize=64)
-def _filtfilt_plan(fs: float, highpass_hz: float, lowpass_hz: float, order: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """(sos, steady-state zi (sections, 1, 2), padlen) exactly as scipy's sosfiltfilt derives them.
-
-    Cached because `sosfilt_zi` solves a linear system per section: a tenth of the filtering
-    time of a 10 s record if recomputed for every record.
-    """
-    sos = bandpass_sos(fs, highpass_hz, lowpass_hz, order)
-    ntaps = 2 * len(sos) + 1 - min(int((sos[:, 2] == 0).sum()), int((sos[:, 5] == 0).sum()))
-    zi = sps.sosfilt_zi(sos).reshape(len(sos), 1, 2)
-    return sos, zi, 3 * ntaps
-
-
 def bandpass(x: np.ndarray, fs: float, highpass_hz: float = 0.67, lowpass_hz: float = 40.0,
              order: int = 4) -> np.ndarray:
-    """Zero-phase (forward-backward) Butterworth band-pass along time. x: (leads, time) -> float32.
+    """Zero-phase (forward-backward) Butterworth band-pass along time. x: (..., time) -> float32.
 
-    Identical to `scipy.signal.sosfiltfilt(sos, x, axis=-1)` (odd extension, default padlen,
-    steady-state initial conditions; tests compare the two) with the per-rate set-up cached.
+    scipy's sosfiltfilt on the cached per-rate design; raises SignalError('too_short') when the
+    record is shorter than the filter's edge padding.
     """
-    sos, zi, padlen = _filtfilt_plan(float(fs), float(highpass_hz), float(lowpass_hz), int(order))
-    raw = np.asarray(x)
-    shape = raw.shape
-    n = shape[-1]
-    if n <= padlen:
-        raise SignalError("too_short", f"{n} samples: too short to filter (need > {padlen})")
-    # Odd extension at both ends, as scipy.signal's odd_ext, in one float64 buffer: the middle
-    # is filled straight from the input (one converting pass instead of a cast and a concatenate).
-    ext = np.empty((raw.size // n, n + 2 * padlen), dtype=np.float64)
-    x = ext[:, padlen:padlen + n]
-    x[...] = raw.reshape(-1, n)
-    ext[:, :padlen] = 2 * x[:, :1] - x[:, padlen:0:-1]
-    ext[:, padlen + n:] = 2 * x[:, -1:] - x[:, -2:-(padlen + 2):-1]
-    y, _ = sps.sosfilt(sos, ext, axis=-1, zi=zi * ext[:, :1])
-    y, _ = sps.sosfilt(sos, y[:, ::-1], axis=-1, zi=zi * y[:, -1:])
-    return np.ascontiguousarray(y[:, ::-1][:, padlen:-padlen], dtype=np.float32).reshape(shape)
+    sos = bandpass_sos(float(fs), float(highpass_hz), float(lowpass_hz), int(order))
+    try:
+        # float64 from the start, edge extension included, so the result is exactly sosfiltfilt on float64 data
+        return sps.sosfiltfilt(sos, np.asarray(x, dtype=np.float64), axis=-1).astype(np.float32)
+    except ValueError as err:  # scipy: "The length of the input vector x must be greater than padlen"
+        raise SignalError("too_short", f"{x.shape[-1]} samples: too short to filter ({err})") from None
 
 
 def standardise(x: np.ndarray, mode: str = "lead") -> np.ndarray:
@@ -219,10 +196,6 @@ def preprocess_signal(x: np.ndarray, fs: float, leads: Sequence[str], spec: Prep
     SignalError for unknown/missing/duplicate leads, NaN/inf samples and rates that cannot be
     resampled exactly.
     """
-    x = np.asarray(x)
-    if x.ndim == 2 and x.shape[0] == len(leads) and lead_permutation(leads) == list(range(len(leads))):
-        pass  # already canonical (the common case): no copy
-    else:
-        x = to_canonical_order(x, leads)
+    x = to_canonical_order(np.asarray(x), leads)
     dead = screen(x)  # raises non_finite
     return preprocess_batch(x[None], fs, spec, dead[None])[0]

@@ -120,48 +120,76 @@ def write_arrhythmia_tree(root: Path, signals: Sequence[np.ndarray], fs: int = 5
 
 # --- CODE-15 layout --------------------------------------------------------------------------
 
-def to_code15_trace(x: np.ndarray, fs: float) -> np.ndarray:
-    """(12, T) canonical mV at fs -> (4096, 12) at 400 Hz, zero-padded symmetrically like CODE-15."""
-    y = sps.resample_poly(x, CODE15_FS, int(fs), axis=-1).astype(np.float32)[:, :CODE15_SAMPLES]
+CODE15_COLUMNS = ("exam_id", "age", "is_male", "nn_predicted_age", "1dAVb", "RBBB", "LBBB", "SB", "ST", "AF",
+                  "patient_id", "death", "timey", "normal_ecg", "trace_file")
+
+
+def code15_padded(x: np.ndarray) -> np.ndarray:
+    """(12, n <= 4096) canonical-order mV at 400 Hz -> (4096, 12), zero-padded symmetrically like CODE-15.
+
+    Canonical order is CODE-15's own (DI, DII, DIII, AVR, AVL, AVF, V1..V6).
+    """
     trace = np.zeros((CODE15_SAMPLES, 12), np.float32)
-    start = (CODE15_SAMPLES - y.shape[1]) // 2
-    trace[start:start + y.shape[1]] = y.T
+    start = (CODE15_SAMPLES - x.shape[1]) // 2
+    trace[start:start + x.shape[1]] = x.T
     return trace
 
 
+def to_code15_trace(x: np.ndarray, fs: float) -> np.ndarray:
+    """(12, T) canonical mV at fs -> (4096, 12) at 400 Hz, as CODE-15 stores an exam."""
+    return code15_padded(sps.resample_poly(x, CODE15_FS, int(fs), axis=-1).astype(np.float32)[:, :CODE15_SAMPLES])
+
+
+def write_code15_part(root: Path, part: int, exam_ids: Sequence[int], traces: Sequence[np.ndarray]) -> Path:
+    """`exams_part{part}.hdf5`: `tracings` (N + 1, 4096, 12) float32 and `exam_id`, ending with exam_id 0 (zeros)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"exams_part{part}.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("tracings", data=np.stack([*traces, np.zeros((CODE15_SAMPLES, 12), np.float32)])
+                         .astype(np.float32))
+        f.create_dataset("exam_id", data=np.array([*exam_ids, 0], dtype=np.int64))
+    return path
+
+
+def code15_row(exam_id: int, part: int, **values: object) -> dict:
+    """One `exams.csv` row: labels False, age 50, patient_id exam_id + 7 unless given."""
+    row = {"exam_id": exam_id, "age": 50, "is_male": True, "nn_predicted_age": 51.5, "1dAVb": False,
+           "RBBB": False, "LBBB": False, "SB": False, "ST": False, "AF": False, "patient_id": exam_id + 7,
+           "death": "", "timey": "", "normal_ecg": True, "trace_file": f"exams_part{part}.hdf5"}
+    row.update(values)
+    return row
+
+
+def write_code15_csv(root: Path, rows: Sequence[dict]) -> Path:
+    """`exams.csv` with CODE-15's columns (missing values left empty)."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "exams.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CODE15_COLUMNS, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def write_code15(root: Path, traces: Sequence[np.ndarray], first_exam_id: int = 1_000_001, part: int = 0,
-                 seed: int = 0, heart_rates: Sequence[float] | None = None,
-                 extra_rows: Sequence[dict] = ()) -> list[int]:
-    """`exams.csv` + `exams_part{part}.hdf5` in CODE-15's layout; the part ends with exam_id 0 (all zeros).
+                 seed: int = 0, heart_rates: Sequence[float] | None = None) -> list[int]:
+    """A one-part CODE-15 corpus: `exams.csv` + `exams_part{part}.hdf5` with varied metadata.
 
     traces: (4096, 12) float32 arrays (see `to_code15_trace`); heart_rates, when given, set the SB/ST
     label columns (sinus brady-/tachycardia). Returns the exam ids written.
     """
-    root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     exam_ids = [first_exam_id + i for i in range(len(traces))]
-    name = f"exams_part{part}.hdf5"
-    with h5py.File(root / name, "w") as f:
-        f.create_dataset("tracings", data=np.stack(list(traces) + [np.zeros((CODE15_SAMPLES, 12), np.float32)]))
-        f.create_dataset("exam_id", data=np.array(exam_ids + [0], dtype=np.int64))
-    columns = ["exam_id", "age", "is_male", "nn_predicted_age", "1dAVb", "RBBB", "LBBB", "SB", "ST", "AF",
-               "patient_id", "death", "timey", "normal_ecg", "trace_file"]
-    path = root / "exams.csv"
-    new_file = not path.exists()
-    with open(path, "a", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        if new_file:
-            writer.writeheader()
-        for i, exam_id in enumerate(exam_ids):
-            age = int(rng.integers(20, 90))
-            rhythm = rhythm_class(heart_rates[i]) if heart_rates is not None else "normal"
-            writer.writerow({"exam_id": exam_id, "age": age, "is_male": bool(rng.integers(0, 2)),
-                             "nn_predicted_age": round(age + rng.normal(0, 5), 2), "1dAVb": False, "RBBB": False,
-                             "LBBB": False, "SB": rhythm == "brady", "ST": rhythm == "tachy", "AF": False,
-                             "patient_id": int(rng.integers(1, 10**6)), "death": "", "timey": "",
-                             "normal_ecg": rhythm == "normal", "trace_file": name})
-        for row in extra_rows:
-            writer.writerow({key: row.get(key, "") for key in columns})
+    write_code15_part(root, part, exam_ids, traces)
+    rows = []
+    for i, exam_id in enumerate(exam_ids):
+        age = int(rng.integers(20, 90))
+        rhythm = rhythm_class(heart_rates[i]) if heart_rates is not None else "normal"
+        rows.append(code15_row(exam_id, part, age=age, is_male=bool(rng.integers(0, 2)),
+                               nn_predicted_age=round(age + rng.normal(0, 5), 2), SB=rhythm == "brady",
+                               ST=rhythm == "tachy", normal_ecg=rhythm == "normal",
+                               patient_id=int(rng.integers(1, 10**6))))
+    write_code15_csv(root, rows)
     return exam_ids
 
 

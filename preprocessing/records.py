@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ecgpos.errors import SignalError
-from ecgpos.leads import CANONICAL_LEADS, lead_permutation, to_canonical_order
+from ecgpos.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.signal import preprocess_batch, resampled_length, screen
 from ecgpos.spec import PreprocessSpec
 
@@ -78,15 +78,15 @@ class Validated:
 
 def validate(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Validated:
     """Every skip check of `prepare` (raises SignalError(reason)), without the signal processing."""
-    x = np.asarray(record.signal)
-    if lead_permutation(record.leads) != list(range(len(CANONICAL_LEADS))) or x.shape[0] != len(record.leads):
-        x = to_canonical_order(x, record.leads)  # raises missing/duplicate/unknown lead
+    x = to_canonical_order(np.asarray(record.signal), record.leads)  # raises missing/duplicate/unknown lead
     if abs(record.fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{record.fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
-    dead = screen(x)  # raises non_finite; the dead-lead mask of the same max/min pass
-    if x.shape[-1] == 0 or not np.any(x):
+    if x.shape[-1] == 0:  # e.g. a CODE-15 trace that is zero padding only
         raise SignalError("all_zero", "every sample is zero")
-    if dead.all():
+    dead = screen(x)  # raises non_finite; the dead-lead mask of the same max/min pass
+    if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
+        if not np.any(x):
+            raise SignalError("all_zero", "every sample is zero")
         raise SignalError("flat", "every lead is flat (peak-to-peak below 10 uV)")
     names = [CANONICAL_LEADS[i] for i in np.flatnonzero(dead)]
     if len(names) > policy.max_dead_leads:

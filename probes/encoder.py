@@ -1,7 +1,6 @@
 """The encoder under probe: resolved through ecgpos.encoders, plus a random-init twin for the baseline."""
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import torch
 from torch import nn
 
 from ecgpos.errors import EcgposError
+from ecgpos.models.factory import module_from_arch
 from ecgpos.spec import PreprocessSpec
 
 
@@ -18,6 +18,7 @@ class ProbeEncoder:
 
     module: nn.Module
     spec: PreprocessSpec
+    arch: dict  # ecgpos.models.factory arch: what a random-init twin is built from
     label: str
     source: str
     info: dict = field(default_factory=dict)
@@ -40,30 +41,14 @@ def load_probe_encoder(path: str) -> ProbeEncoder:
         raise
     except Exception as err:  # a broken folder must not surface as a traceback
         raise EcgposError(f"cannot load encoder {path}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    return ProbeEncoder(loaded.module.eval(), loaded.spec, _label(path), loaded.source, dict(loaded.info))
-
-
-def fresh_like(module: nn.Module) -> nn.Module:
-    """A newly initialised module of the same architecture (the model's own init where it has a config)."""
-    if hasattr(module, "stage0") and hasattr(module, "stage1"):
-        return type(module)(fresh_like(module.stage0), fresh_like(module.stage1))
-    if hasattr(module, "cfg") and not hasattr(module, "stage0"):
-        return type(module)(module.cfg)
-    inner = getattr(module, "encoder", None)
-    if isinstance(inner, nn.Module):  # an export wrapper: rebuild what it wraps
-        return fresh_like(inner)
-    clone = copy.deepcopy(module)
-    for sub in clone.modules():
-        if hasattr(sub, "reset_parameters"):
-            sub.reset_parameters()
-    return clone
+    return ProbeEncoder(loaded.module.eval(), loaded.spec, loaded.arch, _label(path), loaded.source, dict(loaded.info))
 
 
 def random_twin(enc: ProbeEncoder, seed: int = 0) -> ProbeEncoder:
     """The random-init baseline: same architecture and spec, weights drawn from `seed`."""
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
         torch.manual_seed(seed)
-        module = fresh_like(enc.module).eval()
+        module = module_from_arch(enc.arch).eval()  # the model's own initialisation
     for p in module.parameters():
         p.requires_grad_(False)
-    return ProbeEncoder(module, enc.spec, f"random-init ({enc.label})", f"random-twin:{enc.source}")
+    return ProbeEncoder(module, enc.spec, enc.arch, f"random-init ({enc.label})", f"random-twin:{enc.source}")

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ecgpos.embedding import record_windows, window_features
+from ecgpos.encoders import weights_hash
 from ecgpos.errors import EcgposError
 from ecgpos.signal import pad_to, preprocess_signal
 from ecgpos.spec import PreprocessSpec
@@ -38,13 +39,6 @@ class FeatureSource:
     key: dict
     spec: PreprocessSpec
     embed: Callable[[list[np.ndarray], int], np.ndarray]  # preprocessed (12, T) records, windows -> (n, D)
-
-
-def weights_hash(module: torch.nn.Module) -> str:
-    """sha256 over the state dict tensors in key order (ecgpos.encoders.weights_hash)."""
-    from ecgpos.encoders import weights_hash as shared  # one definition of an encoder's identity
-
-    return shared(module)
 
 
 def encoder_source(module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64,

@@ -243,3 +243,30 @@ def test_custom_task_through_the_cli(capsys, tmp_path):
     assert list(results["task"].unique()) == ["custom:synthetic"] and len(results) == 2
     assert (results["n_train"] == 15).all()  # r000 is corrupt: reported, the rest evaluated
     assert "r000" in out and "| Encoder | synthetic |" in out
+
+
+def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys, tmp_path, arrhythmia_shards):
+    from ecgpos.encoders import weights_hash
+    from probes.encoder import load_probe_encoder, random_twin
+
+    enc = load_probe_encoder(f"random:{TINY}")
+    before = torch.get_rng_state()
+    twin = random_twin(enc, seed=1)
+    assert torch.equal(torch.get_rng_state(), before)  # the global RNG is left as it was
+    assert type(twin.module) is type(enc.module) and twin.arch == enc.arch
+    assert weights_hash(twin.module) != weights_hash(enc.module)
+    assert weights_hash(twin.module) == weights_hash(random_twin(enc, seed=1).module)  # seeded
+    assert not any(p.requires_grad for p in twin.module.parameters())
+
+    run = tmp_path / "run"
+    assert main(["pretrain", "--stage", "0", "--config", str(TINY), "--shards", str(arrhythmia_shards),
+                 "--run-dir", str(run), "--set", "optim.steps=2", "--set", "train.batch_size=4",
+                 "--set", "train.num_workers=0"]) == 0
+    folder = _custom_task(tmp_path / "synthetic")
+    rc, out, err = _probe(capsys, "--encoder", run, "--name", "trained", "--random-baseline", "--task",
+                          f"custom:{folder}", "--seeds", "1", "--epochs", "2", "--fractions", "100",
+                          "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")
+    assert rc == 0, err
+    encoders = set(pd.read_csv(tmp_path / "out" / "results.csv")["encoder"])
+    assert len(encoders) == 2 and "trained" in encoders, encoders
+    assert any(name.startswith("random-init (") for name in encoders), encoders

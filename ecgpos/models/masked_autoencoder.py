@@ -15,9 +15,8 @@ import torch
 from torch import nn
 from timm.models.vision_transformer import Block
 
-from ..errors import ConfigError
 from .masking import check_mask_ratio, unshuffle_with_mask_tokens
-from .st_mem import STMEMEncoder, init_weights, patchify, sincos_1d, with_sep
+from .st_mem import STMEMEncoder, check_transformer_config, init_weights, patchify, sincos_1d, with_sep
 
 TARGET_EPS = 1e-6
 
@@ -32,15 +31,7 @@ class DecoderConfig:
     mlp_ratio: float = 4.0
 
     def __post_init__(self) -> None:
-        for name in ("width", "depth", "heads"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"decoder.{name} must be >= 1, got {getattr(self, name)}")
-        if self.width % self.heads:
-            raise ConfigError(f"decoder.width {self.width} is not divisible by decoder.heads {self.heads}")
-        if self.width % 2:
-            raise ConfigError(f"decoder.width must be even (sin-cos position embedding), got {self.width}")
-        if self.mlp_ratio <= 0:
-            raise ConfigError(f"decoder.mlp_ratio must be > 0, got {self.mlp_ratio}")
+        check_transformer_config(self, "decoder")
 
 
 def normalise_tokens(t: torch.Tensor, eps: float = TARGET_EPS) -> torch.Tensor:

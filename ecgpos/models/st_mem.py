@@ -17,6 +17,7 @@ F.scaled_dot_product_attention).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +25,19 @@ from timm.models.vision_transformer import Block
 
 from ..errors import ConfigError, EcgposError
 from .masking import check_mask_ratio, gather_tokens, random_masking
+
+
+def check_transformer_config(cfg: Any, section: str, extra_positive: tuple[str, ...] = ()) -> None:
+    """Shared checks of an encoder/decoder config (width, depth, heads, mlp_ratio): one-line ConfigError."""
+    for name in (*extra_positive, "width", "depth", "heads"):
+        if int(getattr(cfg, name)) < 1:
+            raise ConfigError(f"{section}.{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.width % cfg.heads:
+        raise ConfigError(f"{section}.width {cfg.width} is not divisible by {section}.heads {cfg.heads}")
+    if cfg.width % 2:
+        raise ConfigError(f"{section}.width must be even (sin-cos position embedding), got {cfg.width}")
+    if cfg.mlp_ratio <= 0:
+        raise ConfigError(f"{section}.mlp_ratio must be > 0, got {cfg.mlp_ratio}")
 
 
 @dataclass
@@ -40,18 +54,10 @@ class EncoderConfig:
     qkv_bias: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_leads", "seq_len", "patch_size", "width", "depth", "heads"):
-            if int(getattr(self, name)) < 1:
-                raise ConfigError(f"encoder.{name} must be >= 1, got {getattr(self, name)}")
+        check_transformer_config(self, "encoder", ("num_leads", "seq_len", "patch_size"))
         if self.seq_len % self.patch_size:
             raise ConfigError(f"encoder.seq_len {self.seq_len} is not a multiple of "
                               f"encoder.patch_size {self.patch_size}")
-        if self.width % self.heads:
-            raise ConfigError(f"encoder.width {self.width} is not divisible by encoder.heads {self.heads}")
-        if self.width % 2:
-            raise ConfigError(f"encoder.width must be even (sin-cos position embedding), got {self.width}")
-        if self.mlp_ratio <= 0:
-            raise ConfigError(f"encoder.mlp_ratio must be > 0, got {self.mlp_ratio}")
 
     @property
     def num_patches(self) -> int:
