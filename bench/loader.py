@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.data import ShardDataset, StepBatchSampler, read_index, train_loader  # noqa: E402
+from ecgpos.errors import EcgposError  # noqa: E402
 
 
 def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, window: int) -> float:
@@ -63,4 +64,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EcgposError as err:  # bad input: one line, no traceback
+        sys.exit(str(err))

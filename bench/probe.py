@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.paths import sample_data_root  # noqa: E402
 from probes.linear import ProtocolConfig, epoch_permutations, label_fraction_rows, reference_run  # noqa: E402
 from probes.run import ProbeConfig, TaskData, make_jobs, merge_jobs, run_jobs  # noqa: E402
@@ -100,4 +101,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EcgposError as err:  # bad input: one line, no traceback
+        sys.exit(str(err))

@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
 from ecgpos.pretrain_models import build_model, param_groups  # noqa: E402
 from ecgpos.run_config import load_run_config  # noqa: E402
@@ -116,4 +117,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except EcgposError as err:  # bad input: one line, no traceback
+        sys.exit(str(err))

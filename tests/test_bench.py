@@ -1,0 +1,61 @@
+"""The benchmarks still run and still print their figure last (smallest sizes; nothing is timed here)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_bench(script: str, *args: str) -> list[str]:
+    """Run bench/<script> in a fresh process; returns its stdout lines."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+@pytest.mark.slow
+def test_preprocess_bench_prints_both_ratios_last(shared_data: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src" / "WFDBRecords" / "01" / "010"
+    src.mkdir(parents=True)
+    for header in sorted((shared_data / "ecg-arrhythmia").rglob("JS*.hea"))[:4]:
+        for path in (header, header.with_suffix(".mat")):
+            (src / path.name).symlink_to(path.resolve())
+    lines = run_bench("preprocess.py", "--src", str(tmp_path / "src"), "--scale", "2")
+    assert re.fullmatch(r"ratio: \d+\.\d\dx .* \(over the stricter one: \d+\.\d\dx\)", lines[-1]), lines[-1]
+    assert any(line.startswith("peak RSS") and "4 records" in line and "8 records" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_probe_bench_prints_its_figure_last() -> None:
+    lines = run_bench("probe.py", "--epochs", "1", "--seeds", "1")
+    assert re.match(r"full probe protocol on 2 CPU cores: \d+\.\d s wall", lines[-1]), lines[-1]
+
+
+@pytest.mark.slow
+def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
+    lines = run_bench("train_step.py", "--config", str(ROOT / "configs/tiny/stage1.yaml"), "--steps", "2",
+                      "--warmup", "1", "--threads", "1")
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    assert fields["stage"] == "1" and float(fields["samples_per_s"]) > 0
+    assert 0 < float(fields["stage0_forward_share"]) < 1
+
+
+def test_loader_bench_prints_samples_per_s_last(arrhythmia_shards: Path) -> None:
+    lines = run_bench("loader.py", "--shards", str(arrhythmia_shards), "--workers", "0", "--batch", "8",
+                      "--batches", "3", "--train-samples-per-s", "100")
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    assert float(fields["samples_per_s"]) > 0
+    assert float(fields["ratio"]) == pytest.approx(float(fields["samples_per_s"]) / 100, rel=0.01, abs=0.05)
+
+
+def test_bench_bad_input_is_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--shards", str(tmp_path / "none")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"shard folder {tmp_path / 'none'} does not exist"]
