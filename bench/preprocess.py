@@ -113,7 +113,7 @@ def main() -> None:
         sys.exit(f"no ecg-arrhythmia records under {args.src}")
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        ours(args.src, tmp / "warm")  # imports and one-time set-up outside the timing, for both
+        ours(args.src, tmp / "warm")  # imports and one-time set-up outside the timing, for all
         naive(records[:2], tmp / "warm.h5")
         # interleaved, so load from other jobs on this core hits all three alike
         t_lead = naive(records, tmp / "naive-lead.h5", read_per_lead=True)

@@ -11,10 +11,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bench(script: str, *args: str) -> list[str]:
-    """Run bench/<script> in a fresh process; returns its stdout lines."""
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
+def bench_process(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run bench/<script> in a fresh process."""
+    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def run_bench(script: str, *args: str) -> list[str]:
+    """Run bench/<script>, which must succeed; returns its stdout lines."""
+    proc = bench_process(script, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()
 
@@ -55,7 +60,6 @@ def test_loader_bench_prints_samples_per_s_last(arrhythmia_shards: Path) -> None
 
 
 def test_bench_bad_input_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--shards", str(tmp_path / "none")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = bench_process("loader.py", "--shards", str(tmp_path / "none"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"shard folder {tmp_path / 'none'} does not exist"]
