@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ecgpos-installed
 
-.PHONY: demo test test-fast test-slurm bench install clean
+.PHONY: demo test test-fast test-slurm lint bench install clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ecgpos demo
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
@@ -28,3 +28,9 @@ test-slurm: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The codebase's own hygiene, part of `make test`: ruff (rules in pyproject.toml) and the import
+# contracts (layers, no cycles) checked by import-linter.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ecgpos.data import ShardDataset, StepBatchSampler, read_index, train_loader  # noqa: E402
 from ecgpos.errors import EcgposError  # noqa: E402
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, train_loader  # noqa: E402
 
 
 def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, window: int) -> float:

@@ -32,9 +32,9 @@ import numpy as np
 import wfdb
 from scipy import signal as sps
 
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError
-from ecgpos.paths import sample_data_root
-from ecgpos.spec import DEFAULT_SPEC
+from ecgpos.resources import sample_data_root
 
 
 def naive(records: list[Path], out: Path, read_per_lead: bool = True) -> float:

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.errors import EcgposError  # noqa: E402
-from ecgpos.paths import sample_data_root  # noqa: E402
+from ecgpos.resources import sample_data_root  # noqa: E402
 from probes.linear import ProtocolConfig, epoch_permutations, label_fraction_rows, reference_run  # noqa: E402
 from probes.run import ProbeConfig, TaskData, make_jobs, merge_jobs, run_jobs  # noqa: E402
 from probes.tasks import PAPER_TASKS, SPLITS, read_split, resolve_task  # noqa: E402

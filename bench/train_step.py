@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
-from ecgpos.pretrain_models import build_model, param_groups  # noqa: E402
-from ecgpos.run_config import load_run_config  # noqa: E402
-from ecgpos.trainer import resolve_mixed_precision, step_generator  # noqa: E402
+from ecgpos.pretrain.run_config import load_run_config  # noqa: E402
+from ecgpos.pretrain.stages import build_model, param_groups  # noqa: E402
+from ecgpos.pretrain.trainer import resolve_mixed_precision, step_generator  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -72,7 +72,7 @@ def main() -> None:
     stage0 = None
     if cfg.stage == 1:
         if args.stage0 is not None:
-            from ecgpos.train import load_stage0
+            from ecgpos.pretrain.plan import load_stage0
 
             stage0 = load_stage0(args.stage0, cfg)[0]
         else:

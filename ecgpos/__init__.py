@@ -10,6 +10,6 @@ __all__ = ["__version__", "load_encoder"]
 
 def load_encoder(path: Any, device: str = "cpu") -> Any:
     """Load an exported encoder folder (safetensors + config.json); see ecgpos.export."""
-    from .export.load import load_encoder as _load
+    from ecgpos.export.load import load_encoder as _load
 
     return _load(path, device=device)

@@ -4,12 +4,13 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 
-from .errors import ConfigError
+from ecgpos.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -10,19 +10,19 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
-from itertools import islice
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator, TextIO
+from typing import TextIO
 
+from ecgpos.ecg.shards import shard_name, write_shard
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
-from ecgpos.signal import DEAD_LEAD_PTP_MV
-from ecgpos.spec import PreprocessSpec
-
-from . import code15, ecg_arrhythmia, manifest
-from .records import RecordPolicy, RecordRef, prepare_many, validate
-from .shards import shard_name, write_shard
+from preprocessing import code15, ecg_arrhythmia, manifest
+from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
 SOURCES: dict[str, ModuleType] = {ecg_arrhythmia.NAME: ecg_arrhythmia, code15.NAME: code15}
 DEFAULT_RECORDS_PER_SHARD = 1000
@@ -100,7 +100,7 @@ def _process_batch(refs: list[RecordRef]) -> list[tuple]:
         prepared = prepare_many([v for _, v, _ in valid], spec)
     except Exception:  # some run of the batch failed: redo record by record for per-record reasons
         prepared = []
-        for i, v, _ in valid:
+        for _, v, _ in valid:
             try:
                 prepared.extend(prepare_many([v], spec))
             except Exception as err:

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from ecgpos.spec import DEFAULT_SPEC, PreprocessSpec
-
-from .build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
-from .ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
-from .records import DEFAULT_MAX_DEAD_LEADS
+from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
+from preprocessing.build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
+from preprocessing.ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
+from preprocessing.records import DEFAULT_MAX_DEAD_LEADS
 
 EPILOG = """\
 Every input record ends up either in a shard (index.csv) or in skipped.csv with a reason; the

@@ -16,8 +16,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError, SignalError
-
-from .records import LoadedRecord, RecordRef
+from preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "code15"
 FS = 400.0

@@ -10,11 +10,10 @@ import os
 import re
 from pathlib import Path
 
+from ecgpos.ecg.wfdb_fast import read_fast
+from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
-
-from .records import LoadedRecord, RecordRef
-from .wfdb_fast import read_fast
-from .wfdb_io import read_wfdb_record
+from preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "ecg-arrhythmia"
 FS = 500.0

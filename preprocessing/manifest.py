@@ -14,16 +14,15 @@ import hashlib
 import io
 import json
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import h5py
 
 from ecgpos import __version__
+from ecgpos.ecg.shards import atomic_write_bytes, shard_name
 from ecgpos.errors import ConfigError, EcgposError
-
-from .records import RecordRef
-from .shards import atomic_write_bytes, shard_name
+from preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1
 INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads")

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
+from ecgpos.ecg.signal import preprocess_batch, resampled_length, screen
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import SignalError
-from ecgpos.leads import CANONICAL_LEADS, to_canonical_order
-from ecgpos.signal import preprocess_batch, resampled_length, screen
-from ecgpos.spec import PreprocessSpec
 
 DEFAULT_MAX_DEAD_LEADS = 2
 """Records with up to this many dead (flat) leads are kept, the dead leads stored as exact zeros."""

@@ -10,13 +10,21 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError
-
-from .encoder import load_probe_encoder, random_twin
-from .features import FeatureSource, encoder_source, raw_source
-from .report import merge_results, summary_markdown, write_outputs, write_results
-from .run import (ProbeConfig, extraction_device, make_jobs, missing_records, missing_report, prepare_task,
-                  record_column, run_jobs, sort_rows)
-from .tasks import SPLITS, read_split, resolve_task, task_names
+from probes.encoder import load_probe_encoder, random_twin
+from probes.features import FeatureSource, encoder_source, raw_source
+from probes.report import merge_results, summary_markdown, write_outputs, write_results
+from probes.run import (
+    ProbeConfig,
+    extraction_device,
+    make_jobs,
+    missing_records,
+    missing_report,
+    prepare_task,
+    record_column,
+    run_jobs,
+    sort_rows,
+)
+from probes.tasks import SPLITS, read_split, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import SignalError
-from ecgpos.leads import CANONICAL_LEADS
-from preprocessing.wfdb_io import RawRecord, read_wfdb_record
 
 CPSC_FS = 500.0
 CPSC_FORMS = ("original", "cinc2020", "cinc-snomed")  # read-preference order

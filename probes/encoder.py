@@ -1,4 +1,4 @@
-"""The encoder under probe: resolved through ecgpos.encoders, plus a random-init twin for the baseline."""
+"""The encoder under probe: resolved through ecgpos.inference.resolve, plus a random-init twin for the baseline."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.models.factory import module_from_arch
-from ecgpos.spec import PreprocessSpec
 
 
 @dataclass
@@ -33,7 +33,7 @@ def _label(path: str) -> str:
 
 def load_probe_encoder(path: str) -> ProbeEncoder:
     """Run folder, export folder or 'random:<config.yaml>' -> ProbeEncoder; EcgposError when unloadable."""
-    from ecgpos.encoders import resolve_encoder
+    from ecgpos.inference.resolve import resolve_encoder
 
     try:
         loaded = resolve_encoder(path)

@@ -1,6 +1,6 @@
 """Frozen features of probe records, extracted once and cached on disk.
 
-A feature source is an encoder (through `ecgpos.embedding`, with the encoder's own
+A feature source is an encoder (through `ecgpos.models.features`, with the encoder's own
 PreprocessSpec) or the raw-signal baseline. The cache is one file per (source, dataset,
 settings) key: source = the encoder's weights hash (or 'raw' + its settings), dataset = the
 dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
@@ -12,21 +12,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from ecgpos.embedding import record_windows, window_features
-from ecgpos.encoders import weights_hash
+from ecgpos.ecg.signal import pad_to, preprocess_signal
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError
-from ecgpos.signal import pad_to, preprocess_signal
-from ecgpos.spec import PreprocessSpec
-from preprocessing.wfdb_io import RawRecord
-
-from .datasets import RecordLocator, read_record
+from ecgpos.export.format import weights_hash
+from ecgpos.models.features import record_windows, window_features
+from probes.datasets import RecordLocator, read_record
 
 CACHE_VERSION = 1
 
@@ -43,7 +42,7 @@ class FeatureSource:
 
 def encoder_source(module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64,
                    device: str = "cpu") -> FeatureSource:
-    """Features = mean of `forward_features` over each record's windows (ecgpos.embedding)."""
+    """Features = mean of `forward_features` over each record's windows (ecgpos.models.features)."""
     key = {"encoder": weights_hash(module)}  # hashed on CPU before moving: the same key on any device
     module.eval().to(device)
 

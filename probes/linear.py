@@ -14,14 +14,14 @@ DataLoader + nn.Linear + torch.optim.Adam loop that tests and the benchmark comp
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
-from .metrics import auroc_columns, macro_auroc_sklearn
+from probes.metrics import auroc_columns, macro_auroc_sklearn
 
 
 @dataclass(frozen=True)

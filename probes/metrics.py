@@ -1,7 +1,7 @@
 """AUROC: a vectorised rank formula for per-epoch selection, scikit-learn for reported test numbers."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.stats import rankdata

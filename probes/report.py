@@ -1,15 +1,14 @@
 """Probe outputs: results.csv (one row per seed), summary.md (the paper's table), a bar chart; --compare."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-
-from .tasks import TASKS
+from probes.tasks import TASKS
 
 RESULT_COLUMNS = ["encoder", "task", "fraction", "seed", "best_epoch", "val_auroc", "test_auroc", "n_train", "n_val",
                   "n_test", "excluded_val", "excluded_test", "test_auroc_per_class", "note"]

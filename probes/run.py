@@ -10,22 +10,20 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ecgpos.errors import EcgposError
-
-from .datasets import RecordLocator
-from .features import FeatureSource, FeatureStats, extract_features
-from .linear import ProtocolConfig, label_fraction_rows, train_probe_groups
-from .tasks import SPLITS, SplitTable, TaskDef, read_split
-
+from probes.datasets import RecordLocator
+from probes.features import FeatureSource, FeatureStats, extract_features
+from probes.linear import ProtocolConfig, label_fraction_rows, train_probe_groups
+from probes.tasks import SPLITS, SplitTable, TaskDef, read_split
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
 

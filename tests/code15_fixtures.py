@@ -1,6 +1,6 @@
 """Tiny CODE-15 corpora in the exact published layout, for the reader tests.
 
-The layout is written by ecgpos.synthetic, the one writer that tests and the demo share:
+The layout is written by ecgpos.demo.synthetic, the one writer that tests and the demo share:
 
 `exams.csv` (exam_id, age, is_male, nn_predicted_age, 1dAVb, RBBB, LBBB, SB, ST, AF, patient_id,
 death, timey, normal_ecg, trace_file) and `exams_partN.hdf5` with `tracings` (N, 4096, 12)
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ecgpos.synthetic import CODE15_FS as FS
-from ecgpos.synthetic import code15_padded as padded_trace
-from ecgpos.synthetic import code15_row as exam_row
-from ecgpos.synthetic import write_code15_csv as write_exams_csv
-from ecgpos.synthetic import write_code15_part as write_part
+from ecgpos.demo.synthetic import CODE15_FS as FS
+from ecgpos.demo.synthetic import code15_padded as padded_trace
+from ecgpos.demo.synthetic import code15_row as exam_row
+from ecgpos.demo.synthetic import write_code15_csv as write_exams_csv
+from ecgpos.demo.synthetic import write_code15_part as write_part
 
 __all__ = ["FS", "ecg_like", "exam_row", "padded_trace", "write_exams_csv", "write_part"]
 

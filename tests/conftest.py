@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ecgpos.paths import DATA_ENV_VAR, sample_data_root
+from ecgpos.resources import DATA_ENV_VAR, sample_data_root
 
 # Tests never use more threads than the 2-core CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ecgpos.spec import DEFAULT_SPEC, PreprocessSpec
-from preprocessing.shards import shard_name, write_shard
+from ecgpos.ecg.shards import shard_name, write_shard
+from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 
 
 def ecg_like(length: int, fs: int, rng: np.random.Generator) -> np.ndarray:

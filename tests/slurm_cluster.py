@@ -145,7 +145,7 @@ class SlurmCluster:
         self._procs: list[tuple[str, subprocess.Popen]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         ensure_installed()
         if os.geteuid() != 0:
             raise ClusterError("the test cluster must run as root (slurmd starts jobs as the submitting user)")
@@ -179,7 +179,7 @@ class SlurmCluster:
             subprocess.run(["scancel", "--full", "--user", str(os.geteuid())], env=self.env,
                            capture_output=True, timeout=30)
             self._wait_no_running_jobs(timeout=30)
-        for name, proc in reversed(self._procs):
+        for _name, proc in reversed(self._procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
@@ -191,7 +191,7 @@ class SlurmCluster:
         if self.root is not None and not self.keep_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import ecgpos
-from ecgpos.demo import PROBE_TASK, QUICK
+from ecgpos.demo.demo import PROBE_TASK, QUICK
 
 
 @pytest.mark.slow

@@ -15,15 +15,17 @@ import torch
 import wfdb
 
 from ecgpos.cli import main
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.shards import read_shard_spec
+from ecgpos.ecg.signal import preprocess_signal
+from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
-from ecgpos.export import CONFIG_FILE, ONNX_FILE, WEIGHTS_FILE
-from ecgpos.export.load import load_encoder, read_weights, state_sha256
+from ecgpos.export.format import CONFIG_FILE, ONNX_FILE, WEIGHTS_FILE, state_sha256
+from ecgpos.export.load import load_encoder, read_weights
 from ecgpos.export.vectors import make_inputs
-from ecgpos.leads import CANONICAL_LEADS
-from ecgpos.paths import CONFIG_DIR
-from ecgpos.signal import preprocess_signal
-from preprocessing.shards import read_shard_spec
-from preprocessing.wfdb_io import read_wfdb_record
+from ecgpos.resources import config_dir
+
+CONFIG_DIR = config_dir()
 
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
@@ -96,7 +98,7 @@ def _fresh_process_features(export: Path, inputs: np.ndarray, tmp_path: Path) ->
 
 @pytest.mark.parametrize("which", ["stage0", "stage1"])
 def test_export_reloads_in_fresh_process_with_checkpoint_features(which: str, request, tmp_path: Path) -> None:
-    from ecgpos.encoders import load_run_encoder
+    from ecgpos.inference.resolve import load_run_encoder
 
     run = request.getfixturevalue(f"{which}_run")
     export = request.getfixturevalue("export0" if which == "stage0" else "export1")

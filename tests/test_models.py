@@ -8,11 +8,21 @@ import pytest
 import torch
 
 from ecgpos.errors import ConfigError, EcgposError
-from ecgpos.models import (DecoderConfig, EncoderConfig, LatentEncoder, LatentMaskedAutoencoder,
-                           MaskedECGAutoencoder, PushPullConfig, STMEMEncoder, build_nested, encoder_arch,
-                           encoder_from_state, num_kept, patchify, perturb, push_pull_loss, random_masking,
-                           unpatchify)
+from ecgpos.models import (
+    DecoderConfig,
+    EncoderConfig,
+    LatentEncoder,
+    STMEMEncoder,
+    build_nested,
+    encoder_arch,
+    encoder_from_state,
+    num_kept,
+    patchify,
+    random_masking,
+    unpatchify,
+)
 from ecgpos.models.masking import gather_tokens, unshuffle_with_mask_tokens
+from ecgpos.objectives import LatentMaskedAutoencoder, MaskedECGAutoencoder, PushPullConfig, perturb, push_pull_loss
 
 torch.set_num_threads(1)
 
@@ -225,17 +235,19 @@ def test_latent_recon_loss_falls():
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
-        losses.append(out["recon_loss"].item())
+        losses.append(out["log"]["recon_loss"].item())
     assert losses[-1] < 0.6 * losses[0], losses[::10]
 
 
 def test_stage1_push_pull_terms_enter_the_loss():
     pp = PushPullConfig(enabled=True, alpha=1.0, lambda_pp=0.3, lambda_sp=0.2, perturbation="mask", scale=0.25)
     out = small_stage1(pp)(smooth_batch(), generator=torch.Generator().manual_seed(0))
-    assert 0.0 <= out["push_active"].item() <= 1.0
-    expected = out["recon_loss"] + 0.3 * out["pp_loss"] + 0.2 * out["sp_loss"]
+    log = out["log"]
+    assert 0.0 <= log["push_active"].item() <= 1.0
+    expected = log["recon_loss"] + 0.3 * log["pp_loss"] + 0.2 * log["sp_loss"]
     assert torch.allclose(out["loss"], expected)
-    assert set(small_stage1()(smooth_batch())) == {"loss", "recon_loss", "pred", "target", "mask"}
+    plain = small_stage1()(smooth_batch())
+    assert set(plain) == {"loss", "log", "pred", "target", "mask"} and set(plain["log"]) == {"recon_loss"}
 
 
 def test_stage1_width_mismatch():

@@ -10,12 +10,12 @@ import h5py
 import numpy as np
 import pytest
 import scipy.io
-
 from code15_fixtures import FS as CODE15_FS
 from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
+
 from ecgpos.cli import main
-from ecgpos.leads import CANONICAL_LEADS
-from preprocessing.shards import iter_shard_records
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.shards import iter_shard_records
 
 
 def write_record(folder: Path, record_id: str, digital: np.ndarray, fs: int = 500,
@@ -182,7 +182,7 @@ def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
     filter even with --pad-short) is skipped record by record, its neighbours are stored."""
     from types import SimpleNamespace
 
-    from ecgpos.spec import DEFAULT_SPEC
+    from ecgpos.ecg.spec import DEFAULT_SPEC
     from preprocessing import build
     from preprocessing.records import LoadedRecord, RecordPolicy, RecordRef
 

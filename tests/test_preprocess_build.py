@@ -15,10 +15,10 @@ import h5py
 import numpy as np
 
 from ecgpos.cli import main
-from ecgpos.signal import preprocess_signal
-from ecgpos.spec import DEFAULT_SPEC
+from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
+from ecgpos.ecg.signal import preprocess_signal
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from preprocessing import ecg_arrhythmia
-from preprocessing.shards import iter_shard_records, read_shard_spec
 
 
 def preprocess(capsys, *args: str) -> tuple[int, str, str]:

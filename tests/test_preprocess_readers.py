@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import scipy.io
 import wfdb
-
-from ecgpos.leads import CANONICAL_LEADS, to_canonical_order
-from preprocessing import code15, ecg_arrhythmia
-from preprocessing.wfdb_fast import read_fast
-from preprocessing.wfdb_io import read_wfdb_record
 from code15_fixtures import FS, ecg_like, exam_row, padded_trace, write_exams_csv, write_part
+
+from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
+from ecgpos.ecg.wfdb_fast import read_fast
+from ecgpos.ecg.wfdb_io import read_wfdb_record
+from preprocessing import code15, ecg_arrhythmia
 
 
 def header_gains(path: Path) -> list[float]:

@@ -12,12 +12,14 @@ import torch
 import wfdb
 
 from ecgpos.cli import main
-from ecgpos.paths import CONFIG_DIR
-from ecgpos.spec import DEFAULT_SPEC
+from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.resources import config_dir
 from probes.features import encoder_source, raw_source
 from probes.report import write_outputs, write_results
 from probes.run import ProbeConfig, make_jobs, prepare_task, run_jobs
 from probes.tasks import resolve_task
+
+CONFIG_DIR = config_dir()
 
 TINY = CONFIG_DIR / "tiny" / "stage0.yaml"
 
@@ -246,7 +248,7 @@ def test_custom_task_through_the_cli(capsys, tmp_path):
 
 
 def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys, tmp_path, arrhythmia_shards):
-    from ecgpos.encoders import weights_hash
+    from ecgpos.export.format import weights_hash
     from probes.encoder import load_probe_encoder, random_twin
 
     enc = load_probe_encoder(f"random:{TINY}")

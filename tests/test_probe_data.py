@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 import scipy.io
 
-from ecgpos.leads import CANONICAL_LEADS
-from ecgpos.signal import preprocess_signal
-from ecgpos.spec import DEFAULT_SPEC
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.signal import preprocess_signal
+from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.ecg.wfdb_io import read_wfdb_record
 from probes.datasets import RecordLocator, index_cpsc, read_record
 from probes.tasks import SPLITS, read_split, resolve_task
-from preprocessing.wfdb_io import read_wfdb_record
 
 # CPSC2018 label vocabularies -> MERL's ICBEB class columns
 ABBREV = {"Normal": "NORM", "AF": "AFIB", "I-AVB": "1AVB", "LBBB": "CLBBB", "RBBB": "CRBBB", "PAC": "PAC",

@@ -9,8 +9,15 @@ import torch
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
-from probes.linear import (ProtocolConfig, epoch_permutations, label_fraction_rows, lr_at_epoch, reference_run,
-                           train_probe, train_probe_groups)
+from probes.linear import (
+    ProtocolConfig,
+    epoch_permutations,
+    label_fraction_rows,
+    lr_at_epoch,
+    reference_run,
+    train_probe,
+    train_probe_groups,
+)
 from probes.metrics import auroc_columns, macro_auroc_sklearn
 from probes.run import TaskData, fraction_rows
 from probes.tasks import TASKS

@@ -5,11 +5,20 @@ import numpy as np
 import pytest
 from scipy import signal as sps
 
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.signal import (
+    bandpass,
+    bandpass_sos,
+    check_finite,
+    dead_leads,
+    preprocess_signal,
+    resample,
+    resample_factors,
+    resampled_length,
+    standardise,
+)
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import SignalError
-from ecgpos.leads import CANONICAL_LEADS
-from ecgpos.signal import (bandpass, bandpass_sos, check_finite, dead_leads, preprocess_signal, resample,
-                           resample_factors, resampled_length, standardise)
-from ecgpos.spec import DEFAULT_SPEC
 
 RATES = (500, 400, 1000, 100)
 
@@ -124,8 +133,8 @@ def test_batch_is_bit_identical_to_one_record_at_a_time(shared_data, mode):
     from dataclasses import replace
     from pathlib import Path
 
-    from ecgpos.signal import preprocess_batch, screen
-    from preprocessing.wfdb_fast import read_fast
+    from ecgpos.ecg.signal import preprocess_batch, screen
+    from ecgpos.ecg.wfdb_fast import read_fast
 
     spec = replace(DEFAULT_SPEC, standardise=mode)
     paths = sorted(Path(shared_data, "ecg-arrhythmia").rglob("JS*.hea"))
@@ -141,7 +150,7 @@ def test_batch_is_bit_identical_to_one_record_at_a_time(shared_data, mode):
 
 
 def test_screen_equals_check_finite_then_dead_leads():
-    from ecgpos.signal import screen
+    from ecgpos.ecg.signal import screen
 
     rng = np.random.default_rng(3)
     x = rng.normal(size=(3, 12, 1000)).astype(np.float32)

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from slurm_cluster import ClusterError, SlurmCluster, missing_binaries
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,7 +269,7 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     # left for each node's shell to expand, so node i gets machine rank i
     assert _flag(launch, "--machine_rank") == "$SLURM_PROCID"
     train = launch[launch.index("-m"):]
-    assert train[:2] == ["-m", "ecgpos.train"]
+    assert train[:2] == ["-m", "ecgpos.pretrain"]
     assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
     assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
     assert _flag(train, "--stage0") == "/scratch/ecg/runs/stage0"

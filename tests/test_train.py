@@ -14,16 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from shard_fixtures import write_tiny_shards
 
-from ecgpos.checkpoint import list_checkpoints, newest_checkpoint
 from ecgpos.cli import main
 from ecgpos.config import load_config
-from ecgpos.data import StepBatchSampler
-from ecgpos.encoders import load_run_encoder, weights_hash
-from ecgpos.paths import CONFIG_DIR, PROJECT_ROOT
-from ecgpos.run_config import RunConfig, load_run_config
-from ecgpos.schedule import lr_at
-from shard_fixtures import write_tiny_shards
+from ecgpos.export.format import weights_hash
+from ecgpos.inference.resolve import load_run_encoder
+from ecgpos.pretrain.data import StepBatchSampler
+from ecgpos.pretrain.run_config import RunConfig, load_run_config
+from ecgpos.pretrain.run_folder import list_checkpoints, newest_checkpoint
+from ecgpos.pretrain.schedule import lr_at
+from ecgpos.resources import config_dir
+
+CONFIG_DIR = config_dir()
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 TINY0 = CONFIG_DIR / "tiny" / "stage0.yaml"
 TINY1 = CONFIG_DIR / "tiny" / "stage1.yaml"
@@ -177,7 +181,7 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     # and ecgpos picks gloo on hosts without CUDA.
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port()), "-m", "ecgpos.train"]
+              "--main_process_port", str(_free_port()), "-m", "ecgpos.pretrain"]
     done = subprocess.run([*launch, *common, "--run-dir", str(tmp_path / "two")], env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -198,7 +202,7 @@ def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -
             "--set", "train.num_workers=1", "--set", "optim.steps=40", "--set", "train.checkpoint_every=1000",
             "--set", "train.figure_every=1000"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.train", *args], env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.pretrain", *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:

@@ -9,12 +9,13 @@ import h5py
 import numpy as np
 import pytest
 import torch
-
-from ecgpos.checkpoint import checkpoint_name, list_checkpoints, newest_checkpoint, prune_checkpoints
-from ecgpos.data import (ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start)
-from ecgpos.errors import ConfigError
-from ecgpos.figures import plot_reconstruction, plot_training_curves
 from shard_fixtures import write_tiny_shards
+
+from ecgpos.errors import ConfigError
+from ecgpos.pretrain.checkpoint import prune_checkpoints
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start
+from ecgpos.pretrain.figures import plot_reconstruction, plot_training_curves
+from ecgpos.pretrain.run_folder import checkpoint_name, list_checkpoints, newest_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +76,9 @@ def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None
 
 
 def test_open_files_are_bounded(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import ecgpos.data
+    import ecgpos.pretrain.data
 
-    monkeypatch.setattr(ecgpos.data, "MAX_OPEN_FILES", 2)
+    monkeypatch.setattr(ecgpos.pretrain.data, "MAX_OPEN_FILES", 2)
     data = ShardDataset(read_index(shards), 2250, train=False)
     first = [data[i] for i in range(30)]  # 3 shards
     assert len(data._files) == 2 and all(torch.equal(a, data[i]) for i, a in enumerate(first))
@@ -120,7 +121,7 @@ def test_newest_checkpoint_ignores_partial_and_prune_keeps_last(tmp_path: Path) 
     for step in (5, 10, 15):
         folder = root / checkpoint_name(step)
         folder.mkdir(parents=True)
-        (folder / "trainer_state.json").write_text('{"step": %d}' % step)
+        (folder / "trainer_state.json").write_text(f'{{"step": {step}}}')
         (folder / "model.safetensors").write_bytes(b"x")
     (root / f"{checkpoint_name(20)}.tmp").mkdir()
     (root / checkpoint_name(25)).mkdir()  # no trainer state: not complete
@@ -137,7 +138,7 @@ def test_figures_write_pngs(tmp_path: Path) -> None:
     mask[:, ::2] = True
     out = plot_reconstruction(x, x.reshape(12, 30, 75) * 0.5, mask, tmp_path / "r.png")
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join('{"step": %d, "loss": %f, "lr": 0.1, "grad_norm": 1}\n' % (s, 1 / s)
+    metrics.write_text("".join(f'{{"step": {s}, "loss": {1 / s:f}, "lr": 0.1, "grad_norm": 1}}\n'
                                for s in range(1, 9)) + '{"step": 8, "val_loss": 0.3}\n{"step": 9, "lo')
     curves = plot_training_curves(metrics, tmp_path / "c.png")
     for path in (out, curves):

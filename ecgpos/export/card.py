@@ -5,7 +5,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from ..errors import EcgposError
+from ecgpos.errors import EcgposError
 
 PAPER_TITLE = ("When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on "
                "Reconstruction-Based Anomaly Detection")

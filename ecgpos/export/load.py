@@ -6,36 +6,21 @@ an export either loads exactly what was exported or fails with one line, never r
 """
 from __future__ import annotations
 
-import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..embedding import DEFAULT_NUM_WINDOWS, embed_signal
-from ..errors import EcgposError, SignalError
-from ..leads import lead_permutation
-from ..signal import resampled_length
-from ..spec import PreprocessSpec
-from . import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE
-
-
-def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
-
-    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
-    themselves, so an in-memory module can be checked as well as a file on disk.
-    """
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
-        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+from ecgpos.ecg.leads import lead_permutation
+from ecgpos.ecg.signal import resampled_length
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError, SignalError
+from ecgpos.export.format import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, state_sha256
+from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
 
 
 def read_export_config(path: str | Path) -> dict[str, Any]:
@@ -99,7 +84,7 @@ def check_state_matches(expected: Mapping[str, torch.Tensor], found: Mapping[str
 
 def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], what: str) -> nn.Module:
     """Rebuild the encoder from `arch` and load `state` strictly; every mismatch is an EcgposError."""
-    from ..models.factory import encoder_from_state
+    from ecgpos.models.factory import encoder_from_state
 
     try:
         module = encoder_from_state(arch, dict(state))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import EcgposError
+from ecgpos.errors import EcgposError
 
 OPSET = 18
 CHECK_BATCHES = (1, 7)

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..embedding import embed_signal, window_features
-from ..errors import EcgposError
-from ..leads import CANONICAL_LEADS
-from ..signal import standardise
-from ..spec import PreprocessSpec
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.signal import standardise
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError
+from ecgpos.models.features import embed_signal, window_features
 
 NUM_INPUTS = 3
 RAW_FS = 500.0

@@ -8,15 +8,16 @@ arch formats:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import ConfigError, EcgposError
-from .latent_mae import LatentEncoder
-from .nested import NestedEncoder
-from .st_mem import EncoderConfig, STMEMEncoder
+from ecgpos.errors import ConfigError, EcgposError
+from ecgpos.models.latent_encoder import LatentEncoder
+from ecgpos.models.nested import NestedEncoder
+from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 
 ENCODER_KINDS = ("stage0", "stage1")
 ARCH_KINDS = ("stage0", "nested")

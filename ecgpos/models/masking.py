@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
+from ecgpos.errors import ConfigError
 
 
 def num_kept(num_patches: int, mask_ratio: float) -> int:

@@ -8,20 +8,17 @@ State-dict keys: "stage0.*" (STMEMEncoder) and "stage1.*" (LatentEncoder).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # imported lazily at runtime: latent_mae imports this module
-    from .latent_mae import LatentEncoder
-    from .st_mem import STMEMEncoder
+from ecgpos.models.latent_encoder import LatentEncoder
+from ecgpos.models.st_mem import STMEMEncoder
 
 
 class NestedEncoder(nn.Module):
     """Composition stage1(stage0(x)); `.width` is the Stage-1 width (= Stage-0 width)."""
 
-    def __init__(self, stage0: "STMEMEncoder", stage1: "LatentEncoder") -> None:
+    def __init__(self, stage0: STMEMEncoder, stage1: LatentEncoder) -> None:
         super().__init__()
         self.stage0 = stage0
         self.stage1 = stage1

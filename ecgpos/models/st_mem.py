@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 from timm.models.vision_transformer import Block
+from torch import nn
 
-from ..errors import ConfigError, EcgposError
-from .masking import check_mask_ratio, gather_tokens, random_masking
+from ecgpos.errors import ConfigError, EcgposError
+from ecgpos.models.masking import check_mask_ratio, gather_tokens, random_masking
 
 
 def check_transformer_config(cfg: Any, section: str, extra_positive: tuple[str, ...] = ()) -> None:

@@ -1,0 +1,63 @@
+"""`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`."""
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from ecgpos import __version__
+from ecgpos.errors import EcgposError
+
+# command -> (module with main(argv) -> int, one-line help). Imported lazily so that
+# `ecgpos --help` and light commands do not pay for torch.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "preprocess": ("preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
+    "pretrain": ("ecgpos.cli.pretrain",
+                 "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate"),
+    "probe": ("probes.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
+    "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
+    "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
+    "verify": ("ecgpos.cli.verify", "check an exported encoder against its test vectors"),
+    "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: ecgpos <command> [options]   (ecgpos {__version__})", "",
+             "ECG self-supervised pretraining with nested manifold carving.", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "Run `ecgpos <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def run_command(name: str, argv: Sequence[str]) -> int:
+    """Run one command's main; user errors become one line on stderr and exit code 2."""
+    module_name, _ = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+        return int(module.main(list(argv)) or 0)
+    except EcgposError as err:
+        print(f"ecgpos {name}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"ecgpos {name}: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        print(__version__)
+        return 0
+    if argv[0] not in COMMANDS:
+        print(f"ecgpos: error: unknown command {argv[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    return run_command(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

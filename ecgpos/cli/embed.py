@@ -1,0 +1,71 @@
+"""`ecgpos embed --encoder DIR --input PATH --out FILE`: features of many records with an export.
+
+PATH is one of
+- a WFDB record (`.../JS00001`, with or without `.hea`) or a folder searched recursively for `*.hea`;
+  record ids are the record name (single record) or the path relative to the folder, no suffix;
+- an HDF5 shard folder written by `ecgpos preprocess` (`shard-*.h5`), or one shard file: its
+  stored signals are already preprocessed, so only the spec is checked against the encoder's and
+  windows are cut exactly as in evaluation (centre window, or `--num-windows` spread windows;
+  a record stored zero-padded by --pad-short is used padded, as pretraining saw it);
+  ids from `record_id`;
+- a `.npy` array (leads, time) or (N, leads, time) in mV with `--fs` and `--leads`; ids are the file
+  stem (2-D) or the row index (3-D).
+FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
+`.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
+suffix `.ids.txt` beside it, since .npy holds a single array). Bad records are reported on stderr
+with their id and reason and the others are still embedded; exit 0 if any record was embedded
+(1 with --strict when any was skipped).
+"""
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ecgpos.errors import EcgposError
+from ecgpos.export.load import load_encoder
+from ecgpos.inference.inputs import OUTPUT_SUFFIXES, embed_records, open_source, write_features
+from ecgpos.models.features import DEFAULT_NUM_WINDOWS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ecgpos embed", description=__doc__.splitlines()[0])
+    parser.add_argument("--encoder", required=True, type=Path, help="export folder (ecgpos export)")
+    parser.add_argument("--input", required=True, type=Path, help="WFDB record/folder, shard folder or .npy")
+    parser.add_argument("--out", required=True, type=Path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")
+    parser.add_argument("--fs", type=float, default=None, help="sampling rate of a .npy input (Hz)")
+    parser.add_argument("--leads", default=None, help="comma-separated lead names of a .npy input's rows")
+    parser.add_argument("--num-windows", type=int, default=DEFAULT_NUM_WINDOWS,
+                        help="windows per record, spread evenly and averaged (1 = centre window)")
+    parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when any record was skipped")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.out.suffix not in OUTPUT_SUFFIXES:
+        raise EcgposError(f"--out {args.out}: suffix must be one of {', '.join(OUTPUT_SUFFIXES)}")
+    if args.num_windows < 1 or args.batch_size < 1:
+        raise EcgposError("--num-windows and --batch-size must be at least 1")
+    if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
+        raise EcgposError(f"--input {args.input} does not exist")
+    encoder = load_encoder(args.encoder, device=args.device)
+    source = open_source(args.input, args.fs, args.leads, encoder.spec)
+    result = embed_records(encoder, source, args.num_windows, args.batch_size, progress=not args.no_progress)
+    if not result.ids:
+        raise EcgposError(f"none of the {source.count} {source.kind} could be embedded "
+                          f"({len(result.skipped)} skipped, reasons above)")
+    features = np.stack(result.features).astype(np.float32)
+    written = write_features(args.out, result.ids, features, encoder)
+    reasons = Counter(reason for _, reason, _ in result.skipped)
+    skipped = (f"; skipped {len(result.skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
+               if result.skipped else "")
+    print(f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
+          f"{', '.join(map(str, written))}{skipped}")
+    return 1 if args.strict and result.skipped else 0

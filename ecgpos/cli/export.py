@@ -1,0 +1,81 @@
+"""`ecgpos export --run-dir RUN --out DIR [--onnx] [--probe-results DIR]`: a frozen encoder folder.
+
+Everything is written into a temporary sibling folder, reloaded from disk and checked against the
+training checkpoint's features (and, with --onnx, against onnxruntime) before it is moved to DIR,
+so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
+is replaced (re-running a pipeline works); any other non-empty DIR is refused.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ecgpos.errors import EcgposError
+from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
+from ecgpos.export.load import read_export_config
+from ecgpos.export.writer import check_reload, make_public, training_summary, write_export
+from ecgpos.inference.resolve import load_run_encoder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ecgpos export", description=__doc__.splitlines()[0])
+    parser.add_argument("--run-dir", required=True, type=Path, help="pretraining run folder (Stage 0 or Stage 1)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="export folder to create (an earlier export there is replaced)")
+    parser.add_argument("--onnx", action="store_true", help="also write encoder.onnx (needs ecgpos[export])")
+    parser.add_argument("--probe-results", type=Path, default=None,
+                        help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card")
+    return parser
+
+
+def _prepare_out(out: Path) -> bool:
+    """True when `out` holds an earlier export (replaced on success); refuse any other non-empty path."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return False
+    if out.is_dir() and (out / CONFIG_FILE).is_file():
+        try:
+            read_export_config(out)
+            return True
+        except EcgposError:
+            pass
+    raise EcgposError(f"{out} exists and is not an ecgpos export folder; refusing to overwrite it")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.probe_results is not None and not args.probe_results.is_dir():
+        raise EcgposError(f"--probe-results {args.probe_results} is not a folder")
+    replacing = _prepare_out(args.out)
+    loaded = load_run_encoder(args.run_dir)
+    module = loaded.module.to("cpu").float().eval()
+    training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent))
+    try:
+        with torch.no_grad():
+            config = write_export(module, loaded.spec, loaded.arch, training, staging, args.onnx,
+                                  args.probe_results)
+            from ecgpos.export.vectors import load_vectors
+
+            diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
+        make_public(staging)
+        if args.out.exists():
+            shutil.rmtree(args.out)
+        staging.rename(args.out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    onnx_note = ""
+    if "onnx" in config:
+        worst = max(config["onnx"]["max_relative_error"].values())
+        onnx_note = f", {ONNX_FILE} ({config['onnx']['exporter']} exporter, max rel err {worst:.1e})"
+    verb = "re-exported" if replacing else "exported"
+    print(f"{verb} {config['arch'].get('kind')} encoder (step {training.get('step', '?')}, "
+          f"{config['io']['features']} features) to {args.out}: {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}, "
+          f"{VECTORS_FILE}{onnx_note}; reload check max abs diff {diff:.1e}")
+    return 0

@@ -1,0 +1,140 @@
+"""`ecgpos demo`: the whole method on a synthetic corpus, end to end, on a laptop CPU.
+
+Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
+tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> Stage 0 -> Stage 1 ->
+linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> export + verify.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ecgpos.cli import run_command
+from ecgpos.errors import EcgposError
+from ecgpos.resources import config_path
+
+
+@dataclass(frozen=True)
+class DemoSize:
+    """How much of everything: the quick mode must finish in under 3 minutes on 2 CPU cores."""
+
+    wfdb_records: int
+    code15_exams: int
+    probe_per_class: int
+    stage0_steps: int
+    stage1_steps: int
+    probe_epochs: int
+    probe_seeds: int
+
+
+PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
+
+QUICK = DemoSize(wfdb_records=24, code15_exams=12, probe_per_class=24, stage0_steps=150, stage1_steps=100,
+                 probe_epochs=30, probe_seeds=2)
+FULL = DemoSize(wfdb_records=96, code15_exams=48, probe_per_class=60, stage0_steps=1500, stage1_steps=1000,
+                probe_epochs=100, probe_seeds=5)
+
+
+class Steps:
+    """Numbered progress lines with elapsed time, flushed at once (the demo's progress display)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def __call__(self, text: str) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.total}] {text}  (t={time.monotonic() - self.start:.0f}s)", flush=True)
+
+
+def _run(name: str, *argv: object) -> None:
+    """Run an ecgpos command in-process; a failing step stops the demo with its message."""
+    code = run_command(name, [str(a) for a in argv])
+    if code != 0:
+        raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
+
+
+def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
+    """Simulate and write the pretraining corpora and the labelled probe set (cached in out/raw)."""
+    from ecgpos import synthetic
+
+    done = out / "raw" / ".complete"
+    if done.exists() and json.loads(done.read_text()) == size.__dict__ | {"seed": seed}:
+        return
+    shutil.rmtree(out / "raw", ignore_errors=True)
+    pretrain = synthetic.random_params(size.wfdb_records + size.code15_exams, seed)
+    probe = synthetic.probe_params(size.probe_per_class, seed + 1)
+    signals = synthetic.simulate_many(pretrain + probe)
+    wfdb_signals = signals[:size.wfdb_records]
+    code15_signals = signals[size.wfdb_records:len(pretrain)]
+    synthetic.write_arrhythmia_tree(out / "raw" / "ecg-arrhythmia", wfdb_signals, seed=seed)
+    synthetic.write_code15(out / "raw" / "code15", [synthetic.to_code15_trace(x, 500) for x in code15_signals],
+                           seed=seed, heart_rates=[p.heart_rate for p in pretrain[size.wfdb_records:]])
+    synthetic.write_probe_set(out / "raw" / PROBE_TASK, probe, signals[len(pretrain):], seed=seed)
+    done.write_text(json.dumps(size.__dict__ | {"seed": seed}))
+
+
+def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
+    """Run every stage into `out`; returns the path of the probe summary."""
+    step = Steps(8)
+    out.mkdir(parents=True, exist_ok=True)
+    step(f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
+         f"and a {3 * size.probe_per_class}-record labelled probe set (neurokit2 multi-lead ECGSYN)")
+    build_corpora(out, size, seed)
+    shards = out / "shards"
+    step("preprocessing both corpora into HDF5 shards (0.67-40 Hz, z-score, 250 Hz)")
+    _run("preprocess", "ecg-arrhythmia", "--src", out / "raw" / "ecg-arrhythmia", "--subset", "ningbo",
+         "--out", shards / "ningbo", "--records-per-shard", 64)
+    _run("preprocess", "code15", "--src", out / "raw" / "code15", "--out", shards / "code15",
+         "--records-per-shard", 64)
+    pool = [shards / "ningbo", shards / "code15"]
+    runs = out / "runs"
+    common = ["--resume", "auto", "--set", "train.num_workers=0"]
+    step(f"Stage 0: masked ECG transformer, {size.stage0_steps} steps")
+    _run("pretrain", "--stage", 0, "--config", config_path("tiny/stage0"), "--shards", *pool,
+         "--run-dir", runs / "stage0", "--set", f"optim.steps={size.stage0_steps}",
+         "--set", f"optim.warmup_steps={size.stage0_steps // 10}", *common)
+    step(f"Stage 1: latent MAE on the frozen Stage-0 encoder, {size.stage1_steps} steps")
+    _run("pretrain", "--stage", 1, "--config", config_path("tiny/stage1"), "--shards", *pool,
+         "--stage0", runs / "stage0", "--run-dir", runs / "stage1", "--set", f"optim.steps={size.stage1_steps}",
+         "--set", f"optim.warmup_steps={size.stage1_steps // 10}", *common)
+    probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
+    probe_args = ["--task", probe_task, "--fractions", "100", "--seeds", size.probe_seeds,
+                  "--epochs", size.probe_epochs, "--cache-dir", out / "feature-cache"]
+    step("linear probes (brady/normal/tachy + noisy): random-init, Stage 0, Stage 1")
+    encoders = {"random-init": f"random:{config_path('tiny/stage0')}",
+                "stage0": runs / "stage0", "stage1": runs / "stage1"}
+    for name, encoder in encoders.items():
+        _run("probe", "--encoder", encoder, "--name", name, "--out", out / "probes" / name, *probe_args)
+    step("merging probe results")
+    _run("probe", "--compare", *[out / "probes" / name for name in encoders], "--out", out / "probes" / "summary")
+    step("exporting the nested (Stage 0 + Stage 1) encoder")
+    export = out / "export" / "nested-encoder"
+    _run("export", "--run-dir", runs / "stage1", "--out", export, "--probe-results", out / "probes" / "summary")
+    step("verifying the export against its test vectors")
+    _run("verify", export)
+    return out / "probes" / "summary"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ecgpos demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default ./demo-out)")
+    parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)
+    print()
+    print((summary / "summary.md").read_text())
+    figures = sorted((args.out / "runs").glob("stage*/figures/*.png"))
+    print("Figures:")
+    for path in [*figures[-4:], *sorted(summary.glob("*.png"))]:
+        print(f"  {path}")
+    print(f"Exported encoder: {args.out / 'export' / 'nested-encoder'}  (ecgpos.load_encoder(PATH))")
+    print(f"demo finished in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0

@@ -1,0 +1,98 @@
+"""The preprocessing spec: the one object that says how a signal becomes model input.
+
+It is written with every shard set (HDF5 attributes and preprocess.json), saved in every
+run folder and export, and read back by pretraining, probes and `embed`, so no later
+stage repeats these constants.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.errors import ConfigError
+
+STANDARDISE_MODES = ("lead", "record")
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    """Paper defaults: 0.67-40 Hz zero-phase Butterworth, per-lead z-score, 250 Hz, 2250-sample window."""
+
+    fs: int = 250
+    leads: tuple[str, ...] = CANONICAL_LEADS
+    units: str = "mV"
+    highpass_hz: float = 0.67
+    lowpass_hz: float = 40.0
+    filter_order: int = 4
+    standardise: str = "lead"
+    window: int = 2250
+    dtype: str = "float16"  # storage dtype of shard signals; models always see float32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "leads", tuple(self.leads))
+        if self.standardise not in STANDARDISE_MODES:
+            raise ConfigError(f"preprocess.standardise must be one of {STANDARDISE_MODES}, got {self.standardise!r}")
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(f"preprocess.dtype must be float16 or float32, got {self.dtype!r}")
+        if not 0 < self.highpass_hz < self.lowpass_hz < self.fs / 2:
+            raise ConfigError(
+                f"need 0 < highpass_hz < lowpass_hz < fs/2, got {self.highpass_hz}, {self.lowpass_hz}, fs={self.fs}")
+        if self.window <= 0 or self.filter_order <= 0:
+            raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
+        if self.leads != CANONICAL_LEADS:
+            raise ConfigError(f"preprocess.leads must be the canonical order {list(CANONICAL_LEADS)}")
+
+    # The fields that change what a model sees; `dtype` only changes storage precision.
+    SIGNAL_FIELDS = ("fs", "leads", "units", "highpass_hz", "lowpass_hz", "filter_order", "standardise", "window")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["leads"] = list(self.leads)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PreprocessSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown preprocessing spec key(s): {', '.join(unknown)}")
+        values = dict(data)
+        if "leads" in values:
+            values["leads"] = tuple(str(x) for x in values["leads"])
+        return cls(**values)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> PreprocessSpec:
+        return cls.from_dict(json.loads(text))
+
+    def to_h5_attrs(self) -> dict[str, Any]:
+        """Attributes for an HDF5 file: `fs`, `leads` and the whole spec as JSON under `spec`."""
+        return {"fs": self.fs, "leads": list(self.leads), "spec": self.to_json()}
+
+    @classmethod
+    def from_h5_attrs(cls, attrs: Mapping[str, Any]) -> PreprocessSpec:
+        if "spec" not in attrs:
+            raise ConfigError("HDF5 file has no 'spec' attribute: not written by ecgpos preprocess")
+        raw = attrs["spec"]
+        return cls.from_json(raw.decode() if isinstance(raw, bytes) else str(raw))
+
+    def signal_differences(self, other: PreprocessSpec) -> list[str]:
+        """Names and values of the signal-defining fields that differ (empty when compatible)."""
+        return [f"{name}: {getattr(self, name)!r} != {getattr(other, name)!r}"
+                for name in self.SIGNAL_FIELDS if getattr(self, name) != getattr(other, name)]
+
+    def check_compatible(self, other: PreprocessSpec, what: str) -> None:
+        """Raise ConfigError naming every difference between self (expected) and `other` ({what})."""
+        diffs = self.signal_differences(other)
+        if diffs:
+            raise ConfigError(f"preprocessing spec of {what} does not match the expected one ({'; '.join(diffs)})")
+
+
+DEFAULT_SPEC = PreprocessSpec()

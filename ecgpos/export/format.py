@@ -1,0 +1,46 @@
+"""The export format: what an export folder holds, and the weights hash that binds it.
+
+Layout of an export folder (written by `ecgpos export`, read by `load_encoder` / `ecgpos verify`):
+
+- model.safetensors  encoder weights only (never pickled)
+- config.json        {"format": "ecgpos-encoder", "version": 1, "arch", "preprocess", "pooling",
+                      "ecgpos_version", "weights_sha256", "training", "io", "test_vectors", "onnx"}
+- README.md          model card
+- test_vectors.npz   deterministic inputs and their expected features (see vectors.py)
+- encoder.onnx       optional (`--onnx`): features of a (batch, 12, window) float32 input
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+
+import torch
+
+FORMAT = "ecgpos-encoder"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+CARD_FILE = "README.md"
+VECTORS_FILE = "test_vectors.npz"
+ONNX_FILE = "encoder.onnx"
+
+
+def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
+
+    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
+    themselves, so an in-memory module can be checked as well as a file on disk.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
+        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_hash(module: torch.nn.Module) -> str:
+    """`state_sha256` of a module's weights: the value an export records as `weights_sha256`, so a
+    run's encoder and its export can be matched."""
+    return state_sha256(module.state_dict())

@@ -1,0 +1,56 @@
+"""Checking an installation and an export folder against its own test vectors.
+
+Checks, each printed as PASS/FAIL: the weights load and match config.json's sha256 and
+architecture; forward_features of the stored inputs; `embed` of the stored raw record (preprocessing
+and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime).
+Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ecgpos.errors import EcgposError
+from ecgpos.export.format import ONNX_FILE, VECTORS_FILE
+from ecgpos.export.load import load_encoder, read_export_config
+from ecgpos.export.vectors import compare, load_vectors, run_vectors
+
+
+def _line(ok: bool | None, what: str, detail: str) -> str:
+    status = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    return f"{status} {what}: {detail}"
+
+
+def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
+    """(all passed, report lines). Raises EcgposError only when `folder` is not an export."""
+    config = read_export_config(folder)
+    lines = []
+    try:
+        encoder = load_encoder(folder, device=device)
+    except EcgposError as err:
+        return False, [_line(False, "weights", str(err))]
+    lines.append(_line(True, "weights", f"sha256 {config['weights_sha256'][:16]}... matches, architecture "
+                                        f"{config['arch'].get('kind')} loaded strictly"))
+    try:
+        vectors = load_vectors(folder / VECTORS_FILE)
+        results = run_vectors(encoder, vectors)
+    except EcgposError as err:
+        return False, lines + [_line(False, "test vectors", str(err))]
+    labels = {"features": f"forward_features of {len(vectors['inputs'])} stored inputs",
+              "embed": "embed of the stored raw record (preprocessing, lead mapping)"}
+    for key, res in results.items():
+        lines.append(_line(res["ok"], labels[key], res["detail"] or
+                           f"max abs diff {res['max_abs']:.2e}, max rel diff {res['max_rel']:.2e}"))
+    passed = all(res["ok"] for res in results.values())
+    if (folder / ONNX_FILE).is_file():
+        try:
+            from ecgpos.export.onnx_export import onnx_features
+
+            res = compare(vectors["features"], onnx_features(folder / ONNX_FILE, vectors["inputs"]))
+            lines.append(_line(res["ok"], ONNX_FILE, res["detail"] or f"max abs diff {res['max_abs']:.2e}"))
+            passed &= res["ok"]
+        except EcgposError as err:  # optional dependency missing: say so, do not fail the weights
+            lines.append(_line(None, ONNX_FILE, str(err)))
+        except Exception as err:  # a corrupt .onnx file makes onnxruntime raise its own types
+            lines.append(_line(False, ONNX_FILE, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"))
+            passed = False
+    return passed, lines

@@ -1,0 +1,218 @@
+"""What `ecgpos embed` reads and writes: records (WFDB, shards, .npy) in, feature files out.
+
+PATH is one of
+- a WFDB record (`.../JS00001`, with or without `.hea`) or a folder searched recursively for `*.hea`;
+  record ids are the record name (single record) or the path relative to the folder, no suffix;
+- an HDF5 shard folder written by `ecgpos preprocess` (`shard-*.h5`), or one shard file: its
+  stored signals are already preprocessed, so only the spec is checked against the encoder's and
+  windows are cut exactly as in evaluation (centre window, or `--num-windows` spread windows;
+  a record stored zero-padded by --pad-short is used padded, as pretraining saw it);
+  ids from `record_id`;
+- a `.npy` array (leads, time) or (N, leads, time) in mV with `--fs` and `--leads`; ids are the file
+  stem (2-D) or the row index (3-D).
+FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
+`.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
+suffix `.ids.txt` beside it, since .npy holds a single array). Bad records are reported on stderr
+with their id and reason and the others are still embedded; exit 0 if any record was embedded
+(1 with --strict when any was skipped).
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ecgpos.ecg.signal import check_finite, preprocess_signal
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError, SignalError
+from ecgpos.export.load import ExportedEncoder, check_raw_record
+from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_windows, window_features
+
+OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
+
+# One record of a source: its id and a thunk giving its preprocessed (12, T) float32 signal;
+# the thunk raises SignalError for a bad record, which is reported and skipped.
+Record = tuple[str, Callable[[], np.ndarray]]
+
+
+@dataclass
+class Source:
+    kind: str
+    count: int
+    records: Iterator[Record]
+
+
+@dataclass
+class EmbedResult:
+    ids: list[str] = field(default_factory=list)
+    features: list[np.ndarray] = field(default_factory=list)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
+
+
+def raw_thunk(signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> Callable[[], np.ndarray]:
+    """Deferred check + preprocessing of one raw record (signal may be a memory-mapped array)."""
+    def run() -> np.ndarray:
+        x = np.asarray(signal, dtype=np.float32)
+        check_raw_record(x, fs, leads, spec)
+        return preprocess_signal(x, fs, leads, spec)
+    return run
+
+
+def wfdb_source(path: Path, spec: PreprocessSpec) -> Source:
+    from ecgpos.ecg.wfdb_io import read_wfdb_record, record_path
+
+    if path.is_dir():
+        bases = sorted({p.with_suffix("") for p in path.rglob("*.hea")})
+        ids = [b.relative_to(path).as_posix() for b in bases]
+    else:
+        bases = [record_path(path)]
+        ids = [bases[0].name]
+    if not bases:
+        raise EcgposError(f"{path}: no WFDB records (*.hea) found")
+
+    def records() -> Iterator[Record]:
+        for record_id, base in zip(ids, bases):
+            def run(base: Path = base) -> np.ndarray:
+                raw = read_wfdb_record(base)
+                return raw_thunk(raw.signal, raw.fs, raw.leads, spec)()
+            yield record_id, run
+    return Source("WFDB records", len(bases), records())
+
+
+def shard_source(path: Path, spec: PreprocessSpec) -> Source:
+    import h5py
+
+    from ecgpos.ecg.shards import shard_paths
+
+    files = shard_paths(path) if path.is_dir() else [path]
+    counts = []
+    for file in files:
+        with h5py.File(file, "r") as handle:
+            spec.check_compatible(PreprocessSpec.from_h5_attrs(handle.attrs), f"shard {file}")
+            missing = [k for k in ("signals", "lengths", "record_id") if k not in handle]
+            if missing:
+                raise EcgposError(f"shard {file} lacks dataset(s) {', '.join(missing)}")
+            counts.append(len(handle["lengths"]))
+
+    def records() -> Iterator[Record]:
+        for file in files:
+            with h5py.File(file, "r") as handle:
+                signals, lengths = handle["signals"], handle["lengths"][:]
+                ids = [x.decode() if isinstance(x, bytes) else str(x) for x in handle["record_id"][:]]
+                for row, record_id in enumerate(ids):
+                    def run(row: int = row, signals: h5py.Dataset = signals,
+                            lengths: np.ndarray = lengths) -> np.ndarray:
+                        # a --pad-short record (length < window) is used zero-padded as stored,
+                        # exactly the input pretraining saw; stored T is always >= window
+                        stop = max(int(lengths[row]), min(spec.window, signals.shape[-1]))
+                        x = np.asarray(signals[row, :, :stop], dtype=np.float32)
+                        check_finite(x)
+                        return x
+                    yield record_id, run
+    return Source("shard records", sum(counts), records())
+
+
+def npy_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec) -> Source:
+    if fs is None or not leads:
+        raise EcgposError("a .npy input needs --fs HZ and --leads I,II,... (its rows' lead names)")
+    names = [name.strip() for name in leads.split(",") if name.strip()]
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as err:
+        raise EcgposError(f"{path} is not a readable .npy array: {err}") from None
+    if array.ndim == 2:
+        items = [(path.stem, array)]
+    elif array.ndim == 3:
+        items = [(str(i), array[i]) for i in range(array.shape[0])]
+    else:
+        raise EcgposError(f"{path}: expected shape (leads, time) or (N, leads, time), got {array.shape}")
+    return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec)) for rid, x in items))
+
+
+def open_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec) -> Source:
+    """The right reader for PATH (see module docstring); --fs/--leads only belong to .npy inputs."""
+    if path.suffix == ".npy":
+        if not path.is_file():
+            raise EcgposError(f"{path} does not exist")
+        return npy_source(path, fs, leads, spec)
+    if fs is not None or leads:
+        raise EcgposError("--fs and --leads apply to .npy input only (WFDB headers and shards carry their own)")
+    if (path.is_dir() and any(path.glob("shard-*.h5"))) or (path.suffix == ".h5" and path.is_file()):
+        return shard_source(path, spec)
+    if path.is_dir() or path.with_suffix(".hea").is_file() or path.suffix == ".hea":
+        return wfdb_source(path, spec)
+    raise EcgposError(f"{path}: not a WFDB record, a folder of records or shards, or a .npy file")
+
+
+def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = DEFAULT_NUM_WINDOWS,
+                  batch_size: int = 64, progress: bool = True) -> EmbedResult:
+    """Features (mean over each record's windows) of every good record; bad ones listed with reasons.
+
+    Windows of several records share forward passes (up to batch_size windows each).
+    """
+    from tqdm import tqdm
+
+    result = EmbedResult()
+    pending: list[tuple[str, np.ndarray]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        feats = window_features(encoder, np.concatenate([w for _, w in pending]), batch_size, encoder.device)
+        start = 0
+        for record_id, windows in pending:
+            result.ids.append(record_id)
+            result.features.append(feats[start:start + len(windows)].mean(axis=0))
+            start += len(windows)
+        pending.clear()
+
+    bar = tqdm(source.records, total=source.count, unit="rec", desc="embed", disable=not progress, file=sys.stderr)
+    for record_id, load in bar:
+        try:
+            windows = record_windows(load(), encoder.spec.window, num_windows)
+        except (SignalError, EcgposError) as err:
+            reason = getattr(err, "reason", "unreadable")
+            detail = getattr(err, "detail", str(err))
+            result.skipped.append((record_id, reason, detail))
+            bar.write(f"ecgpos embed: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
+            continue
+        pending.append((record_id, windows))
+        if sum(len(w) for _, w in pending) >= batch_size:
+            flush()
+    flush()
+    bar.close()
+    return result
+
+
+def write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
+    """Write features (N, D) float32 with their record ids; returns the files written."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".csv":
+        with out.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["record_id"] + [f"f{i}" for i in range(features.shape[1])])
+            for record_id, row in zip(ids, features):
+                writer.writerow([record_id] + [f"{v:.9g}" for v in row])
+        return [out]
+    if out.suffix == ".h5":
+        import h5py
+
+        with h5py.File(out, "w") as handle:
+            handle.create_dataset("features", data=features)
+            handle.create_dataset("record_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+            handle.attrs["encoder"] = encoder.source
+            handle.attrs["weights_sha256"] = encoder.config["weights_sha256"]
+            handle.attrs["spec"] = encoder.spec.to_json()
+        return [out]
+    if out.suffix == ".npz":
+        np.savez(out, features=features, record_id=np.array(ids, dtype=str))
+        return [out]
+    np.save(out, features)
+    ids_file = out.with_suffix(".ids.txt")
+    ids_file.write_text("".join(f"{record_id}\n" for record_id in ids))
+    return [out, ids_file]

@@ -1,0 +1,101 @@
+"""Frozen encoders for downstream use, from a run folder, an export folder or a random init.
+
+`resolve_encoder(x)` is the one entry point probes use: a training run folder (its newest complete
+checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
+baseline). Anything unloadable raises EcgposError with one line.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ecgpos.config import to_dict
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError
+from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.pretrain.checkpoint import read_trainer_state
+from ecgpos.pretrain.run_config import load_run_config
+from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+
+
+@dataclass
+class LoadedEncoder:
+    """An eval-mode, frozen encoder (forward_features / forward_tokens / .width) and its provenance."""
+
+    module: nn.Module
+    spec: PreprocessSpec
+    arch: dict
+    source: str
+    info: dict = field(default_factory=dict)
+
+
+def _freeze(module: nn.Module) -> nn.Module:
+    module.requires_grad_(False)
+    return module.eval()
+
+
+def _arch(module: nn.Module) -> dict:
+    from ecgpos.models.factory import encoder_arch
+
+    return encoder_arch(module)
+
+
+def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
+    """Encoder of a run's newest complete checkpoint: STMEMEncoder (stage 0) or NestedEncoder (stage 1)."""
+    from ecgpos.pretrain.stages import trainable_encoder
+
+    model, cfg, checkpoint, info = load_run_model(run_dir)
+    module = _freeze(trainable_encoder(model))
+    step = read_trainer_state(checkpoint)["step"]
+    details = {"stage": cfg.stage, "step": step, "checkpoint": str(checkpoint), "run_dir": str(Path(run_dir)),
+               "steps": cfg.optim.steps, "finished": bool(info.get("finished", False)) and step >= cfg.optim.steps}
+    if cfg.stage == 1:
+        details["stage0"] = info.get("stage0")
+    return LoadedEncoder(module, cfg.preprocess, _arch(module), str(Path(run_dir)), details)
+
+
+def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
+    """Randomly initialised encoder of a run config (the random-init baseline).
+
+    Stage-0 configs give an STMEMEncoder; Stage-1 configs a NestedEncoder whose Stage-0 part uses
+    the same encoder section (a Stage-1 config must have the Stage-0 width and layout anyway).
+    The global RNG is left as it was.
+    """
+    from ecgpos.models.latent_encoder import LatentEncoder
+    from ecgpos.models.nested import NestedEncoder
+
+    cfg = load_run_config(config_path)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        stage0 = STMEMEncoder(cfg.encoder)
+        module = stage0 if cfg.stage == 0 else NestedEncoder(stage0, LatentEncoder(cfg.encoder))
+    module = _freeze(module)
+    return LoadedEncoder(module, cfg.preprocess, _arch(module), f"random:{config_path}",
+                         {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": to_dict(cfg.encoder)})
+
+
+def load_export(path: str | Path) -> LoadedEncoder:
+    from ecgpos.export.load import load_encoder
+
+    exported = load_encoder(path)
+    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), str(Path(path)), dict(exported.info))
+
+
+def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
+    """'random:<config.yaml>', a training run folder, or an export folder -> LoadedEncoder."""
+    text = str(path_or_random)
+    if text.startswith("random:"):
+        return random_encoder(text.split(":", 1)[1])
+    path = Path(text)
+    if not path.exists():
+        raise EcgposError(f"encoder {path} does not exist (expected a run folder, an export folder or "
+                          "random:<config.yaml>)")
+    if (path / "config.json").is_file():
+        return load_export(path)
+    if is_run_dir(path):
+        return load_run_encoder(path)
+    raise EcgposError(f"{path} is neither a training run folder (config.yaml + checkpoints/) nor an export "
+                      "folder (config.json)")

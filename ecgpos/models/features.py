@@ -1,0 +1,46 @@
+"""Features of whole records: preprocess, cut windows, run the encoder, average over windows.
+
+Used by probes (several windows per CPSC record) and by exported encoders' `embed`, so a
+record gets the same features whichever path it takes.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ecgpos.ecg.signal import preprocess_signal, window_starts
+from ecgpos.ecg.spec import PreprocessSpec
+
+DEFAULT_NUM_WINDOWS = 1  # centre window; probes may ask for more on long records
+
+
+def record_windows(x: np.ndarray, window: int, num_windows: int = DEFAULT_NUM_WINDOWS) -> np.ndarray:
+    """Windows (n, leads, window) of a preprocessed record (leads, time), spread evenly.
+
+    A record of length L yields min(num_windows, 1 + (L - window) // (window // 2)) windows,
+    so short records are not embedded many times over; raises SignalError('too_short').
+    """
+    length = x.shape[-1]
+    count = max(1, min(num_windows, 1 + max(0, length - window) // max(1, window // 2)))
+    return np.stack([x[:, s:s + window] for s in window_starts(length, window, count)])
+
+
+@torch.no_grad()
+def window_features(module: torch.nn.Module, windows: np.ndarray, batch_size: int = 128,
+                    device: str | torch.device = "cpu") -> np.ndarray:
+    """forward_features over (N, 12, window) float32 windows, in batches -> (N, D) float32."""
+    out = []
+    for start in range(0, len(windows), batch_size):
+        batch = torch.from_numpy(np.ascontiguousarray(windows[start:start + batch_size], dtype=np.float32))
+        out.append(module.forward_features(batch.to(device)).float().cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def embed_signal(module: torch.nn.Module, signal: np.ndarray, fs: float, leads: Sequence[str],
+                 spec: PreprocessSpec, num_windows: int = DEFAULT_NUM_WINDOWS,
+                 device: str | torch.device = "cpu") -> np.ndarray:
+    """Raw (leads, time) mV record -> (D,) feature: mean of forward_features over its windows."""
+    x = preprocess_signal(signal, fs, leads, spec)
+    return window_features(module, record_windows(x, spec.window, num_windows), device=device).mean(axis=0)

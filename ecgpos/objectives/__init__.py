@@ -1,0 +1,13 @@
+"""What pretraining minimises, each objective wrapped around an encoder from ecgpos.models.
+
+MaskedECGAutoencoder (Stage 0): masked reconstruction of signal patches.
+LatentMaskedAutoencoder (Stage 1): masked reconstruction of frozen Stage-0 tokens, optionally with
+Dynamic Push and Pull (push_pull.py). Each returns a dict with "loss" (what is minimised) and "log"
+(the scalar terms the trainer records in metrics.jsonl), so a new term is a one-file change.
+"""
+from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
+from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
+from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder, masked_mse, normalise_tokens
+
+__all__ = ["LatentMaskedAutoencoder", "MaskedECGAutoencoder", "PushPullConfig", "masked_mse", "normalise_tokens",
+           "perturb", "push_pull_loss"]

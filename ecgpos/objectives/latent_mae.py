@@ -1,0 +1,118 @@
+"""Stage 1 (nested manifold carving): a masked autoencoder of the same form on frozen Stage-0 tokens.
+
+The frozen Stage-0 encoder maps x (B, 12, 2250) to latent tokens (B, 12 * 32, W). Stage 1 treats
+them like Stage 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
+(keep int(30 * (1 - mask_ratio))), the two Stage-0 SEP outputs of the lead are always kept and
+serve as that lead's SEP tokens, a LatentEncoder (same blocks/embeddings as STMEMEncoder, W wide)
+encodes the visible tokens, and the per-lead decoder reconstructs the masked latent tokens
+(MSE on masked tokens; targets optionally normalised per token).
+
+Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
+x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
+loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ecgpos.errors import ConfigError
+from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
+from ecgpos.models.latent_encoder import LatentEncoder
+from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.nested import NestedEncoder
+from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
+from ecgpos.objectives.stage0_mae import masked_mse, normalise_tokens
+
+
+class LatentMaskedAutoencoder(nn.Module):
+    """Stage-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
+    log = {recon_loss [, pp_loss, push_active] [, sp_loss]} (scalars the trainer records),
+    pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
+
+    The Stage-0 encoder is frozen here (requires_grad False, kept in eval mode by `train()`), runs
+    under torch.no_grad() (no graph is kept for it) and in bf16 autocast on CUDA. no_grad rather
+    than inference_mode: inference tensors could not be saved for Stage 1's backward.
+    """
+
+    def __init__(self, stage0: STMEMEncoder, encoder: LatentEncoder, decoder: DecoderConfig,
+                 mask_ratio: float = 0.75, norm_target: bool = False,
+                 push_pull: PushPullConfig | None = None) -> None:
+        super().__init__()
+        for name in ("width", "num_leads", "num_patches"):
+            if getattr(stage0, name) != getattr(encoder, name):
+                raise ConfigError(f"stage-1 encoder {name} {getattr(encoder, name)} does not match "
+                                  f"the stage-0 encoder's {getattr(stage0, name)}")
+        check_mask_ratio(mask_ratio, encoder.num_patches)
+        self.stage0 = stage0
+        self.stage0.requires_grad_(False)
+        self.stage0.eval()
+        self.encoder = encoder
+        self.decoder_cfg = decoder
+        self.mask_ratio = float(mask_ratio)
+        self.norm_target = bool(norm_target)
+        self.push_pull = push_pull if push_pull is not None else PushPullConfig()
+        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches,
+                                      encoder.width)
+
+    def train(self, mode: bool = True) -> LatentMaskedAutoencoder:
+        """Switch Stage 1 to train/eval; Stage 0 always stays in eval mode (frozen)."""
+        super().train(mode)
+        self.stage0.eval()
+        return self
+
+    def trainable_parameters(self) -> Iterator[nn.Parameter]:
+        """Stage-1 parameters only (what the optimizer should receive)."""
+        return (p for p in self.parameters() if p.requires_grad)
+
+    def latent_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """Frozen Stage-0 tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            tokens = self.stage0.forward_tokens(x)
+        return tokens.float()
+
+    def _patch_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L * (N + 2), W) -> latent patch tokens (B, L, N, W) (SEP outputs dropped)."""
+        e = self.encoder
+        return tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)[:, :, 1:-1]
+
+    def target(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Reconstruction target (B, L, N, W): latent patch tokens, normalised per token if norm_target."""
+        patches = self._patch_tokens(tokens)
+        return normalise_tokens(patches) if self.norm_target else patches
+
+    def reconstruct(self, tokens: torch.Tensor) -> torch.Tensor:
+        """P(tokens) without masking: (B, L*(N+2), W) -> prediction of all patch tokens (B, L, N, W)."""
+        latent = self.encoder.forward_tokens(tokens)
+        latent = latent.reshape(-1, self.encoder.num_leads, self.encoder.tokens_per_lead, self.encoder.width)
+        return self.decoder(latent, None)
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """x (B, L, T) raw ECG -> losses and tensors (see class docstring)."""
+        tokens = self.latent_tokens(x)
+        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, generator)
+        pred = self.decoder(latent, ids_restore)
+        target = self.target(tokens)
+        recon = masked_mse(pred, target, mask)
+        log = {"recon_loss": recon}
+        loss = recon
+        pp = self.push_pull
+        if pp.enabled:
+            tokens_tilde = perturb(tokens, pp.perturbation, pp.scale, generator)
+            x_hat = self.reconstruct(tokens_tilde)
+            # Distances live in the same (optionally normalised) space the recon loss uses.
+            pp_loss, active = push_pull_loss(target, self.target(tokens_tilde), x_hat, pp.alpha)
+            loss = loss + pp.lambda_pp * pp_loss
+            log["pp_loss"], log["push_active"] = pp_loss, active
+        if pp.lambda_sp > 0:
+            sp_loss = latent[:, :, 1:-1].float().abs().mean()   # L1 on visible Stage-1 latent tokens
+            loss = loss + pp.lambda_sp * sp_loss
+            log["sp_loss"] = sp_loss
+        return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
+
+    def nested_encoder(self) -> NestedEncoder:
+        """Stage-0 -> Stage-1 encoder (no masking), sharing this model's modules."""
+        return NestedEncoder(self.stage0, self.encoder)

@@ -1,0 +1,96 @@
+"""Stage 0 objective: ST-MEM masked autoencoder around an `STMEMEncoder`.
+
+Three stages, as in MAE:
+    forward_encoder(x)               -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
+    forward_decoder(latent, ids)     -> pred (B, L, N, P)
+    forward_loss(x, pred, mask)      -> loss (scalar), target (B, L, N, P)
+The decoder is `ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
+its output size, and `masked_mse` / `normalise_tokens` as its loss.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
+from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.st_mem import STMEMEncoder, patchify
+
+TARGET_EPS = 1e-6
+
+
+def normalise_tokens(t: torch.Tensor, eps: float = TARGET_EPS) -> torch.Tensor:
+    """Per-patch (per-token) normalisation over the last dim: (t - mean) / sqrt(var + eps)."""
+    mean = t.mean(dim=-1, keepdim=True)
+    var = t.var(dim=-1, keepdim=True, unbiased=False)
+    return (t - mean) / torch.sqrt(var + eps)
+
+
+def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over masked positions only.
+
+    pred, target (B, L, N, D); mask (B, L, N) bool True = masked -> scalar
+    (mean over D per patch, then mean over masked patches).
+    """
+    per_patch = (pred.float() - target.float()).pow(2).mean(dim=-1)
+    weights = mask.to(per_patch.dtype)
+    return (per_patch * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+class MaskedECGAutoencoder(nn.Module):
+    """ST-MEM masked autoencoder: x (B, 12, 2250) -> dict(loss, pred, target, mask).
+
+    pred/target (B, 12, 30, 75) are in normalised-patch units when norm_target (the default);
+    `to_signal_units(x, pred)` maps pred back to the input's units for figures.
+    """
+
+    def __init__(self, encoder: STMEMEncoder, decoder: DecoderConfig, mask_ratio: float = 0.75,
+                 norm_target: bool = True) -> None:
+        super().__init__()
+        check_mask_ratio(mask_ratio, encoder.num_patches)
+        self.encoder = encoder
+        self.decoder_cfg = decoder
+        self.mask_ratio = float(mask_ratio)
+        self.norm_target = bool(norm_target)
+        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches,
+                                      encoder.patch_size)
+
+    def forward_encoder(self, x: torch.Tensor, generator: torch.Generator | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, L, T) -> latent (B, L, K+2, W), mask (B, L, N) bool, ids_restore (B, L, N)."""
+        return self.encoder.forward_masked(x, self.mask_ratio, generator)
+
+    def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
+        """latent (B, L, K+2, W), ids_restore (B, L, N) -> pred (B, L, N, P)."""
+        return self.decoder(latent, ids_restore)
+
+    def target(self, x: torch.Tensor) -> torch.Tensor:
+        """Reconstruction target (B, L, N, P): patches, normalised per patch if norm_target."""
+        patches = patchify(x, self.encoder.patch_size)
+        return normalise_tokens(patches) if self.norm_target else patches
+
+    def forward_loss(self, x: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MSE over masked patches only -> (loss scalar float32, target (B, L, N, P))."""
+        target = self.target(x)
+        return masked_mse(pred, target, mask), target
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """x (B, L, T) -> {"loss": (), "log": {}, "pred": (B,L,N,P), "target": (B,L,N,P), "mask": (B,L,N) bool}.
+
+        "log" holds the scalar terms beside "loss" that the trainer records (none for Stage 0)."""
+        latent, mask, ids_restore = self.forward_encoder(x, generator)
+        pred = self.forward_decoder(latent, ids_restore)
+        loss, target = self.forward_loss(x, pred, mask)
+        return {"loss": loss, "log": {}, "pred": pred, "target": target, "mask": mask}
+
+    @torch.no_grad()
+    def to_signal_units(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """pred (B, L, N, P) -> (B, L, N, P) in x's units, undoing per-patch normalisation with
+        each input patch's own mean and std (identity when norm_target is False)."""
+        if not self.norm_target:
+            return pred
+        patches = patchify(x, self.encoder.patch_size).float()
+        mean = patches.mean(dim=-1, keepdim=True)
+        std = torch.sqrt(patches.var(dim=-1, keepdim=True, unbiased=False) + TARGET_EPS)
+        return pred.float() * std + mean

@@ -1,0 +1,134 @@
+"""Checkpoints of a run: written atomically, the last K kept, the newest complete one found on resume.
+
+Layout: RUN/checkpoints/step-0001000/ holds what `accelerator.save_state` writes (model.safetensors,
+optimizer.bin, random_states_<rank>.pkl) plus trainer_state.json (step, epoch, batch in epoch,
+samples seen, per-process RNG states as JSON). Everything is first written to
+step-0001000.tmp/ and renamed only when complete, so a crash mid-write leaves at worst a .tmp
+folder (ignored and removed later), never a half-written step-N folder, and never touches the
+previous checkpoint. Old checkpoints are deleted only after the new one is in place.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ecgpos.errors import EcgposError
+from ecgpos.pretrain.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU, CUDA) as JSON-able values."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": _b64(torch.get_rng_state().numpy().tobytes()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s.numpy().tobytes()) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of rng_state()."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(state["torch"])), dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = [torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8) for s in state["cuda"]]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, separators=(",", ":"))  # compact: the RNG states are long lists
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_state: dict[str, Any],
+                    keep: int) -> Path:
+    """Write checkpoint `step` atomically on all processes (collective call); prune to `keep`.
+
+    trainer_state: JSON-able dict (step, epoch, batch_in_epoch, ...); the RNG states of every
+    process are added under "rng" (a list indexed by process).
+    """
+    from accelerate.utils import gather_object
+
+    root = Path(run_dir) / CHECKPOINT_DIR
+    final = root / checkpoint_name(step)
+    tmp = root / (final.name + ".tmp")
+    rng = gather_object([rng_state()]) if accelerator.num_processes > 1 else [rng_state()]
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _write_json(tmp / STATE_FILE, {**trainer_state, "step": step, "rng": rng})
+        if final.exists():  # the same step saved again (e.g. signal right after a periodic save)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        prune_checkpoints(run_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` complete checkpoints, and leftover .tmp folders."""
+    found = list_checkpoints(run_dir)
+    for _, path in found[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
+    remove_partial(run_dir)
+
+
+def remove_partial(run_dir: str | Path) -> None:
+    """Remove .tmp folders that a crash mid-save left behind."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if root.is_dir():
+        for path in root.glob("step-*.tmp"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint folder; EcgposError when missing or unreadable."""
+    path = Path(checkpoint) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise EcgposError(f"{path} is not a readable trainer state: {str(err).splitlines()[0]}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise EcgposError(f"{path} has no integer 'step'")
+    return state
+
+
+def load_checkpoint(accelerator: Any, checkpoint: str | Path) -> dict[str, Any]:
+    """Restore model, optimizer and RNG states (collective call) -> trainer state dict.
+
+    accelerate's loader uses torch.load(weights_only=True) for the optimizer and safetensors for
+    the weights; our own state is JSON, so nothing here unpickles arbitrary objects.
+    """
+    state = read_trainer_state(checkpoint)
+    accelerator.load_state(str(checkpoint))
+    rng = state.get("rng") or []
+    if len(rng) == accelerator.num_processes:  # same world size: every process gets its own RNG back
+        set_rng_state(rng[accelerator.process_index])
+    return state

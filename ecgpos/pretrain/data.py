@@ -1,0 +1,251 @@
+"""Pretraining data: windows of shard records, in an order that a resumed run reproduces exactly.
+
+- `ShardDataset` reads one window per item from the HDF5 shards. Files are opened lazily in the
+  process that reads (a DataLoader worker), never in the parent before workers fork: an HDF5
+  handle inherited across fork is not safe. Training draws a random window start from
+  `lengths` (the true length; shards are zero-padded); evaluation takes the centre window.
+- `StepBatchSampler` is an endless stream of per-process micro-batches. The order of epoch e is
+  a permutation drawn from (seed, e); optimizer step k of the whole run uses global batch
+  k mod steps_per_epoch of epoch k // steps_per_epoch, so the data position is a pure function
+  of the step. Each item is (index, epoch) and the window start comes from (seed, epoch, index),
+  so a resumed run sees the same windows whichever worker reads them.
+- The global batch is split the same way for any process count: micro-batch m of process p is
+  a fixed slice of it, so 1 and N processes see identical global batches.
+- The optional validation split is by record id (the shards' `record_id`, the same ids as
+  index.csv): a record is held out when a hash of its id falls below val_fraction, so the split
+  does not depend on the seed, the shard layout or which folders are pooled.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from ecgpos.errors import ConfigError
+
+SHARD_GLOB = "shard-*.h5"
+MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
+
+
+@dataclass(frozen=True)
+class RecordIndex:
+    """Where each record lives: shard file, row, true length and id (read once, files closed)."""
+
+    paths: tuple[Path, ...]
+    shard: np.ndarray       # (n,) int index into paths
+    row: np.ndarray         # (n,) int row in that shard
+    length: np.ndarray      # (n,) int true length in samples
+    record_id: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.record_id)
+
+    def subset(self, keep: np.ndarray) -> RecordIndex:
+        keep = np.asarray(keep, dtype=np.int64)
+        return RecordIndex(self.paths, self.shard[keep], self.row[keep], self.length[keep],
+                           tuple(self.record_id[i] for i in keep))
+
+
+def shard_files(folder: str | Path) -> list[Path]:
+    """The shard files of a folder; ConfigError when the folder is missing or holds none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"shard folder {folder} does not exist")
+    paths = sorted(folder.glob(SHARD_GLOB))
+    if not paths:
+        raise ConfigError(f"shard folder {folder} holds no {SHARD_GLOB} files (run `ecgpos preprocess` first)")
+    return paths
+
+
+def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
+    """Record locations of one or more shard folders (e.g. the paper's Ningbo + CODE-15 pool), from
+    the shards' `lengths` and `record_id`; every file is closed before returning."""
+    folders = [folders] if isinstance(folders, (str, Path)) else list(folders)
+    paths = [p for folder in folders for p in shard_files(folder)]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise ConfigError("the same shard folder is given more than once")
+    shard, row, length, ids = [], [], [], []
+    for k, path in enumerate(paths):
+        try:
+            with h5py.File(path, "r") as f:
+                lengths = np.asarray(f["lengths"][:], dtype=np.int64)
+                names = [str(x) for x in f["record_id"].asstr()[:]]
+                stored = f["signals"].shape
+        except (OSError, KeyError) as err:
+            raise ConfigError(f"{path} is not a readable shard: {str(err).splitlines()[0]}") from None
+        if stored[0] != len(lengths) or len(names) != len(lengths) or (lengths > stored[-1]).any():
+            raise ConfigError(f"{path}: signals, lengths and record_id disagree")
+        shard += [k] * len(lengths)
+        row += list(range(len(lengths)))
+        length += list(lengths)
+        ids += names
+    if not ids:
+        raise ConfigError(f"shard folder(s) {', '.join(map(str, folders))} hold no records")
+    return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids))
+
+
+def is_validation(record_id: str, val_fraction: float) -> bool:
+    """Held-out membership from a hash of the record id: stable across runs, seeds and shard layouts."""
+    if val_fraction <= 0:
+        return False
+    h = int.from_bytes(hashlib.sha256(record_id.encode()).digest()[:8], "big")
+    return h / 2.0**64 < val_fraction
+
+
+def split_index(index: RecordIndex, val_fraction: float) -> tuple[RecordIndex, RecordIndex | None]:
+    """(train, val or None) split by record id."""
+    if val_fraction <= 0:
+        return index, None
+    val = np.array([is_validation(r, val_fraction) for r in index.record_id])
+    if val.all() or not val.any():
+        return index, None  # too few records to hold any out (or to train on): no validation
+    return index.subset(np.flatnonzero(~val)), index.subset(np.flatnonzero(val))
+
+
+def window_start(length: int, window: int, train: bool, seed: int, epoch: int, index: int) -> int:
+    """Start of the window: uniform in [0, length - window] from (seed, epoch, index) in training,
+    the centre in evaluation; 0 for records shorter than the window (zero-padded in the shard)."""
+    slack = int(length) - window
+    if slack <= 0:
+        return 0
+    if not train:
+        return slack // 2
+    return int(np.random.default_rng([seed, epoch, index]).integers(0, slack + 1))
+
+
+class ShardDataset(Dataset):
+    """Items are (index, epoch) pairs (from StepBatchSampler) or plain indices (epoch 0).
+
+    __getitem__ -> float32 tensor (12, window).
+    """
+
+    def __init__(self, index: RecordIndex, window: int, train: bool = True, seed: int = 0) -> None:
+        self.index = index
+        self.window = window
+        self.train = train
+        self.seed = seed
+        self._files: OrderedDict[int, h5py.File] = OrderedDict()
+        self._pid = -1
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _file(self, shard: int) -> h5py.File:
+        if self._pid != os.getpid():  # first use in this process (e.g. a fresh worker): never reuse a parent's handle
+            self._files, self._pid = OrderedDict(), os.getpid()
+        if shard in self._files:
+            self._files.move_to_end(shard)
+        else:
+            if len(self._files) >= MAX_OPEN_FILES:  # least recently used handle goes (open-file limits)
+                self._files.popitem(last=False)[1].close()
+            self._files[shard] = h5py.File(self.index.paths[shard], "r")
+        return self._files[shard]
+
+    def __getitem__(self, item: int | tuple[int, int]) -> torch.Tensor:
+        i, epoch = (item, 0) if isinstance(item, (int, np.integer)) else item
+        length = int(self.index.length[i])
+        start = window_start(length, self.window, self.train, self.seed, epoch, i)
+        signals = self._file(int(self.index.shard[i]))["signals"]
+        x = np.asarray(signals[int(self.index.row[i]), :, start:start + self.window], dtype=np.float32)
+        if x.shape[-1] < self.window:  # stored width shorter than the window cannot happen for valid shards
+            x = np.pad(x, ((0, 0), (0, self.window - x.shape[-1])))
+        return torch.from_numpy(x)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_files"], state["_pid"] = OrderedDict(), -1  # handles never travel to another process
+        return state
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The record order of one epoch: a permutation of range(n) from (seed, epoch)."""
+    return np.random.default_rng([seed, 1_000_003, epoch]).permutation(n)
+
+
+class StepBatchSampler(Sampler):
+    """Endless per-process micro-batches of (index, epoch), starting at optimizer step `start_step`.
+
+    Step k uses global batch b = k % steps_per_epoch of epoch e = k // steps_per_epoch: records
+    perm_e[b*G:(b+1)*G] (G = global batch; the last partial batch of an epoch is dropped).
+    Micro-batch m (of grad_accum) for process p takes a fixed slice of per_process items.
+    """
+
+    def __init__(self, num_records: int, global_batch: int, grad_accum: int, num_processes: int,
+                 process_index: int, seed: int, start_step: int = 0) -> None:
+        if global_batch % (grad_accum * num_processes):
+            raise ConfigError(f"train.batch_size {global_batch} is not divisible by grad_accum {grad_accum} "
+                              f"x {num_processes} processes")
+        if num_records < global_batch:
+            raise ConfigError(f"the shards hold {num_records} training records, fewer than the global batch "
+                              f"{global_batch}")
+        self.num_records = num_records
+        self.global_batch = global_batch
+        self.grad_accum = grad_accum
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.per_process = global_batch // (grad_accum * num_processes)
+        self.seed = seed
+        self.start_step = start_step
+        self.steps_per_epoch = num_records // global_batch
+        self._cached_epoch, self._cached_perm = -1, np.zeros(0, dtype=np.int64)
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, batch in epoch) of optimizer step `step` (0-based)."""
+        return divmod(step, self.steps_per_epoch)
+
+    def _perm(self, epoch: int) -> np.ndarray:
+        if self._cached_epoch != epoch:  # one permutation per epoch, not per step
+            self._cached_epoch, self._cached_perm = epoch, epoch_permutation(self.num_records, self.seed, epoch)
+        return self._cached_perm
+
+    def global_batch_indices(self, step: int) -> np.ndarray:
+        """Record indices of the whole global batch of optimizer step `step`."""
+        epoch, b = self.position(step)
+        return self._perm(epoch)[b * self.global_batch:(b + 1) * self.global_batch]
+
+    def micro_batches(self, step: int) -> list[list[tuple[int, int]]]:
+        """This process's grad_accum micro-batches of (index, epoch) for step `step`."""
+        epoch, _ = self.position(step)
+        batch = self.global_batch_indices(step)
+        out = []
+        for m in range(self.grad_accum):
+            first = (m * self.num_processes + self.process_index) * self.per_process
+            out.append([(int(i), epoch) for i in batch[first:first + self.per_process]])
+        return out
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        step = self.start_step
+        while True:
+            yield from self.micro_batches(step)
+            step += 1
+
+
+def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
+    """DataLoader over the endless sampler; its own generator so it never touches the global RNG."""
+    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
+                      persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
+                      prefetch_factor=4 if num_workers > 0 else None,
+                      generator=torch.Generator().manual_seed(0))
+
+
+def eval_batches(dataset: ShardDataset, batch_size: int, max_batches: int, process_index: int = 0,
+                 num_processes: int = 1) -> list[list[int]]:
+    """Fixed evaluation batches (the first max_batches * batch_size records, split over processes)."""
+    n = min(len(dataset), batch_size * max_batches)
+    mine = list(range(process_index, n, num_processes))
+    return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
+
+
+def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_workers: int) -> DataLoader:
+    """Loader for the validation set; persistent workers because it is iterated again and again."""
+    workers = min(num_workers, 2)
+    return DataLoader(dataset, batch_sampler=[list(b) for b in batches], num_workers=workers,
+                      persistent_workers=workers > 0)

@@ -1,0 +1,120 @@
+"""metrics.jsonl and TensorBoard of a run: one record per logged step, continuous across resumes.
+
+Each training record: step (optimizer steps done), epoch (fractional), loss (mean over the steps
+since the previous record and over all processes), lr (of the last update), grad_norm (global,
+before clipping, of the last update), samples_per_s (global, training compute time only), time;
+plus every scalar the objective reports in its "log" (Stage 1: recon_loss, pp_loss, push_active,
+sp_loss). Validation
+records hold step and val_loss. On resume, records after the checkpoint's step are dropped, so
+the file reads as one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ecgpos.pretrain.run_folder import METRICS_FILE, TB_DIR
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Keep only records with step <= last_step (and drop a half-written last line)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if int(record.get("step", 0)) <= last_step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    tmp.replace(path)
+
+
+class MetricsLog:
+    """Accumulates per-step stats on every process; `flush` (a collective call) writes a record."""
+
+    def __init__(self, run_dir: Path, is_main: bool, start_step: int, resume: bool) -> None:
+        self.path = run_dir / METRICS_FILE
+        self.is_main = is_main
+        self.writer = None
+        self._reset()
+        if not is_main:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if resume and start_step > 0:
+            truncate_metrics(self.path, start_step)
+        elif self.path.exists():
+            self.path.unlink()  # a fresh start: nothing of an earlier attempt remains
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a crashed attempt wrote after the checkpoint
+            self.writer = SummaryWriter(str(run_dir / TB_DIR), purge_step=start_step + 1 if start_step else None)
+        except ImportError:  # tensorboard is a dependency; keep training if an install lacks it
+            self.writer = None
+
+    def _reset(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.steps = 0
+        self.seconds = 0.0
+        self.grad_norm = float("nan")
+        self.lr = float("nan")
+
+    def add(self, stats: dict[str, float], grad_norm: float, lr: float, seconds: float) -> None:
+        for key, value in stats.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.steps += 1
+        self.seconds += seconds
+        self.grad_norm, self.lr = grad_norm, lr
+
+    def flush(self, step: int, epoch: float, global_batch: int, acc: Any) -> dict[str, Any] | None:
+        """Average the interval over processes and write it (main process) -> the record or None."""
+        if self.steps == 0:
+            return None
+        keys = sorted(self.sums)  # the same keys on every process: one objective, one config
+        values = torch.tensor([self.sums[k] / self.steps for k in keys] + [self.seconds], dtype=torch.float64,
+                              device=acc.device)
+        if acc.num_processes > 1:
+            values = acc.reduce(values, reduction="mean")
+        record: dict[str, Any] = {"step": step, "epoch": round(epoch, 4)}
+        record.update({k: float(v) for k, v in zip(keys, values[:-1].tolist())})
+        record.update(lr=self.lr, grad_norm=self.grad_norm,
+                      samples_per_s=global_batch * self.steps / max(float(values[-1]), 1e-9), time=time.time())
+        self._reset()
+        if self.is_main:
+            self._write(record)
+            if self.writer is not None:
+                for key, value in record.items():
+                    if key not in ("step", "time"):
+                        self.writer.add_scalar(f"train/{key}", value, step)
+        return record
+
+    def log_val(self, step: int, val_loss: float) -> None:
+        if self.is_main:
+            self._write({"step": step, "val_loss": val_loss, "time": time.time()})
+            if self.writer is not None:
+                self.writer.add_scalar("val/loss", val_loss, step)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    @staticmethod
+    def describe(record: dict[str, Any], total: int) -> str:
+        standard = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "time")
+        extra = "".join(f" {k} {v:.4f}" for k, v in record.items() if k not in standard)
+        return (f"step {record['step']}/{total} loss {record['loss']:.4f}{extra} lr {record['lr']:.3e} "
+                f"grad_norm {record['grad_norm']:.3f} {record['samples_per_s']:.1f} samples/s")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+            self.writer = None

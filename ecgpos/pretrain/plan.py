@@ -1,0 +1,123 @@
+"""Everything `ecgpos pretrain` can check without training, checked before an Accelerator exists.
+
+The config (unknown keys, impossible values), the shards (missing, empty, written with another
+preprocessing spec), the Stage-0 encoder (missing, incomplete, other spec or width) and the run
+folder (an existing run needs --resume auto, with the same config). Each problem is an
+EcgposError: one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import ConfigError
+from ecgpos.export.format import weights_hash
+from ecgpos.pretrain.run_config import RunConfig, config_differences, load_run_config
+
+
+@dataclass
+class RunPlan:
+    """Everything validated before training starts."""
+
+    cfg: RunConfig
+    shards: list[Path]
+    run_dir: Path
+    shards_spec: PreprocessSpec
+    resume: bool = False
+    stage0: Any = None              # STMEMEncoder for Stage 1
+    stage0_source: str | None = None
+    stage0_info: dict = field(default_factory=dict)
+
+
+def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
+    """The shards' spec, checked against the config's for every folder (ConfigError naming each difference)."""
+    from ecgpos.ecg.shards import read_shard_spec
+    from ecgpos.pretrain.data import shard_files
+
+    spec = None
+    for folder in folders:
+        shard_files(folder)
+        spec = read_shard_spec(folder)
+        cfg.preprocess.check_compatible(spec, f"the shards in {folder}")
+    return spec
+
+
+def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
+    """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder."""
+    from ecgpos.config import load_config
+    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+    from ecgpos.pretrain.stages import check_stage0_fits, stage0_config_dict
+
+    if not path.exists():
+        raise ConfigError(f"--stage0 {path} does not exist")
+    if (path / "config.json").is_file():
+        from ecgpos.export.load import load_encoder
+
+        exported = load_encoder(path)
+        if exported.arch.get("kind") != "stage0":
+            raise ConfigError(f"--stage0 {path} is an export of a {exported.arch.get('kind')!r} encoder, "
+                              "not of a Stage-0 encoder")
+        encoder, spec, info = exported.encoder, exported.spec, {"kind": "export"}
+    elif is_run_dir(path):
+        run_stage = load_config(RunConfig, path / "config.yaml").stage  # before loading any weights
+        if run_stage != 0:
+            raise ConfigError(f"--stage0 {path} is a Stage-{run_stage} run, not a Stage-0 run")
+        model, run_cfg, checkpoint, run_info = load_run_model(path)
+        step = int(checkpoint.name.split("-")[1])
+        if not run_info.get("finished") or step < run_cfg.optim.steps:
+            raise ConfigError(f"--stage0 {path} is incomplete (newest checkpoint at step {step} of "
+                              f"{run_cfg.optim.steps}): finish it with --resume auto, or export that "
+                              "checkpoint and pass the export folder")
+        encoder, spec, info = model.encoder, run_cfg.preprocess, {"kind": "run", "checkpoint": str(checkpoint)}
+    else:
+        raise ConfigError(f"--stage0 {path} is neither a Stage-0 run folder (config.yaml + checkpoints/) "
+                          "nor an export folder (config.json)")
+    cfg.preprocess.check_compatible(spec, f"the Stage-0 encoder {path}")
+    check_stage0_fits(encoder, cfg, f"the Stage-0 encoder {path}")
+    encoder.requires_grad_(False)
+    encoder.eval()
+    info.update(encoder=stage0_config_dict(encoder), weights_sha256=weights_hash(encoder))
+    return encoder, str(path.resolve()), info
+
+
+def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
+    """True when an existing run will be resumed; ConfigError when the folder holds another run."""
+    from ecgpos.config import load_config
+    from ecgpos.pretrain.run_folder import newest_checkpoint, read_run_info
+
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--run-dir {run_dir} exists and is not a folder")
+    has_run = run_dir.is_dir() and ((run_dir / "metrics.jsonl").exists() or newest_checkpoint(run_dir) is not None)
+    if not has_run:
+        return False
+    if not resume:
+        raise ConfigError(f"--run-dir {run_dir} already holds a run: pass --resume auto to continue it, "
+                          "or choose a new folder")
+    if (run_dir / "config.yaml").is_file():
+        diffs = config_differences(load_config(RunConfig, run_dir / "config.yaml"), cfg)
+        if diffs:
+            raise ConfigError(f"the config differs from the run's config.yaml, cannot resume: {'; '.join(diffs[:4])}")
+    saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")
+    if saved_hash and stage0_info and saved_hash != stage0_info.get("weights_sha256"):
+        raise ConfigError("--stage0 holds other weights than the Stage-0 encoder this run was started with")
+    return newest_checkpoint(run_dir) is not None
+
+
+def prepare(args: argparse.Namespace) -> RunPlan:
+    """Validate every input (EcgposError on the first problem) and return the plan."""
+    cfg = load_run_config(args.config, args.overrides, stage=args.stage)
+    if cfg.stage == 0 and args.stage0 is not None:
+        raise ConfigError("--stage0 is only used with --stage 1")
+    if cfg.stage == 1 and args.stage0 is None:
+        raise ConfigError("--stage 1 needs --stage0 RUN_OR_EXPORT_DIR (the frozen Stage-0 encoder)")
+    spec = check_shards(cfg, args.shards)
+    stage0 = source = None
+    info: dict = {}
+    if cfg.stage == 1:
+        stage0, source, info = load_stage0(args.stage0, cfg)
+    resume = check_run_dir(cfg, args.run_dir, args.resume == "auto", info)
+    return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, stage0, source, info)

@@ -1,0 +1,159 @@
+"""Run configs for `ecgpos pretrain`: YAML files mapped onto these dataclasses (ecgpos.config).
+
+A `RunConfig` says everything a pretraining run depends on except where the data and the
+Stage-0 encoder live (command-line paths). Impossible values raise ConfigError (one line) when
+the config is built, i.e. before any data is read or any model is created.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ecgpos.config import load_config, to_dict
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import ConfigError
+from ecgpos.models.decoder import DecoderConfig
+from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.st_mem import EncoderConfig
+from ecgpos.objectives.push_pull import PushPullConfig
+from ecgpos.resources import config_path
+
+MIXED_PRECISION = ("auto", "no", "bf16")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW and the learning-rate schedule (paper: both stages alike)."""
+
+    lr: float = 3.75e-5
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    warmup_steps: int = 15_000
+    min_lr: float = 1e-6
+    steps: int = 150_000
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        if self.steps < 1:
+            raise ConfigError(f"optim.steps must be >= 1, got {self.steps}")
+        if self.warmup_steps < 0:  # > steps is allowed: a shortened run (--set optim.steps=2) stays in warm-up
+            raise ConfigError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.lr <= 0:
+            raise ConfigError(f"optim.lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"optim.min_lr must lie in [0, optim.lr={self.lr}], got {self.min_lr}")
+        if self.weight_decay < 0 or self.eps <= 0 or self.grad_clip < 0:
+            raise ConfigError("optim.weight_decay and optim.grad_clip must be >= 0 and optim.eps > 0")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+
+
+@dataclass
+class TrainConfig:
+    """Batching, precision, data loading and the run folder's cadence (all in optimizer steps)."""
+
+    batch_size: int = 64          # global: per-process batch * processes * grad_accum
+    grad_accum: int = 1
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    num_workers: int = 4          # DataLoader workers per process
+    seed: int = 0
+    log_every: int = 50
+    checkpoint_every: int = 5_000
+    keep_checkpoints: int = 3
+    figure_every: int = 5_000
+    val_fraction: float = 0.0     # records held out (by record id) for the validation loss
+    val_every: int = 5_000
+    val_batches: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
+                     "figure_every", "val_every", "val_batches"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_workers < 0:
+            raise ConfigError(f"train.num_workers must be >= 0, got {self.num_workers}")
+        if self.batch_size % self.grad_accum:
+            raise ConfigError(f"train.batch_size {self.batch_size} is not a multiple of "
+                              f"train.grad_accum {self.grad_accum}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError(f"train.val_fraction must lie in [0, 1), got {self.val_fraction}")
+
+
+@dataclass
+class RunConfig:
+    """One pretraining run. Stage 0: `encoder` is the ST-MEM encoder over raw ECG. Stage 1:
+    `encoder` is the latent encoder over Stage-0 tokens (its width must equal Stage 0's)."""
+
+    stage: int = 0
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    mask_ratio: float = 0.75
+    norm_target: bool = True
+    push_pull: PushPullConfig = field(default_factory=PushPullConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    preprocess: PreprocessSpec = field(default_factory=PreprocessSpec)
+
+    def __post_init__(self) -> None:
+        if self.stage not in (0, 1):
+            raise ConfigError(f"stage must be 0 or 1, got {self.stage}")
+        if self.preprocess.window % self.encoder.patch_size:
+            raise ConfigError(f"preprocess.window {self.preprocess.window} is not a multiple of "
+                              f"encoder.patch_size {self.encoder.patch_size}")
+        if self.encoder.seq_len != self.preprocess.window:
+            raise ConfigError(f"encoder.seq_len {self.encoder.seq_len} must equal preprocess.window "
+                              f"{self.preprocess.window}")
+        if self.encoder.num_leads != len(self.preprocess.leads):
+            raise ConfigError(f"encoder.num_leads {self.encoder.num_leads} must equal the "
+                              f"{len(self.preprocess.leads)} leads of the preprocessing spec")
+        check_mask_ratio(self.mask_ratio, self.encoder.num_patches)
+        if self.stage == 0 and self.push_pull.enabled:
+            raise ConfigError("push_pull.enabled is a Stage-1 objective; set stage: 1 or disable it")
+
+
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stage: int | None = None) -> RunConfig:
+    """YAML file (+ `a.b=v` overrides) -> RunConfig. `stage` (from --stage) overrides the file's
+    stage only when the file omits it; a contradicting value is a ConfigError. `path` may also
+    name a shipped config ('stage0', 'tiny/stage1')."""
+    if path is not None:
+        path = config_path(path)
+    cfg = load_config(RunConfig, path, overrides)
+    if stage is not None and cfg.stage != stage:
+        from ecgpos.config import read_yaml
+        if path is not None and "stage" in read_yaml(path) or any(o.split("=", 1)[0].strip() == "stage"
+                                                                  for o in overrides):
+            raise ConfigError(f"--stage {stage} contradicts stage: {cfg.stage} in the config")
+        cfg = dataclasses.replace(cfg, stage=stage)
+    return cfg
+
+
+# Keys that only change how a run is operated, not what it computes: they may differ between
+# the run's saved config.yaml and the command line on --resume.
+OPERATIONAL_KEYS = ("train.num_workers", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+                    "train.figure_every", "train.val_every", "train.val_batches", "train.mixed_precision")
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """Dotted-key view of a config (for comparisons and messages)."""
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}{key}.", value)
+        else:
+            out[prefix.rstrip(".")] = node
+    walk("", to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
+    return out
+
+
+def config_differences(saved: RunConfig, new: RunConfig) -> list[str]:
+    """Keys (other than OPERATIONAL_KEYS) whose values differ, as 'key: saved -> new'."""
+    a, b = flat_dict(saved), flat_dict(new)
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)]

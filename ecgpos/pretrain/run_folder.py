@@ -1,0 +1,115 @@
+"""A run folder: the name of every file a pretraining run writes, and reading a run back.
+
+    RUN/config.yaml        the resolved run config (ecgpos.pretrain.run_config)
+    RUN/spec.json          the preprocessing spec of its shards
+    RUN/run_info.json      provenance: versions, shards, Stage-0 source, finished/stopped
+    RUN/metrics.jsonl      one record per logged step (ecgpos.pretrain.metrics_log)
+    RUN/tb/                TensorBoard events
+    RUN/figures/           reconstructions and the training curve (ecgpos.pretrain.figures)
+    RUN/checkpoints/step-0001000/   model.safetensors, optimizer.bin, random_states_*.pkl,
+                                    trainer_state.json (ecgpos.pretrain.checkpoint)
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ecgpos.config import load_config
+from ecgpos.errors import EcgposError
+from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
+from ecgpos.pretrain.run_config import RunConfig
+
+RUN_CONFIG = "config.yaml"
+SPEC_FILE = "spec.json"
+RUN_INFO = "run_info.json"
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+FIGURES_DIR = "figures"
+CHECKPOINT_DIR = "checkpoints"
+STATE_FILE = "trainer_state.json"
+WEIGHTS_FILE = "model.safetensors"
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{7,})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
+
+
+def is_complete(path: Path) -> bool:
+    """A finished checkpoint: a step-N folder (never .tmp) with trainer state and weights."""
+    return bool(_CHECKPOINT_NAME.match(path.name)) and (path / STATE_FILE).is_file() and (path / WEIGHTS_FILE).is_file()
+
+
+def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run as (step, path), oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(_CHECKPOINT_NAME.match(p.name).group(1)), p) for p in root.iterdir() if p.is_dir() and is_complete(p)]
+    return sorted(found)
+
+
+def newest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1][1] if found else None
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_INFO
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise EcgposError(f"{path} is not valid JSON: {err}") from None
+
+
+def is_run_dir(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / RUN_CONFIG).is_file() and ((path / RUN_INFO).is_file() or (path / "checkpoints").is_dir())
+
+
+def load_run_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The training model's tensors of a checkpoint (safetensors: no unpickling)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(checkpoint / WEIGHTS_FILE), device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise EcgposError(f"{checkpoint / WEIGHTS_FILE} is not readable: {str(err).splitlines()[0]}") from None
+
+
+def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dict]:
+    """(training model with the newest complete checkpoint's weights, config, checkpoint, run info)."""
+    from ecgpos.pretrain.stages import build_model
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise EcgposError(f"run folder {run_dir} does not exist")
+    if not (run_dir / RUN_CONFIG).is_file():
+        raise EcgposError(f"{run_dir} is not a training run folder (no {RUN_CONFIG})")
+    checkpoint = newest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise EcgposError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/ with {WEIGHTS_FILE}): "
+                          "the run is incomplete or still before its first checkpoint")
+    cfg = load_config(RunConfig, run_dir / RUN_CONFIG)
+    info = read_run_info(run_dir)
+    stage0 = None
+    if cfg.stage == 1:
+        if "stage0_encoder" not in info:
+            raise EcgposError(f"{run_dir / RUN_INFO} lacks stage0_encoder: cannot rebuild the Stage-1 model")
+        stage0 = STMEMEncoder(EncoderConfig(**info["stage0_encoder"]))
+    model = build_model(cfg, stage0)
+    state = load_run_weights(checkpoint)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as err:
+        text = " ".join(str(err).split())
+        raise EcgposError(f"{checkpoint / WEIGHTS_FILE} does not fit the run's config: {text[:300]}") from None
+    return model, cfg, checkpoint, info

@@ -1,0 +1,84 @@
+"""The training models of both stages, built from a RunConfig (shared by train, encoders, bench).
+
+Stage 0: MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, ...).
+Stage 1: LatentMaskedAutoencoder(frozen Stage-0 encoder, LatentEncoder(cfg.encoder), ...), where
+cfg.encoder describes the latent encoder and must have the Stage-0 width and token layout.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from ecgpos.config import to_dict
+from ecgpos.errors import ConfigError
+from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
+from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
+from ecgpos.pretrain.run_config import RunConfig
+
+
+def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
+    """Fresh Stage-0 masked autoencoder (initialised from the current torch RNG)."""
+    return MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio,
+                                norm_target=cfg.norm_target)
+
+
+def check_stage0_fits(stage0: nn.Module, cfg: RunConfig, what: str) -> None:
+    """ConfigError (one line) unless the Stage-0 encoder's width and token layout match cfg.encoder."""
+    s0: EncoderConfig = stage0.cfg
+    for name in ("width", "num_leads", "seq_len", "patch_size"):
+        if getattr(s0, name) != getattr(cfg.encoder, name):
+            raise ConfigError(f"{what} has {name} {getattr(s0, name)} but the Stage-1 config's encoder.{name} is "
+                              f"{getattr(cfg.encoder, name)} (Stage 1 runs at the Stage-0 width and token layout)")
+
+
+def build_stage1_model(cfg: RunConfig, stage0: STMEMEncoder) -> nn.Module:
+    """Stage-1 latent masked autoencoder around a (frozen inside) Stage-0 encoder."""
+    from ecgpos.models.latent_encoder import LatentEncoder
+    from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
+
+    check_stage0_fits(stage0, cfg, "the Stage-0 encoder")
+    return LatentMaskedAutoencoder(stage0, LatentEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio,
+                                   norm_target=cfg.norm_target, push_pull=cfg.push_pull)
+
+
+def build_model(cfg: RunConfig, stage0: STMEMEncoder | None = None) -> nn.Module:
+    if cfg.stage == 0:
+        return build_stage0_model(cfg)
+    if stage0 is None:
+        raise ConfigError("Stage 1 needs a Stage-0 encoder (--stage0 RUN_OR_EXPORT_DIR)")
+    return build_stage1_model(cfg, stage0)
+
+
+def stage0_of(model: nn.Module) -> STMEMEncoder | None:
+    """The frozen Stage-0 encoder inside a Stage-1 model (None for Stage 0)."""
+    return getattr(model, "stage0", None)
+
+
+def trainable_encoder(model: nn.Module) -> nn.Module:
+    """What a run produces for downstream use: the Stage-0 encoder, or the nested encoder."""
+    if hasattr(model, "nested_encoder"):
+        return model.nested_encoder()
+    return model.encoder
+
+
+def encoder_arch_of(module: nn.Module) -> dict:
+    """JSON-able architecture of an encoder, through the models' factory."""
+    from ecgpos.models.factory import encoder_arch
+
+    return encoder_arch(module)
+
+
+def stage0_config_dict(stage0: STMEMEncoder) -> dict:
+    return to_dict(stage0.cfg)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups over trainable parameters: no weight decay for biases, norms (ndim < 2) and the
+    learned tokens/embeddings held directly as parameters (names ending in _token or _embed), as in
+    MAE; Linear weights (including the patch embedding's) decay."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        (no_decay if p.ndim < 2 or leaf.endswith(("_token", "_embed")) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

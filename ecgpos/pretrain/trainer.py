@@ -1,0 +1,319 @@
+"""The pretraining loop behind `ecgpos pretrain` (both stages), on Accelerate.
+
+- Global batch = per-process batch x processes x grad_accum (train.batch_size is the global one).
+  Accumulation is explicit (no_sync on all but the last micro-batch), the data sampler is ours
+  (not Accelerate's), and the lr is set from `lr_at(step)` before each update.
+- Randomness that decides what a step computes is a pure function of (seed, step, slice): the
+  windows come from the sampler, and the masks (and Stage-1 perturbations) from a generator
+  seeded with (seed, step, global micro-batch slice). A resumed run therefore repeats the
+  uninterrupted one exactly, and N processes x accum a equals 1 process x accum N*a.
+- A non-finite loss or grad norm on any process stops every process before the optimizer
+  step, so the last checkpoint stays the last good state (exit 1).
+- SIGUSR1/SIGTERM set a flag; at the next step boundary all processes agree (all-reduce), save a
+  checkpoint and exit 0. Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from ecgpos import __version__
+from ecgpos.config import save_config
+from ecgpos.errors import ConfigError
+from ecgpos.pretrain.checkpoint import load_checkpoint, remove_partial, save_checkpoint
+from ecgpos.pretrain.data import (
+    ShardDataset,
+    StepBatchSampler,
+    eval_batches,
+    eval_loader,
+    read_index,
+    split_index,
+    train_loader,
+)
+from ecgpos.pretrain.metrics_log import MetricsLog
+from ecgpos.pretrain.plan import RunPlan
+from ecgpos.pretrain.run_folder import newest_checkpoint
+from ecgpos.pretrain.schedule import lr_at
+from ecgpos.pretrain.stages import build_model, param_groups, stage0_of
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def resolve_mixed_precision(mode: str) -> str:
+    """'auto' -> 'bf16' on a CUDA device that supports it, else 'no' (bf16 on CPU is slow)."""
+    if mode != "auto":
+        return mode
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def step_generator(seed: int, step: int, slice_index: int, salt: int = 0) -> torch.Generator:
+    """CPU generator for the masks of one micro-batch slice of one step (any device uses it)."""
+    value = np.random.SeedSequence([seed, salt, step, slice_index]).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(value))
+
+
+class Trainer:
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        self.cfg = plan.cfg
+        self.run_dir = plan.run_dir
+        self.stop_signal: int | None = None
+
+    # -- setup -------------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        from accelerate import Accelerator
+
+        cfg = self.cfg
+        # cpu=True on hosts without CUDA: under torchrun / `accelerate launch --multi_gpu` it makes
+        # Accelerate use gloo (MULTI_CPU) instead of silently running N independent 1-process jobs.
+        self.acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg.train.mixed_precision),
+                               cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+        p = self.acc.num_processes
+        if cfg.train.batch_size % (p * cfg.train.grad_accum):
+            raise ConfigError(f"train.batch_size {cfg.train.batch_size} is not divisible by {p} processes x "
+                              f"train.grad_accum {cfg.train.grad_accum}")
+        index = read_index(self.plan.shards)
+        train_index, val_index = split_index(index, cfg.train.val_fraction)
+        self.sampler = StepBatchSampler(len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p,
+                                        self.acc.process_index, cfg.train.seed)
+        self.train_set = ShardDataset(train_index, cfg.preprocess.window, train=True, seed=cfg.train.seed)
+        self.figure_set = ShardDataset(val_index or train_index, cfg.preprocess.window, train=False)
+        self.val_set = ShardDataset(val_index, cfg.preprocess.window, train=False) if val_index else None
+        torch.manual_seed(cfg.train.seed)  # same initial weights on every process
+        model = build_model(cfg, self.plan.stage0)
+        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=lr_at(0, cfg.optim),
+                                           betas=cfg.optim.betas, eps=cfg.optim.eps)
+        self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
+        self.trainable = [q for q in self.model.parameters() if q.requires_grad]
+        self.start_step = 0
+        checkpoint = newest_checkpoint(self.run_dir) if self.plan.resume else None
+        if checkpoint is not None:
+            state = load_checkpoint(self.acc, checkpoint)
+            if state.get("num_train_records") != len(train_index):
+                raise ConfigError(f"the shards hold {len(train_index)} training records but the run was started on "
+                                  f"{state.get('num_train_records')}: resume on the same shards")
+            self.start_step = int(state["step"])
+        self.sampler.start_step = self.start_step
+        self.metrics = MetricsLog(self.run_dir, self.acc.is_main_process, self.start_step, self.plan.resume)
+
+    def _write_run_files(self) -> None:
+        if not self.acc.is_main_process:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        remove_partial(self.run_dir)
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        (self.run_dir / "spec.json").write_text(self.cfg.preprocess.to_json() + "\n")
+        self._write_run_info(finished=False)
+
+    def _write_run_info(self, finished: bool, **extra: Any) -> None:
+        if not self.acc.is_main_process:
+            return
+        checkpoint = newest_checkpoint(self.run_dir)
+        info = {"stage": self.cfg.stage, "step": getattr(self, "step", self.start_step), "steps": self.cfg.optim.steps,
+                "finished": finished, "stage0": self.plan.stage0_source,
+                "shards": [str(folder.resolve()) for folder in self.plan.shards],
+                "checkpoint": str(checkpoint) if checkpoint else None, "num_processes": self.acc.num_processes,
+                "global_batch": self.cfg.train.batch_size, "per_process_batch": self.sampler.per_process,
+                "grad_accum": self.cfg.train.grad_accum, "mixed_precision": self.acc.mixed_precision,
+                "num_train_records": self.sampler.num_records, "steps_per_epoch": self.sampler.steps_per_epoch,
+                "ecgpos_version": __version__, **extra}
+        if self.plan.stage0_info:
+            info["stage0_encoder"] = self.plan.stage0_info["encoder"]
+            info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
+        tmp = self.run_dir / "run_info.json.tmp"
+        tmp.write_text(json.dumps(info, indent=1) + "\n")
+        tmp.replace(self.run_dir / "run_info.json")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        self.stop_signal = signum
+
+    # -- one optimizer step ------------------------------------------------------------------------
+    def _train_step(self, batches: Any, step: int) -> tuple[dict[str, float], float, bool]:
+        """Forward/backward over grad_accum micro-batches -> (local mean stats, grad norm, finite)."""
+        cfg, acc = self.cfg, self.acc
+        lr = lr_at(step, cfg.optim)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        parts: dict[str, list[torch.Tensor]] = {}
+        for m in range(cfg.train.grad_accum):
+            x = next(batches).to(acc.device, non_blocking=True)
+            slice_index = m * acc.num_processes + acc.process_index
+            sync = m == cfg.train.grad_accum - 1
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model):
+                out = self.model(x, generator=step_generator(cfg.train.seed, step, slice_index))
+                acc.backward(out["loss"] / cfg.train.grad_accum)
+            # "loss" and whatever terms the objective reports in "log" go to metrics.jsonl
+            for key, value in {"loss": out["loss"], **out.get("log", {})}.items():
+                parts.setdefault(key, []).append(torch.as_tensor(value, device=acc.device).detach().float())
+        # one device->host copy per step for all stats (not one sync per value)
+        keys = list(parts)
+        values = torch.stack([torch.stack(parts[k]).mean() for k in keys]).tolist()
+        sums = dict(zip(keys, values))
+        finite = all(math.isfinite(v) for v in values)
+        clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        grad_norm = float(acc.clip_grad_norm_(self.trainable, clip))
+        return sums, grad_norm, finite and math.isfinite(grad_norm)
+
+    def _agree(self, bad: bool) -> tuple[bool, bool]:
+        """(any process non-finite, any process asked to stop), the same on every process."""
+        flags = torch.tensor([float(bad), float(self.stop_signal is not None)], device=self.acc.device)
+        if self.acc.num_processes > 1:
+            flags = self.acc.reduce(flags, reduction="sum")
+        return bool(flags[0] > 0), bool(flags[1] > 0)
+
+    # -- periodic work -----------------------------------------------------------------------------
+    def _checkpoint(self, step: int) -> None:
+        epoch, batch = self.sampler.position(step)
+        save_checkpoint(self.acc, self.run_dir, step,
+                        {"epoch": epoch, "batch_in_epoch": batch, "samples_seen": step * self.cfg.train.batch_size,
+                         "num_train_records": self.sampler.num_records, "seed": self.cfg.train.seed,
+                         "num_processes": self.acc.num_processes, "stage": self.cfg.stage},
+                        self.cfg.train.keep_checkpoints)
+        self.saved_step = step
+        self._write_run_info(finished=False)
+
+    @torch.no_grad()
+    def _validate(self, step: int) -> None:
+        if self.val_set is None:
+            return
+        model = self.model
+        model.eval()
+        batches = eval_batches(self.val_set, self.sampler.per_process, self.cfg.train.val_batches,
+                               self.acc.process_index, self.acc.num_processes)
+        total = torch.zeros(2, device=self.acc.device)
+        for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
+            out = model(x.to(self.acc.device), generator=step_generator(self.cfg.train.seed, 0, k, salt=1))
+            count = torch.tensor(float(len(x)), device=total.device)
+            total += torch.stack([out["loss"].detach().float() * count, count])
+        model.train()
+        self._keep_stage0_frozen()
+        if self.acc.num_processes > 1:
+            total = self.acc.reduce(total, reduction="sum")
+        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)))
+
+    @torch.no_grad()
+    def _figure(self, step: int) -> None:
+        from ecgpos.pretrain.figures import plot_latent_reconstruction, plot_reconstruction, plot_training_curves
+
+        if not self.acc.is_main_process:
+            return
+        model = self.acc.unwrap_model(self.model)
+        model.eval()
+        x = self.figure_set[0][None].to(self.acc.device)
+        with self.acc.autocast():
+            out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2))
+        model.train()
+        self._keep_stage0_frozen()
+        folder = self.run_dir / "figures"
+        x_np, mask = x[0].float().cpu().numpy(), out["mask"][0].cpu().numpy()
+        title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
+        if self.cfg.stage == 0:
+            recon = model.to_signal_units(x, out["pred"])[0].float().cpu().numpy()
+            plot_reconstruction(x_np, recon, mask, folder / f"recon-step-{step:07d}.png", self.cfg.preprocess.fs,
+                                f"Stage 0 {title} (input black, masked grey, reconstruction red)")
+        else:
+            plot_latent_reconstruction(x_np, out["target"][0].float().cpu().numpy(),
+                                       out["pred"][0].float().cpu().numpy(), mask,
+                                       folder / f"latent-step-{step:07d}.png", self.cfg.preprocess.fs,
+                                       f"Stage 1 {title}")
+        plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
+
+    def _keep_stage0_frozen(self) -> None:
+        stage0 = stage0_of(self.acc.unwrap_model(self.model))
+        if stage0 is not None:
+            stage0.eval()
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def run(self) -> int:
+        # Signal handlers can only be installed from the main thread (a run started from another
+        # thread, e.g. inside a notebook worker, trains without them).
+        in_main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS} if in_main else {}
+        try:
+            return self._run()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            from accelerate.state import AcceleratorState
+
+            if getattr(self, "acc", None) is not None:
+                self.acc.end_training()  # destroys the process group of a multi-process run
+            AcceleratorState._reset_state(True)  # a later run in this process (tests, demo) starts afresh
+
+    def _run(self) -> int:
+        from tqdm.auto import tqdm
+
+        self._setup()
+        self._write_run_files()
+        cfg, acc, total = self.cfg, self.acc, self.cfg.optim.steps
+        self.step = self.saved_step = self.start_step
+        if self.step >= total:
+            acc.print(f"ecgpos pretrain: {self.run_dir} already finished at step {self.step}")
+            self._write_run_info(finished=True)
+            return 0
+        loader = train_loader(self.train_set, self.sampler, cfg.train.num_workers)
+        batches = iter(loader)
+        self.model.train()
+        self._keep_stage0_frozen()
+        acc.print(f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
+                  f"global batch {cfg.train.batch_size} "
+                  f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
+                  f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}")
+        bar = tqdm(total=total, initial=self.step, disable=not (acc.is_main_process and sys.stderr.isatty()),
+                   dynamic_ncols=True, desc=f"stage {cfg.stage}")
+        while self.step < total:
+            started = time.perf_counter()
+            stats, grad_norm, finite = self._train_step(batches, self.step)
+            bad, stop = self._agree(not finite)
+            if bad:
+                last = newest_checkpoint(self.run_dir)
+                self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {self.step + 1}")
+                if acc.is_main_process:
+                    print(f"ecgpos pretrain: error: non-finite loss or gradient at step {self.step + 1} "
+                          f"(loss {stats.get('loss')}, grad norm {grad_norm}); stopped before the update. "
+                          f"Last good checkpoint: {last or 'none'}", file=sys.stderr)
+                bar.close()
+                self.metrics.close()
+                return 1
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            self.metrics.add(stats, grad_norm, lr_at(self.step - 1, cfg.optim), time.perf_counter() - started)
+            if self.step % cfg.train.log_every == 0 or self.step == total or stop:
+                record = self.metrics.flush(self.step, self.step / self.sampler.steps_per_epoch,
+                                            cfg.train.batch_size, acc)
+                if record is not None:
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+                    if bar.disable and acc.is_main_process:  # no progress bar: a log line
+                        print(self.metrics.describe(record, total), flush=True)
+            bar.update(1)
+            if self.val_set is not None and (self.step % cfg.train.val_every == 0 or self.step == total):
+                self._validate(self.step)
+            if self.step % cfg.train.figure_every == 0 or self.step == total:
+                self._figure(self.step)
+            if self.step % cfg.train.checkpoint_every == 0 or self.step == total:
+                self._checkpoint(self.step)
+            if stop and self.step < total:  # a signal during the last step: just finish
+                if self.saved_step != self.step:
+                    self._checkpoint(self.step)
+                name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another process"
+                self._write_run_info(finished=False, stopped=f"{name} at step {self.step}")
+                acc.print(f"ecgpos pretrain: stopped by {name} at step {self.step}; checkpoint saved, "
+                          "continue with --resume auto")
+                bar.close()
+                self.metrics.close()
+                return 0
+        bar.close()
+        self.metrics.close()
+        self._write_run_info(finished=True)
+        acc.print(f"ecgpos pretrain: finished {total} steps; run folder {self.run_dir}")
+        return 0

@@ -1,0 +1,49 @@
+"""Files ecgpos ships or looks for: the shipped run configs, and the folder of real sample records.
+
+The top-level `configs/` folder is installed as the package-data package `ecgpos.configs`, so a
+shipped config is found by name (`--config stage0`, `--config tiny/stage1`) from a checkout, an
+editable install and a wheel alike.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from ecgpos.errors import ConfigError
+
+CONFIG_PACKAGE = "ecgpos.configs"
+DATA_ENV_VAR = "ECGPOS_SAMPLE_DATA"
+
+
+def config_dir() -> Path:
+    """The folder of shipped configs (stage0.yaml, stage1.yaml, stmem12.yaml, tiny/)."""
+    try:
+        return Path(str(resources.files(CONFIG_PACKAGE)))
+    except ModuleNotFoundError:  # a checkout on PYTHONPATH, not installed: configs/ beside ecgpos/
+        return Path(__file__).resolve().parents[1] / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the shipped configs, e.g. ['stage0', 'stage1', 'stmem12', 'tiny/stage0', ...]."""
+    root = config_dir()
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def config_path(name_or_path: str | Path) -> Path:
+    """An existing YAML file, or a shipped config by name ('stage0', 'tiny/stage1', 'stage0.yaml')."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    name = str(name_or_path).removesuffix(".yaml")
+    shipped = config_dir() / f"{name}.yaml"
+    if not path.is_absolute() and shipped.is_file():
+        return shipped
+    raise ConfigError(f"config {name_or_path} is neither a file nor a shipped config "
+                      f"({', '.join(shipped_configs())})")
+
+
+def sample_data_root() -> Path:
+    """The real sample records: $ECGPOS_SAMPLE_DATA, default ../shared/data beside the checkout."""
+    default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return Path(os.environ.get(DATA_ENV_VAR, default)).resolve()
