@@ -20,8 +20,9 @@ from pathlib import Path
 import h5py
 
 from ecgpos import __version__
-from ecgpos.ecg.shards import atomic_write_bytes, shard_name
+from ecgpos.ecg.shards import shard_name
 from ecgpos.errors import ConfigError, EcgposError
+from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1

@@ -62,11 +62,6 @@ class Prepared:
     dead: list[str]
 
 
-def prepare(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Prepared:
-    """Validate and preprocess one record; raise SignalError(reason) when it must be skipped."""
-    return prepare_many([validate(record, spec, policy)], spec)[0]
-
-
 @dataclass
 class Validated:
     """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads."""
@@ -77,7 +72,7 @@ class Validated:
 
 
 def validate(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Validated:
-    """Every skip check of `prepare` (raises SignalError(reason)), without the signal processing."""
+    """Every skip check of a record (raises SignalError(reason)), without the signal processing."""
     x = to_canonical_order(np.asarray(record.signal), record.leads)  # raises missing/duplicate/unknown lead
     if abs(record.fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{record.fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")

@@ -4,12 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from ecgpos.models.factory import module_from_arch
+from ecgpos.models.factory import random_init
 
 
 @dataclass
@@ -46,9 +45,5 @@ def load_probe_encoder(path: str) -> ProbeEncoder:
 
 def random_twin(enc: ProbeEncoder, seed: int = 0) -> ProbeEncoder:
     """The random-init baseline: same architecture and spec, weights drawn from `seed`."""
-    with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was
-        torch.manual_seed(seed)
-        module = module_from_arch(enc.arch).eval()  # the model's own initialisation
-    for p in module.parameters():
-        p.requires_grad_(False)
+    module = random_init(enc.arch, seed)
     return ProbeEncoder(module, enc.spec, enc.arch, f"random-init ({enc.label})", f"random-twin:{enc.source}")

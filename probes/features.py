@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import weights_hash
+from ecgpos.files import atomic_path
 from ecgpos.models.features import record_windows, window_features
 from probes.datasets import RecordLocator, read_record
 
@@ -101,10 +101,9 @@ def _load_cache(path: Path) -> dict[str, np.ndarray]:
 
 def _save_cache(path: Path, store: dict[str, np.ndarray]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}.npz")
     ids = sorted(store)
-    np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
-    os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new file, never half of one
+    with atomic_path(path, suffix=".npz") as tmp:  # a concurrent reader sees the old or the new file
+        np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
 
 
 def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], locator: RecordLocator,

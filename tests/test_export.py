@@ -21,8 +21,9 @@ from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import CONFIG_FILE, ONNX_FILE, WEIGHTS_FILE, state_sha256
-from ecgpos.export.load import load_encoder, read_weights
+from ecgpos.export.load import load_encoder
 from ecgpos.export.vectors import make_inputs
+from ecgpos.files import read_safetensors as read_weights
 from ecgpos.resources import config_dir
 
 CONFIG_DIR = config_dir()

@@ -18,8 +18,9 @@ import torch
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
-from ecgpos.export.writer import check_reload, make_public, training_summary, write_export
+from ecgpos.export.writer import check_reload, make_public, write_export
 from ecgpos.inference.resolve import load_run_encoder
+from ecgpos.pretrain.run_folder import training_summary
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,6 @@ readers list `shard-*.h5` rather than counting.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
+from ecgpos.files import atomic_path
 
 SHARD_GLOB = "shard-*.h5"
 _WRITE_BLOCK = 64  # records padded and written at a time
@@ -30,16 +30,6 @@ def shard_name(chunk: int) -> str:
     return f"shard-{chunk:05d}.h5"
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a process-unique temporary name, then rename (readers never see half a file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def write_shard(path: Path, signals: Sequence[np.ndarray], record_ids: Sequence[str], spec: PreprocessSpec,
                 attrs: dict | None = None) -> None:
     """Write float32 (12, length_i) signals as one shard, atomically (temporary name, then rename)."""
@@ -47,9 +37,9 @@ def write_shard(path: Path, signals: Sequence[np.ndarray], record_ids: Sequence[
         raise ValueError("a shard needs at least one record")
     lengths = np.array([s.shape[-1] for s in signals], dtype=np.int32)
     width = max(int(lengths.max()), spec.window)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     leads = signals[0].shape[0]
-    with h5py.File(tmp, "w") as f:  # h5py does not record object times by default: same bytes for same input
+    # h5py does not record object times by default: the same input gives the same bytes
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for key, value in {**spec.to_h5_attrs(), **(attrs or {})}.items():
             f.attrs[key] = value
         data = f.create_dataset("signals", shape=(len(signals), leads, width), dtype=spec.dtype,
@@ -62,12 +52,22 @@ def write_shard(path: Path, signals: Sequence[np.ndarray], record_ids: Sequence[
             data[start:start + len(part)] = block
         f.create_dataset("lengths", data=lengths)
         f.create_dataset("record_id", data=list(record_ids), dtype=h5py.string_dtype())
-    os.replace(tmp, path)
 
 
 def shard_paths(folder: str | Path) -> list[Path]:
     """The shard files of a set, in chunk order."""
     return sorted(Path(folder).glob(SHARD_GLOB))
+
+
+def shard_files(folder: str | Path) -> list[Path]:
+    """The shard files of a folder; ConfigError when the folder is missing or holds none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError(f"shard folder {folder} does not exist")
+    paths = sorted(folder.glob(SHARD_GLOB))
+    if not paths:
+        raise ConfigError(f"shard folder {folder} holds no {SHARD_GLOB} files (run `ecgpos preprocess` first)")
+    return paths
 
 
 def read_shard_spec(folder: str | Path) -> PreprocessSpec:

@@ -115,12 +115,6 @@ def resampled_length(n: int, fs_in: float, fs_out: float) -> int:
     return -(-n * up // down)
 
 
-def centre_window(x: np.ndarray, window: int) -> np.ndarray:
-    """The centred `window` samples of x (leads, time); x must be at least that long."""
-    start = (x.shape[-1] - window) // 2
-    return x[..., start:start + window]
-
-
 def window_starts(length: int, window: int, count: int) -> list[int]:
     """Start indices of `count` windows spread evenly over a record (one centred window if count == 1)."""
     if length < window:
@@ -191,7 +185,7 @@ def preprocess_batch(x: np.ndarray, fs: float, spec: PreprocessSpec, dead: np.nd
 def preprocess_signal(x: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> np.ndarray:
     """Raw (leads, time) in mV at rate fs, any lead order -> float32 (12, T') at spec.fs, canonical order.
 
-    The full record is returned (no windowing): callers pick windows with `centre_window` /
+    The full record is returned (no windowing): callers pick windows with
     `window_starts`. Dead leads (peak-to-peak < DEAD_LEAD_PTP_MV) come out exactly zero. Raises
     SignalError for unknown/missing/duplicate leads, NaN/inf samples and rates that cannot be
     resampled exactly.

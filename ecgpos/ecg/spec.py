@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ecgpos.config import from_dict
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.errors import ConfigError
 
@@ -56,14 +57,8 @@ class PreprocessSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreprocessSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown preprocessing spec key(s): {', '.join(unknown)}")
-        values = dict(data)
-        if "leads" in values:
-            values["leads"] = tuple(str(x) for x in values["leads"])
-        return cls(**values)
+        """ecgpos.config's parser: unknown keys and wrong types are ConfigError."""
+        return from_dict(cls, data, prefix="preprocess.")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

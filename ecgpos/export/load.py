@@ -20,6 +20,7 @@ from ecgpos.ecg.signal import resampled_length
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, state_sha256
+from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
 
 
@@ -49,39 +50,6 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors of a .safetensors file (safetensors cannot execute code, unlike pickle)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise EcgposError(f"{path} is missing: the export folder has no weights")
-    try:
-        return load_file(str(path), device="cpu")
-    except (SafetensorError, OSError, ValueError) as err:
-        raise EcgposError(f"{path} is not a readable safetensors file: {str(err).splitlines()[0]}") from None
-
-
-def check_state_matches(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor], what: str) -> None:
-    """Raise EcgposError naming missing/extra keys and shape/dtype mismatches between two state dicts."""
-    missing = sorted(set(expected) - set(found))
-    extra = sorted(set(found) - set(expected))
-
-    def names(keys: list[str]) -> str:
-        return f"{len(keys)} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
-
-    problems = ([f"missing {names(missing)}"] if missing else []) + ([f"unexpected {names(extra)}"] if extra else [])
-    for name in sorted(set(expected) & set(found)):
-        want, got = expected[name], found[name]
-        if tuple(want.shape) != tuple(got.shape):
-            problems.append(f"{name} has shape {tuple(got.shape)}, architecture needs {tuple(want.shape)}")
-        elif want.dtype != got.dtype:
-            problems.append(f"{name} has dtype {got.dtype}, expected {want.dtype}")
-    if problems:
-        raise EcgposError(f"{what} does not match the architecture in {CONFIG_FILE}: {'; '.join(problems[:4])}")
-
-
 def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], what: str) -> nn.Module:
     """Rebuild the encoder from `arch` and load `state` strictly; every mismatch is an EcgposError."""
     from ecgpos.models.factory import encoder_from_state
@@ -95,9 +63,8 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
         text = " ".join(str(err).split())
         raise EcgposError(f"{what} does not fit the architecture in {CONFIG_FILE}: "
                           f"{text[:400]}{'...' if len(text) > 400 else ''}") from None
-    # Independent of the factory's own strictness: the module must now hold exactly these tensors.
+    # The module must now hold exactly these tensors (the factory compared keys, shapes and dtypes).
     loaded = module.state_dict()
-    check_state_matches(loaded, state, what)
     for name, tensor in state.items():
         if not torch.equal(loaded[name].cpu(), tensor):
             raise EcgposError(f"{what}: tensor {name} was not loaded into the rebuilt encoder")
@@ -184,7 +151,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     except (EcgposError, TypeError) as err:
         raise EcgposError(f"{folder / CONFIG_FILE}: invalid preprocess spec: {err}") from None
     weights_path = folder / WEIGHTS_FILE
-    state = read_weights(weights_path)
+    state = read_safetensors(weights_path, "weights in the export folder")
     digest = state_sha256(state)
     if digest != config["weights_sha256"]:
         raise EcgposError(f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from ecgpos import __version__
-from ecgpos.config import read_yaml
 from ecgpos.errors import EcgposError
 from ecgpos.export.card import render_card
 from ecgpos.export.format import (
@@ -36,67 +35,6 @@ from ecgpos.models.features import window_features
 
 POOLING = "mean over patch tokens (SEP tokens excluded), then the final LayerNorm"
 EXACT_TOL = 1e-6  # reloaded export vs training module on CPU: same weights, same code
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return {}
-
-
-def _shards_summary(shards: Any) -> dict[str, Any]:
-    """Source corpora and record count of the shard folder(s), from their preprocess.json files."""
-    folders = [shards] if isinstance(shards, (str, Path)) else list(shards or [])
-    sources, records = [], 0
-    for folder in folders:
-        info = _read_json(Path(str(folder)) / "preprocess.json")
-        settings = info.get("settings") if isinstance(info.get("settings"), dict) else {}
-        sources.append(str(info.get("source") or settings.get("source") or folder))
-        counts = info.get("counts") if isinstance(info.get("counts"), dict) else {}
-        records = None if records is None or counts.get("stored") is None else records + int(counts["stored"])
-    out: dict[str, Any] = {"data": " + ".join(sources)} if sources else {}
-    if sources and records is not None:
-        out["records"] = records
-    return out
-
-
-def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) -> dict[str, Any]:
-    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`."""
-    run_info = {**_read_json(run_dir / "run_info.json"), **{k: v for k, v in info.items() if _jsonable(v)}}
-    config = read_yaml(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else {}
-    optim, train = config.get("optim", {}) or {}, config.get("train", {}) or {}
-    push_pull = config.get("push_pull", {}) or {}
-    summary: dict[str, Any] = {
-        "name": run_dir.resolve().name,
-        "run_dir": str(run_dir.resolve()),
-        "stage": run_info.get("stage", config.get("stage", 1 if arch.get("kind") == "nested" else 0)),
-        "step": run_info.get("step"),
-        "steps": optim.get("steps"),
-        "finished": run_info.get("finished"),
-        "batch_size": train.get("batch_size"),
-        "lr": optim.get("lr"),
-        "mask_ratio": config.get("mask_ratio"),
-        "push_pull": (f"on (alpha {push_pull.get('alpha')}, lambda {push_pull.get('lambda_pp')}, "
-                      f"{push_pull.get('perturbation')})") if push_pull.get("enabled") else
-                     ("off" if push_pull else None),
-        "records": run_info.get("num_train_records"),
-        "stage0": run_info.get("stage0"),
-        "checkpoint": run_info.get("checkpoint") or info.get("checkpoint"),
-    }
-    if summary["stage"] != 1:
-        summary.pop("push_pull")  # a Stage-1 objective; meaningless for a Stage-0 run
-    shards = _shards_summary(run_info.get("shards") or config.get("shards"))
-    summary.update({k: v for k, v in shards.items() if summary.get(k) is None})
-    return {k: v for k, v in summary.items() if v is not None}
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False
 
 
 def weights_state(module: nn.Module) -> dict[str, torch.Tensor]:

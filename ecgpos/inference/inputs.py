@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ecgpos.ecg.shards import SHARD_GLOB
 from ecgpos.ecg.signal import check_finite, preprocess_signal
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
@@ -142,7 +143,7 @@ def open_source(path: Path, fs: float | None, leads: str | None, spec: Preproces
         return npy_source(path, fs, leads, spec)
     if fs is not None or leads:
         raise EcgposError("--fs and --leads apply to .npy input only (WFDB headers and shards carry their own)")
-    if (path.is_dir() and any(path.glob("shard-*.h5"))) or (path.suffix == ".h5" and path.is_file()):
+    if (path.is_dir() and any(path.glob(SHARD_GLOB))) or (path.suffix == ".h5" and path.is_file()):
         return shard_source(path, spec)
     if path.is_dir() or path.with_suffix(".hea").is_file() or path.suffix == ".hea":
         return wfdb_source(path, spec)

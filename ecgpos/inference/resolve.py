@@ -6,16 +6,15 @@ baseline). Anything unloadable raises EcgposError with one line.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from torch import nn
 
-from ecgpos.config import to_dict
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.models.factory import random_init
 from ecgpos.pretrain.checkpoint import read_trainer_state
 from ecgpos.pretrain.run_config import load_run_config
 from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
@@ -62,19 +61,14 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
 
     Stage-0 configs give an STMEMEncoder; Stage-1 configs a NestedEncoder whose Stage-0 part uses
     the same encoder section (a Stage-1 config must have the Stage-0 width and layout anyway).
-    The global RNG is left as it was.
     """
-    from ecgpos.models.latent_encoder import LatentEncoder
-    from ecgpos.models.nested import NestedEncoder
-
     cfg = load_run_config(config_path)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        stage0 = STMEMEncoder(cfg.encoder)
-        module = stage0 if cfg.stage == 0 else NestedEncoder(stage0, LatentEncoder(cfg.encoder))
-    module = _freeze(module)
-    return LoadedEncoder(module, cfg.preprocess, _arch(module), f"random:{config_path}",
-                         {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": to_dict(cfg.encoder)})
+    encoder = dataclasses.asdict(cfg.encoder)
+    arch = ({"kind": "stage0", "encoder": encoder} if cfg.stage == 0 else
+            {"kind": "nested", "stage0": encoder, "stage1": encoder})
+    module = random_init(arch, seed)
+    return LoadedEncoder(module, cfg.preprocess, arch, f"random:{config_path}",
+                         {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder})
 
 
 def load_export(path: str | Path) -> LoadedEncoder:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ecgpos.config import from_dict
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.nested import NestedEncoder
@@ -24,19 +25,12 @@ ARCH_KINDS = ("stage0", "nested")
 
 
 def encoder_config(cfg: EncoderConfig | Mapping[str, Any]) -> EncoderConfig:
-    """EncoderConfig from itself or a dict; unknown keys or bad values raise ConfigError."""
+    """EncoderConfig from itself or a dict (ecgpos.config's parser: unknown keys and bad values are ConfigError)."""
     if isinstance(cfg, EncoderConfig):
         return cfg
     if not isinstance(cfg, Mapping):
         raise ConfigError(f"encoder config must be a mapping, got {type(cfg).__name__}")
-    known = {f.name for f in dataclasses.fields(EncoderConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ConfigError(f"unknown encoder config keys: {', '.join(unknown)}")
-    try:
-        return EncoderConfig(**dict(cfg))
-    except TypeError as exc:  # e.g. a value of the wrong type reaching a comparison
-        raise ConfigError(f"invalid encoder config: {exc}") from None
+    return from_dict(EncoderConfig, cfg, prefix="encoder.")
 
 
 def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
@@ -51,12 +45,7 @@ def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEnc
 def build_nested(stage0: EncoderConfig | Mapping[str, Any],
                  stage1: EncoderConfig | Mapping[str, Any]) -> NestedEncoder:
     """Freshly initialised NestedEncoder(STMEMEncoder(stage0), LatentEncoder(stage1))."""
-    s0, s1 = build_encoder("stage0", stage0), build_encoder("stage1", stage1)
-    if (s0.width, s0.num_leads, s0.num_patches) != (s1.width, s1.num_leads, s1.num_patches):
-        raise ConfigError("stage-1 encoder width/leads/patches must match the stage-0 encoder "
-                          f"({s1.width}/{s1.num_leads}/{s1.num_patches} vs "
-                          f"{s0.width}/{s0.num_leads}/{s0.num_patches})")
-    return NestedEncoder(s0, s1)
+    return NestedEncoder(build_encoder("stage0", stage0), build_encoder("stage1", stage1))
 
 
 def encoder_arch(module: nn.Module) -> dict[str, Any]:
@@ -83,19 +72,32 @@ def module_from_arch(arch: Mapping[str, Any]) -> STMEMEncoder | NestedEncoder:
     return build_nested(arch["stage0"], arch["stage1"])
 
 
-def _state_mismatch(module: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> str:
-    """One line describing how state_dict differs from module's (empty when it fits)."""
-    own = module.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [f"{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in state_dict and tuple(state_dict[k].shape) != tuple(v.shape)]
+def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str:
+    """One line saying how `found` differs from `expected` (missing/unexpected keys, shapes, dtypes);
+    empty when every tensor fits. The one state-dict comparison for runs, exports and probes."""
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    shapes = [f"{k} {tuple(found[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
+              if k in found and tuple(found[k].shape) != tuple(v.shape)]
+    dtypes = [f"{k} {found[k].dtype} vs {v.dtype}" for k, v in expected.items()
+              if k in found and tuple(found[k].shape) == tuple(v.shape) and found[k].dtype != v.dtype]
     parts = []
-    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes)):
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes),
+                         ("dtype mismatch", dtypes)):
         if items:
             more = f" (+{len(items) - 3} more)" if len(items) > 3 else ""
             parts.append(f"{label}: {', '.join(items[:3])}{more}")
     return "; ".join(parts)
+
+
+def random_init(arch: Mapping[str, Any], seed: int = 0) -> STMEMEncoder | NestedEncoder:
+    """The random-init baseline of `arch`: the model's own initialisation drawn from `seed`, frozen,
+    in eval mode; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = module_from_arch(arch)
+    module.requires_grad_(False)
+    return module.eval()
 
 
 def encoder_from_state(arch: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
@@ -104,7 +106,7 @@ def encoder_from_state(arch: Mapping[str, Any], state_dict: Mapping[str, torch.T
     Any missing/unexpected key or shape difference raises EcgposError with one line.
     """
     module = module_from_arch(arch)
-    problem = _state_mismatch(module, state_dict)
+    problem = state_mismatch(module.state_dict(), state_dict)
     if problem:
         raise EcgposError(f"weights do not match the {arch['kind']} encoder arch: {problem}")
     try:

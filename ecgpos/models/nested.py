@@ -11,8 +11,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ecgpos.errors import ConfigError
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
+
+# What Stage 1 must share with Stage 0: it reads Stage-0 tokens, so the same width and token layout.
+SHARED_LAYOUT = ("width", "num_leads", "seq_len", "patch_size")
+
+
+def check_stages_fit(stage0: EncoderConfig, stage1: EncoderConfig, what: str = "the Stage-0 encoder") -> None:
+    """ConfigError (one line) unless a Stage-1 encoder config can read `stage0`'s tokens."""
+    for name in SHARED_LAYOUT:
+        if getattr(stage0, name) != getattr(stage1, name):
+            raise ConfigError(f"{what} has {name} {getattr(stage0, name)} but the Stage-1 encoder's {name} is "
+                              f"{getattr(stage1, name)} (Stage 1 runs at the Stage-0 width and token layout)")
 
 
 class NestedEncoder(nn.Module):
@@ -20,6 +32,7 @@ class NestedEncoder(nn.Module):
 
     def __init__(self, stage0: STMEMEncoder, stage1: LatentEncoder) -> None:
         super().__init__()
+        check_stages_fit(stage0.cfg, stage1.cfg)
         self.stage0 = stage0
         self.stage1 = stage1
         self.width = stage1.width

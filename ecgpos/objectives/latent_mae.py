@@ -13,16 +13,13 @@ loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import torch
 from torch import nn
 
-from ecgpos.errors import ConfigError
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.masking import check_mask_ratio
-from ecgpos.models.nested import NestedEncoder
+from ecgpos.models.nested import NestedEncoder, check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
 from ecgpos.objectives.stage0_mae import masked_mse, normalise_tokens
@@ -42,10 +39,7 @@ class LatentMaskedAutoencoder(nn.Module):
                  mask_ratio: float = 0.75, norm_target: bool = False,
                  push_pull: PushPullConfig | None = None) -> None:
         super().__init__()
-        for name in ("width", "num_leads", "num_patches"):
-            if getattr(stage0, name) != getattr(encoder, name):
-                raise ConfigError(f"stage-1 encoder {name} {getattr(encoder, name)} does not match "
-                                  f"the stage-0 encoder's {getattr(stage0, name)}")
+        check_stages_fit(stage0.cfg, encoder.cfg)
         check_mask_ratio(mask_ratio, encoder.num_patches)
         self.stage0 = stage0
         self.stage0.requires_grad_(False)
@@ -63,10 +57,6 @@ class LatentMaskedAutoencoder(nn.Module):
         super().train(mode)
         self.stage0.eval()
         return self
-
-    def trainable_parameters(self) -> Iterator[nn.Parameter]:
-        """Stage-1 parameters only (what the optimizer should receive)."""
-        return (p for p in self.parameters() if p.requires_grad)
 
     def latent_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Frozen Stage-0 tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""

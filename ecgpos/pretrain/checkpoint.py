@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ecgpos.errors import EcgposError
+from ecgpos.files import atomic_write_json
 from ecgpos.pretrain.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints
 
 
@@ -54,15 +55,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as handle:
-        json.dump(data, handle, separators=(",", ":"))  # compact: the RNG states are long lists
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_state: dict[str, Any],
                     keep: int) -> Path:
     """Write checkpoint `step` atomically on all processes (collective call); prune to `keep`.
@@ -83,7 +75,7 @@ def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_st
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        _write_json(tmp / STATE_FILE, {**trainer_state, "step": step, "rng": rng})
+        atomic_write_json(tmp / STATE_FILE, {**trainer_state, "step": step, "rng": rng}, compact=True)
         if final.exists():  # the same step saved again (e.g. signal right after a periodic save)
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ecgpos.ecg.shards import shard_files
 from ecgpos.errors import ConfigError
 
-SHARD_GLOB = "shard-*.h5"
 MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
 
 
@@ -52,17 +52,6 @@ class RecordIndex:
         keep = np.asarray(keep, dtype=np.int64)
         return RecordIndex(self.paths, self.shard[keep], self.row[keep], self.length[keep],
                            tuple(self.record_id[i] for i in keep))
-
-
-def shard_files(folder: str | Path) -> list[Path]:
-    """The shard files of a folder; ConfigError when the folder is missing or holds none."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ConfigError(f"shard folder {folder} does not exist")
-    paths = sorted(folder.glob(SHARD_GLOB))
-    if not paths:
-        raise ConfigError(f"shard folder {folder} holds no {SHARD_GLOB} files (run `ecgpos preprocess` first)")
-    return paths
 
 
 def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:

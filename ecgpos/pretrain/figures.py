@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.files import atomic_path
 
 
 def _plt():
@@ -143,8 +144,7 @@ def _save(fig, path: str | Path) -> Path:
     plt = _plt()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with atomic_path(path, suffix=".png") as tmp:  # a viewer never sees half a PNG
+        fig.savefig(tmp, dpi=90)
     plt.close(fig)
-    tmp.replace(path)  # a viewer never sees half a PNG
     return path

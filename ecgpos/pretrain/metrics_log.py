@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ecgpos.files import atomic_write_text
 from ecgpos.pretrain.run_folder import METRICS_FILE, TB_DIR
 
 
@@ -32,9 +33,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
             continue
         if int(record.get("step", 0)) <= last_step:
             kept.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    tmp.replace(path)
+    atomic_write_text(path, "".join(k + "\n" for k in kept))
 
 
 class MetricsLog:

@@ -35,8 +35,7 @@ class RunPlan:
 
 def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
     """The shards' spec, checked against the config's for every folder (ConfigError naming each difference)."""
-    from ecgpos.ecg.shards import read_shard_spec
-    from ecgpos.pretrain.data import shard_files
+    from ecgpos.ecg.shards import read_shard_spec, shard_files
 
     spec = None
     for folder in folders:
@@ -49,7 +48,7 @@ def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
 def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
     """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder."""
     from ecgpos.config import load_config
-    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+    from ecgpos.pretrain.run_folder import RUN_CONFIG, is_run_dir, load_run_model
     from ecgpos.pretrain.stages import check_stage0_fits, stage0_config_dict
 
     if not path.exists():
@@ -63,7 +62,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
                               "not of a Stage-0 encoder")
         encoder, spec, info = exported.encoder, exported.spec, {"kind": "export"}
     elif is_run_dir(path):
-        run_stage = load_config(RunConfig, path / "config.yaml").stage  # before loading any weights
+        run_stage = load_config(RunConfig, path / RUN_CONFIG).stage  # before loading any weights
         if run_stage != 0:
             raise ConfigError(f"--stage0 {path} is a Stage-{run_stage} run, not a Stage-0 run")
         model, run_cfg, checkpoint, run_info = load_run_model(path)
@@ -87,18 +86,18 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
     from ecgpos.config import load_config
-    from ecgpos.pretrain.run_folder import newest_checkpoint, read_run_info
+    from ecgpos.pretrain.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} exists and is not a folder")
-    has_run = run_dir.is_dir() and ((run_dir / "metrics.jsonl").exists() or newest_checkpoint(run_dir) is not None)
+    has_run = run_dir.is_dir() and ((run_dir / METRICS_FILE).exists() or newest_checkpoint(run_dir) is not None)
     if not has_run:
         return False
     if not resume:
         raise ConfigError(f"--run-dir {run_dir} already holds a run: pass --resume auto to continue it, "
                           "or choose a new folder")
-    if (run_dir / "config.yaml").is_file():
-        diffs = config_differences(load_config(RunConfig, run_dir / "config.yaml"), cfg)
+    if (run_dir / RUN_CONFIG).is_file():
+        diffs = config_differences(load_config(RunConfig, run_dir / RUN_CONFIG), cfg)
         if diffs:
             raise ConfigError(f"the config differs from the run's config.yaml, cannot resume: {'; '.join(diffs[:4])}")
     saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")

@@ -16,11 +16,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from ecgpos.config import load_config
+from ecgpos.config import load_config, read_yaml
 from ecgpos.errors import EcgposError
+from ecgpos.files import read_safetensors
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 from ecgpos.pretrain.run_config import RunConfig
 
@@ -74,17 +74,6 @@ def is_run_dir(path: str | Path) -> bool:
     return (path / RUN_CONFIG).is_file() and ((path / RUN_INFO).is_file() or (path / "checkpoints").is_dir())
 
 
-def load_run_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """The training model's tensors of a checkpoint (safetensors: no unpickling)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(checkpoint / WEIGHTS_FILE), device="cpu")
-    except (SafetensorError, OSError, ValueError) as err:
-        raise EcgposError(f"{checkpoint / WEIGHTS_FILE} is not readable: {str(err).splitlines()[0]}") from None
-
-
 def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dict]:
     """(training model with the newest complete checkpoint's weights, config, checkpoint, run info)."""
     from ecgpos.pretrain.stages import build_model
@@ -106,10 +95,71 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
             raise EcgposError(f"{run_dir / RUN_INFO} lacks stage0_encoder: cannot rebuild the Stage-1 model")
         stage0 = STMEMEncoder(EncoderConfig(**info["stage0_encoder"]))
     model = build_model(cfg, stage0)
-    state = load_run_weights(checkpoint)
+    state = read_safetensors(checkpoint / WEIGHTS_FILE, "checkpoint weights")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         text = " ".join(str(err).split())
         raise EcgposError(f"{checkpoint / WEIGHTS_FILE} does not fit the run's config: {text[:300]}") from None
     return model, cfg, checkpoint, info
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _shards_summary(shards: Any) -> dict[str, Any]:
+    """Source corpora and record count of the shard folder(s), from their preprocess.json files."""
+    folders = [shards] if isinstance(shards, (str, Path)) else list(shards or [])
+    sources, records = [], 0
+    for folder in folders:
+        info = _read_json(Path(str(folder)) / "preprocess.json")
+        settings = info.get("settings") if isinstance(info.get("settings"), dict) else {}
+        sources.append(str(info.get("source") or settings.get("source") or folder))
+        counts = info.get("counts") if isinstance(info.get("counts"), dict) else {}
+        records = None if records is None or counts.get("stored") is None else records + int(counts["stored"])
+    out: dict[str, Any] = {"data": " + ".join(sources)} if sources else {}
+    if sources and records is not None:
+        out["records"] = records
+    return out
+
+
+def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) -> dict[str, Any]:
+    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`."""
+    run_info = {**_read_json(run_dir / RUN_INFO), **{k: v for k, v in info.items() if _jsonable(v)}}
+    config = read_yaml(run_dir / RUN_CONFIG) if (run_dir / RUN_CONFIG).is_file() else {}
+    optim, train = config.get("optim", {}) or {}, config.get("train", {}) or {}
+    push_pull = config.get("push_pull", {}) or {}
+    summary: dict[str, Any] = {
+        "name": run_dir.resolve().name,
+        "run_dir": str(run_dir.resolve()),
+        "stage": run_info.get("stage", config.get("stage", 1 if arch.get("kind") == "nested" else 0)),
+        "step": run_info.get("step"),
+        "steps": optim.get("steps"),
+        "finished": run_info.get("finished"),
+        "batch_size": train.get("batch_size"),
+        "lr": optim.get("lr"),
+        "mask_ratio": config.get("mask_ratio"),
+        "push_pull": (f"on (alpha {push_pull.get('alpha')}, lambda {push_pull.get('lambda_pp')}, "
+                      f"{push_pull.get('perturbation')})") if push_pull.get("enabled") else
+                     ("off" if push_pull else None),
+        "records": run_info.get("num_train_records"),
+        "stage0": run_info.get("stage0"),
+        "checkpoint": run_info.get("checkpoint") or info.get("checkpoint"),
+    }
+    if summary["stage"] != 1:
+        summary.pop("push_pull")  # a Stage-1 objective; meaningless for a Stage-0 run
+    shards = _shards_summary(run_info.get("shards") or config.get("shards"))
+    summary.update({k: v for k, v in shards.items() if summary.get(k) is None})
+    return {k: v for k, v in summary.items() if v is not None}
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False

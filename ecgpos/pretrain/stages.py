@@ -1,4 +1,4 @@
-"""The training models of both stages, built from a RunConfig (shared by train, encoders, bench).
+"""The training model of each stage, built from a RunConfig (trainer, run folders, benchmarks).
 
 Stage 0: MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, ...).
 Stage 1: LatentMaskedAutoencoder(frozen Stage-0 encoder, LatentEncoder(cfg.encoder), ...), where
@@ -10,7 +10,8 @@ from torch import nn
 
 from ecgpos.config import to_dict
 from ecgpos.errors import ConfigError
-from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
+from ecgpos.models.nested import check_stages_fit
+from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 from ecgpos.pretrain.run_config import RunConfig
 
@@ -21,13 +22,9 @@ def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
                                 norm_target=cfg.norm_target)
 
 
-def check_stage0_fits(stage0: nn.Module, cfg: RunConfig, what: str) -> None:
+def check_stage0_fits(stage0: STMEMEncoder, cfg: RunConfig, what: str) -> None:
     """ConfigError (one line) unless the Stage-0 encoder's width and token layout match cfg.encoder."""
-    s0: EncoderConfig = stage0.cfg
-    for name in ("width", "num_leads", "seq_len", "patch_size"):
-        if getattr(s0, name) != getattr(cfg.encoder, name):
-            raise ConfigError(f"{what} has {name} {getattr(s0, name)} but the Stage-1 config's encoder.{name} is "
-                              f"{getattr(cfg.encoder, name)} (Stage 1 runs at the Stage-0 width and token layout)")
+    check_stages_fit(stage0.cfg, cfg.encoder, what)
 
 
 def build_stage1_model(cfg: RunConfig, stage0: STMEMEncoder) -> nn.Module:
@@ -58,13 +55,6 @@ def trainable_encoder(model: nn.Module) -> nn.Module:
     if hasattr(model, "nested_encoder"):
         return model.nested_encoder()
     return model.encoder
-
-
-def encoder_arch_of(module: nn.Module) -> dict:
-    """JSON-able architecture of an encoder, through the models' factory."""
-    from ecgpos.models.factory import encoder_arch
-
-    return encoder_arch(module)
 
 
 def stage0_config_dict(stage0: STMEMEncoder) -> dict:

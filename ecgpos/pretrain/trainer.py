@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import sys
@@ -29,6 +28,7 @@ import torch
 from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
+from ecgpos.files import atomic_write_json, atomic_write_text
 from ecgpos.pretrain.checkpoint import load_checkpoint, remove_partial, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
@@ -41,7 +41,7 @@ from ecgpos.pretrain.data import (
 )
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.plan import RunPlan
-from ecgpos.pretrain.run_folder import newest_checkpoint
+from ecgpos.pretrain.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.pretrain.stages import build_model, param_groups, stage0_of
 
@@ -110,8 +110,8 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_partial(self.run_dir)
-        save_config(self.cfg, self.run_dir / "config.yaml")
-        (self.run_dir / "spec.json").write_text(self.cfg.preprocess.to_json() + "\n")
+        save_config(self.cfg, self.run_dir / RUN_CONFIG)
+        atomic_write_text(self.run_dir / SPEC_FILE, self.cfg.preprocess.to_json() + "\n")
         self._write_run_info(finished=False)
 
     def _write_run_info(self, finished: bool, **extra: Any) -> None:
@@ -129,9 +129,7 @@ class Trainer:
         if self.plan.stage0_info:
             info["stage0_encoder"] = self.plan.stage0_info["encoder"]
             info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
-        tmp = self.run_dir / "run_info.json.tmp"
-        tmp.write_text(json.dumps(info, indent=1) + "\n")
-        tmp.replace(self.run_dir / "run_info.json")
+        atomic_write_json(self.run_dir / RUN_INFO, info)
 
     def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
         self.stop_signal = signum
@@ -213,7 +211,7 @@ class Trainer:
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2))
         model.train()
         self._keep_stage0_frozen()
-        folder = self.run_dir / "figures"
+        folder = self.run_dir / FIGURES_DIR
         x_np, mask = x[0].float().cpu().numpy(), out["mask"][0].cpu().numpy()
         title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
         if self.cfg.stage == 0:

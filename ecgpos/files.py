@@ -1,0 +1,69 @@
+"""Writing files so that a reader never sees half of one, and reading safetensors without pickle.
+
+Every file ecgpos writes that another process may read while it is written (shards, sidecars,
+index.csv, run_info.json, checkpoints' trainer state, metrics.jsonl rewrites, figures, feature
+caches) goes through `atomic_path`: written under a process-unique temporary name beside the target,
+then renamed over it, which POSIX makes atomic within a file system.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ecgpos.errors import EcgposError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
+    """Yield a temporary path to write; on success it replaces `path`, on error it is removed.
+
+    `suffix` keeps a file type visible to writers that choose the format by suffix (".png", ".npz").
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes, sync: bool = True) -> None:
+    """Write `data` to `path` atomically (fsync'd first when `sync`, so a crash leaves old or new)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        handle.write(data)
+        if sync:
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def atomic_write_text(path: str | Path, text: str, sync: bool = True) -> None:
+    atomic_write_bytes(path, text.encode(), sync)
+
+
+def atomic_write_json(path: str | Path, data: Any, compact: bool = False) -> None:
+    """JSON with a trailing newline; `compact` for large machine-only files (RNG states)."""
+    text = json.dumps(data, separators=(",", ":")) if compact else json.dumps(data, indent=1)
+    atomic_write_text(path, text + "\n")
+
+
+def read_safetensors(path: str | Path, what: str = "weights") -> dict[str, Any]:
+    """Tensors of a .safetensors file on the CPU; EcgposError (one line) when missing or unreadable.
+
+    safetensors holds only tensors and cannot execute code, unlike pickle.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise EcgposError(f"{path} is missing: no {what}")
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as err:
+        raise EcgposError(f"{path} is not a readable safetensors file: {str(err).splitlines()[0]}") from None
