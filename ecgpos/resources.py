@@ -1,13 +1,13 @@
 """Files ecgpos ships or looks for: the shipped run configs, and the folder of real sample records.
 
-The top-level `configs/` folder is installed as the package-data package `ecgpos.configs`, so a
+The top-level `configs/` folder is installed as the data-only package `ecgpos.configs`, so a
 shipped config is found by name (`--config stage0`, `--config tiny/stage1`) from a checkout, an
 editable install and a wheel alike.
 """
 from __future__ import annotations
 
 import os
-from importlib import resources
+import importlib.util
 from pathlib import Path
 
 from ecgpos.errors import ConfigError
@@ -19,9 +19,14 @@ DATA_ENV_VAR = "ECGPOS_SAMPLE_DATA"
 def config_dir() -> Path:
     """The folder of shipped configs (stage0.yaml, stage1.yaml, stmem12.yaml, tiny/)."""
     try:
-        return Path(str(resources.files(CONFIG_PACKAGE)))
-    except ModuleNotFoundError:  # a checkout on PYTHONPATH, not installed: configs/ beside ecgpos/
+        spec = importlib.util.find_spec(CONFIG_PACKAGE)
+    except ModuleNotFoundError:
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        # a checkout on PYTHONPATH, not installed: configs/ beside ecgpos/
         return Path(__file__).resolve().parents[1] / "configs"
+    # a data-only (namespace) package: its one folder, in a wheel install or an editable one
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def shipped_configs() -> list[str]:

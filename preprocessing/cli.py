@@ -26,8 +26,8 @@ together account for every record (exit 0) or names the missing chunks (exit 2).
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ecgpos preprocess", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                description="Filter (0.67-40 Hz), standardise and resample raw ECG corpora to "
-                                            "250 Hz 12-lead HDF5 shards.")
+                                description="Filter, standardise and resample raw ECG corpora to 12-lead HDF5 "
+                                            f"shards (default spec: {DEFAULT_SPEC.describe()}).")
     p.add_argument("dataset", nargs="?", choices=sorted(SOURCES), help="raw corpus layout")
     p.add_argument("--src", type=Path, help="corpus root (ecg-arrhythmia: folder holding WFDBRecords/; "
                                             "code15: folder with exams.csv and exams_part*.hdf5)")
@@ -46,10 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-dead-leads", type=int, default=DEFAULT_MAX_DEAD_LEADS,
                    help=f"keep records with at most this many flat (dead) leads, stored as exact zeros; "
                         f"more are skipped as dead_leads (default {DEFAULT_MAX_DEAD_LEADS}; 0 skips any)")
-    p.add_argument("--dtype", choices=("float16", "float32"), default=DEFAULT_SPEC.dtype,
-                   help="storage precision of shard signals")
-    p.add_argument("--standardise", choices=("lead", "record"), default=DEFAULT_SPEC.standardise,
-                   help="z-score per lead (paper default) or over the whole record")
+    p.add_argument("--spec", type=Path, default=None,
+                   help="preprocessing spec YAML (keys fs, highpass_hz, lowpass_hz, filter_order, standardise, "
+                        "window, dtype), or a run config whose preprocess: section is used; default: the paper's")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one spec key, e.g. --set lowpass_hz=45 (repeatable)")
+    p.add_argument("--dtype", choices=("float16", "float32"), default=None,
+                   help=f"storage precision of shard signals (same as --set dtype=...; default {DEFAULT_SPEC.dtype})")
+    p.add_argument("--standardise", choices=("lead", "record"), default=None,
+                   help="z-score per lead (paper default) or over the whole record (same as --set standardise=...)")
     p.add_argument("--check", action="store_true",
                    help="do no work: verify that the set in --out is complete (merging it if needed)")
     return p
@@ -66,7 +71,9 @@ def main(argv: Sequence[str]) -> int:
     subset = args.subset
     if args.dataset == "ecg-arrhythmia" and subset is None:
         subset = DEFAULT_SUBSET
-    spec = PreprocessSpec.from_dict({**DEFAULT_SPEC.to_dict(), "dtype": args.dtype, "standardise": args.standardise})
+    flags = [f"{key}={value}" for key, value in (("dtype", args.dtype), ("standardise", args.standardise))
+             if value is not None]
+    spec = PreprocessSpec.load(args.spec, [*args.overrides, *flags])
     req = BuildRequest(dataset=args.dataset, src=args.src.resolve(), out=args.out.resolve(), spec=spec,
                        subset=subset, pad_short=args.pad_short, max_dead_leads=args.max_dead_leads,
                        records_per_shard=args.records_per_shard, workers=args.workers, part=args.part,

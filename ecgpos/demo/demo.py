@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ecgpos.cli import run_command
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError
 from ecgpos.resources import config_path
 
@@ -86,7 +87,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
          f"and a {3 * size.probe_per_class}-record labelled probe set (neurokit2 multi-lead ECGSYN)")
     build_corpora(out, size, seed)
     shards = out / "shards"
-    step("preprocessing both corpora into HDF5 shards (0.67-40 Hz, z-score, 250 Hz)")
+    step(f"preprocessing both corpora into HDF5 shards ({DEFAULT_SPEC.describe()})")
     _run("preprocess", "ecg-arrhythmia", "--src", out / "raw" / "ecg-arrhythmia", "--subset", "ningbo",
          "--out", shards / "ningbo", "--records-per-shard", 64)
     _run("preprocess", "code15", "--src", out / "raw" / "code15", "--out", shards / "code15",

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ecgpos.config import from_dict
+from ecgpos.config import apply_overrides, from_dict, read_yaml
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.errors import ConfigError
 
@@ -59,6 +60,28 @@ class PreprocessSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> PreprocessSpec:
         """ecgpos.config's parser: unknown keys and wrong types are ConfigError."""
         return from_dict(cls, data, prefix="preprocess.")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: Sequence[str] = ()) -> PreprocessSpec:
+        """The spec from a YAML file (+ `key=value` overrides), the defaults filling what it omits.
+
+        The file holds spec keys (fs, highpass_hz, lowpass_hz, filter_order, standardise, window,
+        dtype, ...), or is a run config whose `preprocess:` section is used, so shards can be made
+        with exactly the spec a run expects. Overrides may be written `lowpass_hz=45` or
+        `preprocess.lowpass_hz=45`; unknown keys and impossible values are ConfigError.
+        """
+        data = read_yaml(path) if path is not None else {}
+        if "preprocess" in data:
+            data = data["preprocess"] or {}
+            if not isinstance(data, dict):
+                raise ConfigError(f"{path}: preprocess must be a mapping")
+        plain = [o.removeprefix("preprocess.") for o in overrides]
+        return cls.from_dict(apply_overrides(dict(data), plain))
+
+    def describe(self) -> str:
+        """One line for help texts and logs, e.g. '0.67-40 Hz, lead z-score, 250 Hz, 2250-sample windows'."""
+        return (f"{self.highpass_hz:g}-{self.lowpass_hz:g} Hz, {self.standardise} z-score, {self.fs} Hz, "
+                f"{self.window}-sample windows")
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
