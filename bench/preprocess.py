@@ -40,7 +40,7 @@ from ecgpos.resources import sample_data_root
 def naive(records: list[Path], out: Path, read_per_lead: bool = True) -> float:
     """The baseline over `records`, per record and per lead; returns seconds.
 
-    read_per_lead=True is the issue's wording, every step per lead: `wfdb.rdrecord(channels=[i])`,
+    read_per_lead=True does every step per lead, the read included: `wfdb.rdrecord(channels=[i])`,
     `butter`, `filtfilt`, z-score, FFT `resample`. read_per_lead=False reads each record once and
     does the rest per lead (the stricter baseline, also reported).
     """
@@ -130,7 +130,7 @@ def main() -> None:
         return f"{n / seconds:.1f} records/s ({1e3 * seconds / n:.2f} ms/record)"
 
     print(f"records: {n} ecg-arrhythmia (500 Hz, 10 s, 12 leads), one core")
-    print(f"naive baseline, every step per lead (rdrecord per lead, as the issue words it): {rate(t_lead)}")
+    print(f"naive baseline, every step per lead (rdrecord per lead): {rate(t_lead)}")
     print(f"naive baseline, rdrecord once per record, the rest per lead (stricter): {rate(t_record)}")
     print(f"ecgpos preprocess: {rate(t_ours)}")
     print(f"peak RSS ({rps} records per shard): {small['peak_mb']:.0f} MB for {n} records, "

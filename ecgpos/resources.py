@@ -6,8 +6,8 @@ editable install and a wheel alike.
 """
 from __future__ import annotations
 
-import os
 import importlib.util
+import os
 from pathlib import Path
 
 from ecgpos.errors import ConfigError

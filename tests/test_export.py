@@ -363,7 +363,7 @@ def test_npy_input_with_fs_and_leads(export0: Path, shared_data: Path, tmp_path:
 
 
 def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: Path) -> None:
-    """The issue's done-when command."""
+    """`ecgpos embed` of the PTB-XL sample folder to CSV, as the README shows it."""
     out = tmp_path / "feats.csv"
     assert main(["embed", "--encoder", str(export0), "--input", str(shared_data / "ptbxl" / "records500" / "00000"),
                  "--out", str(out), "--no-progress"]) == 0

@@ -105,3 +105,9 @@ def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(share
     assert rc == 2
     err = capsys.readouterr().err
     assert "lowpass_hz: 40.0 != 45.0" in err and not (tmp_path / "run").exists()
+
+
+def test_one_citation() -> None:
+    from ecgpos.export.card import BIBTEX
+
+    assert BIBTEX in (ROOT / "README.md").read_text()

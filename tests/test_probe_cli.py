@@ -1,4 +1,4 @@
-"""`ecgpos probe`: bad inputs, feature cache, custom tasks, --compare, and the done-when run."""
+"""`ecgpos probe`: bad inputs, feature cache, custom tasks, --compare, and a full run on the sample data."""
 from __future__ import annotations
 
 import json

@@ -10,7 +10,7 @@ from ecgpos.errors import EcgposError
 PAPER_TITLE = ("When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on "
                "Reconstruction-Based Anomaly Detection")
 PAPER_AUTHORS = "Mehmet Yamaç, Yagmur Mustu, Muhammad Numan Yousaf, Lei Xu, Marcel van Gerven"
-BIBTEX = """@misc{yamac2027pos,
+BIBTEX = """@misc{yamac2026pos,
   title  = {When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on
             Reconstruction-Based Anomaly Detection},
   author = {Yama{\\c{c}}, Mehmet and Mustu, Yagmur and Yousaf, Muhammad Numan and Xu, Lei and
