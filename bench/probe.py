@@ -1,12 +1,14 @@
 """Benchmark: the full linear-probe protocol on features of the real split sizes, on 2 CPU cores.
 
 5 tasks x 3 label fractions x 5 seeds x 100 epochs at batch 16, on random (N, 768) features with
-the real MERL labels (from the split files under the sample data; features do not change the cost).
+the real MERL labels (from the split files under the sample data; features do not change the cost),
+then the stratified bootstrap intervals (per seed and seed mean, --bootstrap resamples) of every
+(task, fraction), as `ecgpos probe` computes them; the timed figure includes both.
 Compares with the plain one-run-at-a-time loop (DataLoader + nn.Linear + torch.optim.Adam):
 that loop would take far too long in full, so it is timed for one epoch of every task at 100% (the
 faster of two tries) and extrapolated to the whole protocol (stated in the output). The last line is the figure.
 
-    python bench/probe.py [--splits DIR] [--epochs 100] [--seeds 5] [--workers 2]
+    python bench/probe.py [--splits DIR] [--epochs 100] [--seeds 5] [--workers 2] [--bootstrap 1000]
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.resources import sample_data_root  # noqa: E402
+from probes.intervals import add_intervals, collect_scores  # noqa: E402
 from probes.linear import ProtocolConfig, epoch_permutations, label_fraction_rows, reference_run  # noqa: E402
 from probes.run import ProbeConfig, TaskData, make_jobs, merge_jobs, run_jobs  # noqa: E402
 from probes.tasks import PAPER_TASKS, SPLITS, read_split, resolve_task  # noqa: E402
@@ -58,6 +61,7 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--bootstrap", type=int, default=1000, help="resamples per interval (0: no bootstrap)")
     args = p.parse_args()
     torch.set_num_threads(2)
     cfg = ProtocolConfig(epochs=args.epochs)
@@ -73,10 +77,17 @@ def main() -> None:
           + ", ".join(f"{n} {len(d[0])}" for n, d in data.items()))
     start, cpu0 = time.perf_counter(), _cpu_seconds()
     rows = run_jobs(jobs, workers=args.workers)
+    trained = time.perf_counter()
+    add_intervals(rows, collect_scores(rows, {n: (t.keys["test"], t.y["test"]) for n, t in tasks.items()}),
+                  args.bootstrap)
     batched, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
+    boot = time.perf_counter() - trained
     assert len(rows) == len(jobs) * args.seeds and all(np.isfinite(r["test_auroc"]) for r in rows)
+    assert args.bootstrap == 0 or all(r["mean_auroc_low"] <= r["mean_auroc_high"] for r in rows)
     print(f"batched protocol ({args.workers} single-threaded workers): {batched:.1f} s wall, {cpu:.1f} s CPU "
-          f"(= {cpu / args.workers:.1f} s wall on {args.workers} cores nobody else uses)")
+          f"(= {cpu / args.workers:.1f} s wall on {args.workers} cores nobody else uses); of which bootstrap "
+          f"({args.bootstrap} resamples, {len(rows)} seed intervals + {len(rows) // args.seeds} seed-mean "
+          f"intervals): {boot:.1f} s")
 
     # plain loop: one epoch per task at 100%, one seed, then scaled to every fraction, seed and epoch
     naive_total = 0.0
@@ -96,8 +107,9 @@ def main() -> None:
               "fractions/seeds/epochs")
     print(f"plain one-run-at-a-time DataLoader loop (extrapolated from 1 epoch per task): {naive_total:.0f} s, "
           f"{naive_total / batched:.1f}x the batched time")
-    print(f"full probe protocol on 2 CPU cores: {batched:.1f} s wall (limit 120 s; {cpu:.1f} s CPU), "
-          f"{naive_total / batched:.1f}x faster than the plain loop")
+    print(f"full probe protocol on 2 CPU cores: {batched:.1f} s wall with {args.bootstrap} bootstrap resamples "
+          f"(limit 120 s; {cpu:.1f} s CPU; bootstrap {boot:.1f} s), {naive_total / batched:.1f}x faster than the "
+          "plain loop")
 
 
 if __name__ == "__main__":

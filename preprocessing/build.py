@@ -19,6 +19,7 @@ from typing import TextIO
 
 from ecgpos.ecg.shards import shard_name, write_shard
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
+from ecgpos.ecg.fingerprint import fingerprint
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from preprocessing import code15, ecg_arrhythmia, manifest
@@ -184,6 +185,7 @@ def _write_chunk(req: BuildRequest, chunk: int, results: Iterable[tuple],
                                "record_id": ref.record_id, "patient_id": meta.get("patient_id", ""),
                                "age": meta.get("age", ""), "sex": meta.get("sex", ""),
                                "length": int(signal.shape[-1]), "dead_leads": " ".join(dead),
+                               "fingerprint": fingerprint(signal, req.spec.fs, req.spec.window, req.spec.dtype),
                                **{c: meta.get(c, "") for c in index_columns}})
             signals.append(signal)
             ids.append(ref.record_id)

@@ -10,21 +10,16 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError
+from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
+from probes.intervals import add_intervals, collect_scores, differences_markdown, load_scores, paired_differences, save_scores
+from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
+from probes.published import read_reference, reference_markdown
 from probes.report import merge_results, summary_markdown, write_outputs, write_results
-from probes.run import (
-    ProbeConfig,
-    extraction_device,
-    make_jobs,
-    missing_records,
-    missing_report,
-    prepare_task,
-    record_column,
-    run_jobs,
-    sort_rows,
-)
-from probes.tasks import SPLITS, read_split, resolve_task, task_names
+from probes.run import (ProbeConfig, dataset_key, extraction_device, make_jobs, missing_records, missing_report,
+                  prepare_task, record_column, run_jobs, sort_rows, task_locator)
+from probes.tasks import GUARDED_TASKS, SPLITS, read_split, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -37,12 +32,22 @@ Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
 and window count: a second run on the same encoder extracts nothing. Windows per record
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
-per-class test AUROC as JSON), OUT/summary.md (mean +- std over seeds, one table per fraction),
-OUT/summary.png and OUT/probe.json (settings, extraction counts, timings).
+per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
+seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction),
+OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
+--compare), OUT/overlap.csv (with a pretraining index) and OUT/probe.json (settings, counts, timings).
+Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
+compares probe records with the pretraining records by content fingerprint and reports the overlap
+per task; --exclude-overlap drops overlapping records. --task csn (MERL's Chapman-Shaoxing-Ningbo
+split, records under DATA/ecg-arrhythmia/) always runs with the guard; --task all adds it only with
+--include-csn.
 `ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
 one encoder label probed on different tasks in different folders (e.g. one folder per task from an
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
-folder name added, e.g. `stage1 [run2]`."""
+folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
+scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
+--reference paper adds the seed paper's published full-label rows, marked (published), and our
+difference to them."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -71,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10")
     p.add_argument("--compare", nargs="+", type=Path, metavar="DIR", help="merge result folders instead of probing")
+    p.add_argument("--bootstrap", type=int, default=DEFAULT_RESAMPLES, metavar="N",
+                   help=f"stratified bootstrap resamples for the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0 = off)")
+    p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
+    p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
+    p.add_argument("--pretraining-index", nargs="+", type=Path, metavar="SHARDS",
+                   help="shard folders the encoder was pretrained on (default: those its run or export records)")
+    p.add_argument("--exclude-overlap", action="store_true",
+                   help="drop probe records that match pretraining records from every split")
     return p
 
 
@@ -101,17 +114,58 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
     return cfg
 
 
+def _reference_section(args: argparse.Namespace, frame) -> list[str]:
+    if not args.reference:
+        return []
+    table, source = read_reference(args.reference)
+    return [reference_markdown(frame, table, source)]
+
+
 def _compare(args: argparse.Namespace) -> int:
+    if args.bootstrap < 0:
+        raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
     notes: list[str] = []
-    frame = merge_results(args.compare, notes)
+    renamed: dict[Path, dict[str, str]] = {}
+    frame = merge_results(args.compare, notes, renamed)
+    sets = [s for folder, names in renamed.items() for s in load_scores(folder, names)]
+    diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
+    sections = [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
+    sections += _reference_section(args, frame)
     if args.out is None:
-        print(summary_markdown(frame, notes))
+        print(summary_markdown(frame, notes, sections))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
-    print(write_outputs(frame, args.out, notes))
+        if sets:
+            save_scores(sets, args.out)
+    diffs.to_csv(args.out / "differences.csv", index=False)
+    print(write_outputs(frame, args.out, notes, sections))
     return 0
+
+
+def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Path, log) -> tuple[list, str]:
+    """The leakage guard: (overlaps per task, summary section); nothing when there is no pretraining index."""
+    folders = args.pretraining_index or recorded_pretraining(enc.source, enc.info)
+    guarded = [t.name for t in tasks if t.name in GUARDED_TASKS]
+    if not folders:
+        if guarded and not args.encoder.startswith("random:"):
+            raise EcgposError(f"--task {guarded[0]} draws its records from ecg-arrhythmia, which the encoder may "
+                              "have been pretrained on: give --pretraining-index SHARDS (the encoder records no "
+                              "pretraining shards)")
+        if args.exclude_overlap:
+            raise EcgposError("--exclude-overlap needs --pretraining-index (the encoder records no pretraining shards)")
+        return [], ""
+    index = load_pretraining(folders, log)
+    overlaps = []
+    for task in tasks:
+        column = record_column(task, cfg)
+        splits = {s: read_split(task, args.splits, s, column).records for s in SPLITS}
+        overlap = task_overlap(task.name, splits, task_locator(task, args.data_root or Path(".")), index, cache_dir,
+                               dataset_key(task, args.data_root or Path("."), cfg))
+        overlaps.append(overlap)
+        print(f"leakage guard: {overlap.line(args.exclude_overlap)}")
+    return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
 def main(argv: list[str]) -> int:
@@ -121,11 +175,13 @@ def main(argv: list[str]) -> int:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
-    names = task_names(args.task)
+    if args.bootstrap < 0:
+        raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
+    names = task_names(args.task, args.include_csn)
     tasks = [resolve_task(n) for n in names]
     needs_data = any(t.dataset != "custom" for t in tasks)
     if needs_data and (args.data_root is None or args.splits is None):
-        raise EcgposError("--data-root and --splits are required for the PTB-XL and CPSC2018 tasks")
+        raise EcgposError("--data-root and --splits are required for the PTB-XL, CPSC2018 and CSN tasks")
     if args.splits is not None and not args.splits.is_dir():
         raise EcgposError(f"--splits {args.splits} is not a folder")
     if args.data_root is not None and not args.data_root.is_dir():
@@ -156,23 +212,40 @@ def main(argv: list[str]) -> int:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    jobs, notes, extraction = [], [], {}
+    jobs, notes, extraction, tests = [], [], {}, {}
+    log = lambda s: (print(s), notes.append(s))  # noqa: E731
+    overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
+    exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
     for source in sources:
         print(f"features: {source.name}")
         for task in tasks:
             data, stats = prepare_task(task, source, args.data_root or Path("."), args.splits, cache_dir, cfg,
-                                       args.require_complete, log=lambda s: (print(s), notes.append(s)))
+                                       args.require_complete, log=log, exclude=exclude.get(task.name, frozenset()))
             extraction[f"{source.name} / {task.name}"] = {"extracted": stats.extracted, "cached": stats.cached,
                                                            "failed": stats.failed}
+            tests[task.name] = (data.keys.get("test", []), data.y["test"])
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
     t_train = time.time()
     rows = sort_rows(run_jobs(jobs, cfg.workers), [src.name for src in sources], [t.name for t in tasks])
+    t_boot = time.time()
+    sets = collect_scores(rows, tests)
+    add_intervals(rows, sets, args.bootstrap)
+    save_scores(sets, args.out)
+    boot_seconds = time.time() - t_boot
     frame = write_results(rows, args.out)
-    text = write_outputs(frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")])
+    if overlaps:
+        write_overlap(overlaps, args.out)
+    sections = [guard_section] if guard_section else []
+    sections += _reference_section(args, frame)
+    text = write_outputs(frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")],
+                         sections=sections)
     info = {"encoder": args.encoder, "label": label, "source": enc.source, "spec": enc.spec.to_dict(),
             "tasks": names, "config": to_dict(cfg), "cache_dir": str(cache_dir), "extraction": extraction,
-            "seconds": {"total": round(time.time() - started, 2), "training": round(time.time() - t_train, 2)}}
+            "bootstrap": args.bootstrap,
+            "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
+            "seconds": {"total": round(time.time() - started, 2), "training": round(t_boot - t_train, 2),
+                        "bootstrap": round(boot_seconds, 2)}}
     (args.out / "probe.json").write_text(json.dumps(info, indent=2, default=str))
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)

@@ -2,6 +2,8 @@
 
 Layouts under --data-root:
 - ptbxl/records500/00000/00001_hr.{hea,dat} (records100/..._lr at 100 Hz), as published.
+- ecg-arrhythmia/WFDBRecords/NN/NNN/JSxxxxx.{hea,mat} (PhysioNet ecg-arrhythmia 1.0.0) for MERL's
+  Chapman-Shaoxing-Ningbo task (csn).
 - cpsc2018/ in any of the published forms, anywhere below it (found by walking the tree once):
   the original challenge files (`A0001.mat`, a MATLAB struct `ECG` with sex, age, data 12 x N
   float64 mV at 500 Hz, no header), the CinC 2020 WFDB form (`A0001.hea` + `.mat`, abbreviations
@@ -76,6 +78,7 @@ class RecordLocator:
     base: Path | None = None  # custom tasks: folder the record paths are relative to
     _cpsc: dict[str, dict[str, Path]] | None = None
     _dirs: dict[Path, frozenset[str]] | None = None
+    _ids: dict[str, Path] | None = None  # csn: record id -> path, from one walk of the tree
 
     def locate(self, key: str) -> tuple[Path, str] | None:
         """(record path, form) or None when the record is not under the data root."""
@@ -87,6 +90,8 @@ class RecordLocator:
                 if form in forms:
                     return forms[form], form
             return None
+        if self.dataset == "csn":
+            return self._locate_csn(key)
         if self.dataset == "ptbxl":
             path = self.data_root / "ptbxl" / key
         else:
@@ -94,6 +99,23 @@ class RecordLocator:
         path = path.with_suffix("") if path.suffix in (".hea", ".dat", ".mat") else path
         # one directory listing per folder instead of a stat per split row (21,799 rows for PTB-XL)
         return (path, "wfdb") if f"{path.name}.hea" in self._listing(path.parent) else None
+
+    def _locate_csn(self, key: str) -> tuple[Path, str] | None:
+        """MERL's `/chapman/WFDBRecords/NN/NNN/JSxxxxx.mat` under ecg-arrhythmia/; a record not at that
+        path is looked up by id in one walk of the tree (a reorganised copy still works)."""
+        root = self.data_root / "ecg-arrhythmia"
+        rel = Path(*[p for p in Path(key).parts if p not in ("/", "chapman")]).with_suffix("")
+        path = root / rel
+        if f"{path.name}.hea" in self._listing(path.parent):
+            return path, "wfdb"
+        if self._ids is None:
+            self._ids = {}
+            for folder, _, files in os.walk(root):
+                for name in files:
+                    if name.endswith(".hea"):
+                        self._ids.setdefault(name[:-4], Path(folder) / name[:-4])
+        found = self._ids.get(path.name)
+        return (found, "wfdb") if found is not None else None
 
     def _listing(self, folder: Path) -> frozenset[str]:
         if self._dirs is None:

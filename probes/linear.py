@@ -94,6 +94,7 @@ class ProbeOutcome:
     lrs: list[float]
     best_params: torch.Tensor  # (S, D+1, C): [W^T; b] of each seed's selected epoch
     last_params: torch.Tensor  # (S, D+1, C) after the last epoch
+    test_scores: np.ndarray | None = None  # (S, Nt, C) float32 logits of each seed's selected epoch (bootstrap)
 
 
 def _with_ones(x: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -208,7 +209,8 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
                 best[i, :, bounds[g]:bounds[g + 1]] = params[i, :, bounds[g]:bounds[g + 1]]
                 best_val[i, g] = np.nan_to_num(macro[i], nan=-np.inf)
                 best_epoch[i, g] = epoch
-    test_scores = torch.matmul(_with_ones(x_test), best).double().numpy()  # (S, Nt, C)
+    test_logits = torch.matmul(_with_ones(x_test), best)  # (S, Nt, C) float32
+    test_scores = test_logits.double().numpy()
     y_test = np.asarray(y_test)
     outcomes = []
     for g, names in enumerate(groups):
@@ -221,7 +223,8 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
                                       test_per_class=per_class_test, val_curve=curves[i, g].tolist()))
         outcomes.append(ProbeOutcome(results, [c for c, ok in zip(names, valid_val[cols]) if not ok],
                                      [c for c, ok in zip(names, _valid_classes(y_test[:, cols])) if not ok],
-                                     lrs, best[:, :, cols].clone(), params[:, :, cols].clone()))
+                                     lrs, best[:, :, cols].clone(), params[:, :, cols].clone(),
+                                     test_logits[:, :, cols].numpy().copy()))
     return outcomes
 
 

@@ -8,15 +8,18 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
+from probes.intervals import INTERVAL_COLUMNS
 from probes.tasks import TASKS
 
-RESULT_COLUMNS = ["encoder", "task", "fraction", "seed", "best_epoch", "val_auroc", "test_auroc", "n_train", "n_val",
-                  "n_test", "excluded_val", "excluded_test", "test_auroc_per_class", "note"]
+RESULT_COLUMNS = ["encoder", "task", "fraction", "seed", "best_epoch", "val_auroc", "test_auroc", *INTERVAL_COLUMNS,
+                  "n_train", "n_val", "n_test", "excluded_val", "excluded_test", "test_auroc_per_class", "note"]
 
 
 def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
-    """results.csv: encoder, task, fraction, seed, best_epoch (1-based), val/test macro-AUROC, split sizes,
-    classes left out of val/test AUROC, per-class test AUROC (JSON {class: AUROC})."""
+    """results.csv: encoder, task, fraction, seed, best_epoch (1-based), val/test macro-AUROC, the 95 %
+    bootstrap interval of this seed's test AUROC and of the seed mean (the same in every seed's row),
+    resamples (0: no bootstrap), split sizes, classes left out of val/test AUROC, per-class test AUROC
+    (JSON {class: AUROC})."""
     frame = pd.DataFrame(list(rows), columns=RESULT_COLUMNS)
     frame.to_csv(out / "results.csv", index=False)
     return frame
@@ -41,10 +44,19 @@ def _fraction_label(fraction: float) -> str:
     return f"{fraction * 100:g}%"
 
 
-def summary_tables(frame: pd.DataFrame) -> dict[float, pd.DataFrame]:
-    """fraction -> table (rows = encoders in order of appearance, columns = tasks) of 'mean ± std' over seeds.
+def mean_interval(cell: pd.DataFrame) -> tuple[float, float]:
+    """The seed-mean bootstrap interval of one (encoder, task, fraction)'s rows, NaN when absent."""
+    if "mean_auroc_low" not in cell.columns or not len(cell):
+        return float("nan"), float("nan")
+    low, high = cell["mean_auroc_low"].astype(float), cell["mean_auroc_high"].astype(float)
+    return (float(low.iloc[0]), float(high.iloc[0])) if low.notna().any() else (float("nan"), float("nan"))
 
-    std is the population std over seeds (0 for one seed); a cell with no finite AUROC is '—'.
+
+def summary_tables(frame: pd.DataFrame) -> dict[float, pd.DataFrame]:
+    """fraction -> table (rows = encoders in order of appearance, columns = tasks) of 'mean ± std [low, high]'.
+
+    std is the population std over seeds (0 for one seed); [low, high] is the 95 % bootstrap interval of
+    the seed mean (absent without a bootstrap); a cell with no finite AUROC is '—'.
     """
     tasks = [t for t in TASKS if t in set(frame["task"])] + sorted(set(frame["task"]) - set(TASKS))
     encoders = list(dict.fromkeys(frame["encoder"]))
@@ -55,9 +67,12 @@ def summary_tables(frame: pd.DataFrame) -> dict[float, pd.DataFrame]:
         for enc in encoders:
             row = {}
             for task in tasks:
-                vals = part[(part["encoder"] == enc) & (part["task"] == task)]["test_auroc"].astype(float).to_numpy()
+                cell = part[(part["encoder"] == enc) & (part["task"] == task)]
+                vals = cell["test_auroc"].astype(float).to_numpy()
                 vals = vals[np.isfinite(vals)]
-                row[_task_label(task)] = f"{vals.mean():.4f} ± {vals.std():.4f}" if len(vals) else "—"
+                text = f"{vals.mean():.4f} ± {vals.std():.4f}" if len(vals) else "—"
+                low, high = mean_interval(cell)
+                row[_task_label(task)] = text + (f" [{low:.4f}, {high:.4f}]" if len(vals) and np.isfinite(low) else "")
             cells[enc] = row
         tables[fraction] = pd.DataFrame.from_dict(cells, orient="index")
     return tables
@@ -70,14 +85,23 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
-def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = ()) -> str:
-    """summary.md: one table per label fraction, then which classes were left out and other notes."""
+def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
+    """summary.md: one table per label fraction, extra `sections` (markdown), then which classes were left
+    out and other notes."""
     seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
     parts = ["# Linear-probe test macro-AUROC", "",
              f"Mean ± std over {seeds.min()}{'' if seeds.min() == seeds.max() else f'-{seeds.max()}'} seed(s) "
-             "of the test macro-AUROC at the epoch with the best validation macro-AUROC.", ""]
+             "of the test macro-AUROC at the epoch with the best validation macro-AUROC."]
+    if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():
+        resamples = int(frame["bootstrap"].astype(float).max())
+        parts[-1] += (f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
+                      "resamples of the test records within each label pattern; each resample's AUROC is "
+                      "averaged over the seeds). Per-seed intervals are in results.csv.")
+    parts.append("")
     for fraction, table in summary_tables(frame).items():
         parts += [f"## {_fraction_label(fraction)} of the training labels", "", _markdown(table), ""]
+    for section in sections:
+        parts += [section.rstrip(), ""]
     # which classes a split cannot score depends on the labels, not the encoder: listed once
     left_out: dict[str, list[str]] = {}
     for (task, fraction), group in frame.groupby(["task", "fraction"], sort=False):
@@ -95,7 +119,8 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = ()) -> str:
 
 
 def write_chart(frame: pd.DataFrame, path: Path) -> None:
-    """Grouped bars: tasks on x, one bar per encoder (error bar = std over seeds), one panel per fraction."""
+    """Grouped bars: tasks on x, one bar per encoder, one panel per fraction. Error bars: the seed mean's
+    95 % bootstrap interval (std over seeds when there was no bootstrap)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -108,10 +133,17 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
     for ax, fraction in zip(axes[0], fractions):
         part = frame[frame["fraction"] == fraction]
         for k, enc in enumerate(encoders):
-            stats = [part[(part["encoder"] == enc) & (part["task"] == t)]["test_auroc"].astype(float) for t in tasks]
+            cells = [part[(part["encoder"] == enc) & (part["task"] == t)] for t in tasks]
+            stats = [c["test_auroc"].astype(float) for c in cells]
             means = [s.mean() if s.notna().any() else 0.0 for s in stats]
-            stds = [s.std(ddof=0) if s.notna().sum() > 1 else 0.0 for s in stats]
-            ax.bar(np.arange(len(tasks)) + (k - (len(encoders) - 1) / 2) * width, means, width, yerr=stds,
+            errs = np.zeros((2, len(tasks)))
+            for i, (cell, s) in enumerate(zip(cells, stats)):
+                low, high = mean_interval(cell)
+                if np.isfinite(low) and s.notna().any():  # the seed-mean bootstrap interval
+                    errs[:, i] = max(0.0, means[i] - low), max(0.0, high - means[i])
+                elif s.notna().sum() > 1:
+                    errs[:, i] = s.std(ddof=0)
+            ax.bar(np.arange(len(tasks)) + (k - (len(encoders) - 1) / 2) * width, means, width, yerr=errs,
                    label=enc, capsize=2)
         ax.set_xticks(np.arange(len(tasks)), [_task_label(t) for t in tasks], rotation=30)
         finite = part["test_auroc"].astype(float)
@@ -125,10 +157,10 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(frame: pd.DataFrame, out: Path, notes: Sequence[str] = ()) -> str:
+def write_outputs(frame: pd.DataFrame, out: Path, notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
     """summary.md + summary.png in `out`; returns the summary text."""
     out.mkdir(parents=True, exist_ok=True)
-    text = summary_markdown(frame, notes)
+    text = summary_markdown(frame, notes, sections)
     (out / "summary.md").write_text(text)
     write_chart(frame, out / "summary.png")
     return text
@@ -145,12 +177,13 @@ def _free_label(enc: str, folder: Path, keys: set[tuple], taken: set[tuple]) -> 
         candidates, k = [f"{enc} [{folder.name}] {k}"], k + 1
 
 
-def merge_results(folders: Sequence[Path], notes: list[str] | None = None) -> pd.DataFrame:
+def merge_results(folders: Sequence[Path], notes: list[str] | None = None,
+                  renamed: dict[Path, dict[str, str]] | None = None) -> pd.DataFrame:
     """Concatenate several results.csv (a folder given twice is read once).
 
     An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction):
     then that folder's rows of the encoder get the folder name added (one note per rename is appended to
-    `notes`). So one encoder probed task by task into several folders stays one row of the table.
+    `notes`; `renamed` receives folder -> {old: new label}). So one encoder probed task by task into several folders stays one row of the table.
     """
     frames = []
     taken: set[tuple] = set()
@@ -168,4 +201,6 @@ def merge_results(folders: Sequence[Path], notes: list[str] | None = None) -> pd
             label = renames.get(enc, enc)
             taken |= {(label, task, fraction) for _, task, fraction in keys}
         frames.append(frame.replace({"encoder": renames}))
+        if renamed is not None:
+            renamed[folder] = renames
     return pd.concat(frames, ignore_index=True)

@@ -41,6 +41,7 @@ class ProbeConfig:
     # 6-60 s (up to 6 windows at 250 Hz), PTB-XL records are 10 s (one centred 9 s window).
     windows_ptbxl: int = 1
     windows_cpsc2018: int = 4
+    windows_csn: int = 1  # ecg-arrhythmia records are 10 s
     windows_custom: int = 1
     raw_fs: float = 25.0  # raw-signal baseline: block-mean downsampling rate of the centre window
     extract_batch_size: int = 64
@@ -69,10 +70,11 @@ def extraction_device(cfg: ProbeConfig) -> str:
 
 
 def _windows(cfg: ProbeConfig, dataset: str) -> int:
-    return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018}.get(dataset, cfg.windows_custom)
+    return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018, "csn": cfg.windows_csn}.get(
+        dataset, cfg.windows_custom)
 
 
-def _dataset_key(task: TaskDef, data_root: Path, cfg: ProbeConfig) -> str:
+def dataset_key(task: TaskDef, data_root: Path, cfg: ProbeConfig) -> str:
     if task.dataset == "custom":
         return f"custom:{Path(task.files['train']).parent}"
     extra = f"/{cfg.ptbxl_records}" if task.dataset == "ptbxl" else ""
@@ -87,7 +89,7 @@ def record_column(task: TaskDef, cfg: ProbeConfig) -> str | None:
     return None
 
 
-def _locator(task: TaskDef, data_root: Path) -> RecordLocator:
+def task_locator(task: TaskDef, data_root: Path) -> RecordLocator:
     base = Path(task.files["train"]).parent if task.dataset == "custom" else None
     return _cached_locator(task.dataset, Path(data_root).resolve(), base)
 
@@ -100,7 +102,7 @@ def _cached_locator(dataset: str, data_root: Path, base: Path | None) -> RecordL
 
 def missing_records(task: TaskDef, table: SplitTable, data_root: Path) -> list[str]:
     """Record keys of a split that are not under the data root."""
-    locator = _locator(task, data_root)
+    locator = task_locator(task, data_root)
     return [k for k in table.records if locator.locate(k) is None]
 
 
@@ -112,11 +114,13 @@ def missing_report(task: str, split: str, ids: Sequence[str], total: int, first:
 
 def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_root: Path | None,
                  cache_dir: Path, cfg: ProbeConfig, require_complete: bool = False,
-                 log: Callable[[str], None] = print) -> tuple[TaskData, FeatureStats]:
-    """Read the three splits, locate records, get features; report (or, if required, refuse) gaps."""
+                 log: Callable[[str], None] = print,
+                 exclude: frozenset[str] | set[str] = frozenset()) -> tuple[TaskData, FeatureStats]:
+    """Read the three splits, locate records, get features; report (or, if required, refuse) gaps.
+    Records in `exclude` (pretraining overlap) are left out of every split."""
     column = record_column(task, cfg)
     tables = {s: read_split(task, splits_root, s, column) for s in SPLITS}
-    locator = _locator(task, data_root)
+    locator = task_locator(task, data_root)
     missing = {s: [k for k in t.records if locator.locate(k) is None] for s, t in tables.items()}
     for split, ids in missing.items():
         if ids:
@@ -124,9 +128,14 @@ def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_r
             if require_complete:
                 raise EcgposError(line.replace(", excluded", "") + " (--require-complete)")
             log(line)
+    for split, table in tables.items():
+        dropped = [k for k in table.records if k in exclude]
+        if dropped:
+            log(f"{task.name} {split}: {len(dropped)} of {len(table.records)} records overlap the pretraining "
+                "data, excluded (--exclude-overlap)")
     wanted = [k for t in tables.values() for k in t.records]
-    missing_set = {k for ids in missing.values() for k in ids}
-    feats, stats = extract_features(source, _dataset_key(task, data_root, cfg),
+    missing_set = {k for ids in missing.values() for k in ids} | set(exclude)
+    feats, stats = extract_features(source, dataset_key(task, data_root, cfg),
                                     [k for k in wanted if k not in missing_set], locator, cache_dir,
                                     _windows(cfg, task.dataset), log=log)
     failed = {k: v for k, v in stats.failed.items() if k not in missing_set}
@@ -174,7 +183,8 @@ class Job:
 
 
 def run_job(job: Job) -> list[dict]:
-    """Train one job's seeds; rows for results.csv (NaN rows with a note when it cannot train)."""
+    """Train one job's seeds; rows for results.csv (NaN rows with a note when it cannot train). A trained
+    row also holds `scores`, its seed's (n_test, classes) test logits, for the bootstrap."""
     torch.set_num_threads(1)
     x_tr, y_tr, x_va, y_va, x_te, y_te = job.arrays
     base = {"encoder": job.source, "fraction": job.fraction, "n_train": len(x_tr), "n_val": len(x_va),
@@ -193,7 +203,7 @@ def run_job(job: Job) -> list[dict]:
         rows += [dict(base, task=task, seed=r.seed, best_epoch=r.best_epoch + 1, val_auroc=r.val_auroc,
                       test_auroc=r.test_auroc, excluded_val=" ".join(out.excluded_val),
                       excluded_test=" ".join(out.excluded_test), test_auroc_per_class=json.dumps(r.test_per_class),
-                      note=note) for r in out.seeds]
+                      note=note, scores=out.test_scores[i]) for i, r in enumerate(out.seeds)]
     return rows
 
 

@@ -1,6 +1,7 @@
 """Probe tasks as data: which split files, which record column, which class columns.
 
-The five paper tasks use MERL's split files (`--splits DIR`). A `custom:<dir>` task is any folder
+The five paper tasks and MERL's Chapman-Shaoxing-Ningbo task (`csn`, 38 classes, guarded against
+pretraining leakage) use MERL's split files (`--splits DIR`). A `custom:<dir>` task is any folder
 holding train.csv, val.csv and test.csv with a `record` column (a WFDB record path, relative to
 that folder or absolute) and, after it, one 0/1 column per class (the same columns in all three);
 the demo uses it on synthetic records.
@@ -22,7 +23,7 @@ SPLITS = ("train", "val", "test")
 class TaskDef:
     """Where a task's splits live and how to read them.
 
-    dataset: 'ptbxl' | 'cpsc2018' | 'custom' (decides how a record column value becomes a signal).
+    dataset: 'ptbxl' | 'cpsc2018' | 'csn' | 'custom' (decides how a record column value becomes a signal).
     files: split name -> CSV path relative to the splits root (or absolute for custom tasks).
     record_column: the column naming the record (PTB-XL: filename_hr, swapped for filename_lr at 100 Hz).
     """
@@ -56,13 +57,24 @@ TASKS: dict[str, TaskDef] = {t.name: t for t in (
 )}
 PAPER_TASKS = tuple(TASKS)
 
+# MERL's third downstream set, Chapman-Shaoxing-Ningbo: records of the ecg-arrhythmia database (which the
+# paper pretrains on), so it runs only with the pretraining-leakage guard. `ecg_path` is
+# /chapman/WFDBRecords/NN/NNN/JSxxxxx.mat; the class columns are MERL's, in their file order.
+CSN_CLASSES = ("AQW UW SR WPW 2AVB AT VB ARS STTC SA STE VPB TWO STTU ALS APB 2AVB1 PRIE CCR CR AF AVB QTIE LBBB "
+               "VEB SVT RBBB 1AVB STDD MI AFIB TWC PWC ERV RVH LVH ST JEB")
+TASKS["csn"] = TaskDef("csn", "csn", {s: f"chapman/chapman_{s}.csv" for s in SPLITS}, "ecg_path",
+                       tuple(CSN_CLASSES.split()), "CSN", ("ecg_path", "age", "diagnose"))
+GUARDED_TASKS = ("csn",)  # never probed without the leakage guard
 
-def task_names(spec: str) -> list[str]:
-    """'all' -> the five paper tasks; otherwise a comma-separated list of names or custom:<dir>."""
-    names = list(PAPER_TASKS) if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+
+def task_names(spec: str, include_csn: bool = False) -> list[str]:
+    """'all' -> the five paper tasks (+ csn with include_csn); otherwise a comma-separated list of names
+    or custom:<dir>."""
+    paper = list(PAPER_TASKS) + (["csn"] if include_csn else [])
+    names = paper if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
     for name in names:
         if name not in TASKS and not name.startswith("custom:"):
-            raise EcgposError(f"unknown task {name!r} (known: {', '.join(PAPER_TASKS)}, all, custom:<dir>)")
+            raise EcgposError(f"unknown task {name!r} (known: {', '.join(TASKS)}, all, custom:<dir>)")
     return names
 
 

@@ -383,3 +383,15 @@ def test_model_card_and_nested_verify(export0: Path, export1: Path) -> None:
         assert text in card
     assert "nested" in (export1 / "README.md").read_text()
     assert main(["verify", str(export1)]) == 0
+
+
+def test_export_records_its_pretraining_shards_for_the_leakage_guard(export1: Path, stage1_run: Path,
+                                                                      arrhythmia_shards: Path) -> None:
+    from probes.encoder import load_probe_encoder
+    from probes.leakage import recorded_pretraining
+
+    enc = load_probe_encoder(str(export1))
+    assert enc.info["shards"] == [str(arrhythmia_shards.resolve())]
+    for path in (export1, stage1_run):  # the export, and the run it came from (with its Stage-0 run)
+        enc = load_probe_encoder(str(path))
+        assert recorded_pretraining(enc.source, enc.info) == [arrhythmia_shards.resolve()]

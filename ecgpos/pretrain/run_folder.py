@@ -154,7 +154,19 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
         summary.pop("push_pull")  # a Stage-1 objective; meaningless for a Stage-0 run
     shards = _shards_summary(run_info.get("shards") or config.get("shards"))
     summary.update({k: v for k, v in shards.items() if summary.get(k) is None})
+    summary["shards"] = _pretraining_folders(run_info) or None  # what the probes' leakage guard compares with
     return {k: v for k, v in summary.items() if v is not None}
+
+
+def _pretraining_folders(run_info: dict[str, Any]) -> list[str]:
+    """Shard folders of the run and, for a Stage-1 run, of its Stage-0 run or export (both pretrained it)."""
+    folders = [str(f) for f in run_info.get("shards") or []]
+    stage0 = run_info.get("stage0")
+    if stage0 and isinstance(stage0, str):
+        folders += [str(f) for f in _read_json(Path(stage0) / RUN_INFO).get("shards") or []]
+        folders += [str(f) for f in (_read_json(Path(stage0) / "config.json").get("training") or {}).get("shards")
+                    or []]
+    return list(dict.fromkeys(folders))
 
 
 def _jsonable(value: Any) -> bool:

@@ -1,0 +1,162 @@
+"""Stratified bootstrap intervals of the test macro-AUROC, vectorised over all resamples.
+
+Resampling is stratified by label pattern: the test records are grouped by their full 0/1 label row
+and every group is resampled with replacement to its own size. Each resample therefore keeps every
+class's positive and negative counts, so the classes a split can score are the same in every
+resample as in the test set itself.
+
+Speed: a resample is a vector of multiplicities (how often each record was drawn), so the AUROC of
+every resample is a weighted Mann-Whitney statistic over the records sorted once by score: for each
+distinct score, the drawn negatives below it (a cumulative sum) plus half the tied ones. One sort
+per class and a few (B, N) array passes give all B resamples at once; `macro_auroc_reference` is
+the plain per-resample scikit-learn loop that tests compare against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.metrics import roc_auc_score
+
+DEFAULT_RESAMPLES = 1000
+LEVEL = 0.95
+SEED = 20240101  # fixed: the same test labels always give the same resamples
+
+
+def stratified_indices(labels: np.ndarray, n_boot: int, seed: int = SEED) -> np.ndarray:
+    """(n_boot, N) row indices: each label pattern's rows resampled with replacement to their count."""
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    _, group = np.unique(labels.reshape(len(labels), -1), axis=0, return_inverse=True)
+    group = np.asarray(group).reshape(-1)
+    out = np.empty((n_boot, len(labels)), dtype=np.int64)
+    for g in range(group.max() + 1 if len(group) else 0):
+        rows = np.flatnonzero(group == g)
+        out[:, rows] = rows[rng.integers(0, len(rows), size=(n_boot, len(rows)))]
+    return out
+
+
+def multiplicities(indices: np.ndarray, n: int) -> np.ndarray:
+    """(N, B) int32: how often each record is drawn in each resample (records on rows: gathering the
+    records of one class is then a copy of whole contiguous rows)."""
+    b = len(indices)
+    flat = (indices + n * np.arange(b)[:, None]).reshape(-1)
+    return np.ascontiguousarray(np.bincount(flat, minlength=b * n).reshape(b, n).T.astype(np.int32))
+
+
+def _auroc_weighted(score: np.ndarray, positive: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(B,) AUROC of one class for every resample: score, positive (N,), weights (N, B) multiplicities."""
+    order = np.argsort(score, kind="stable")
+    s, pos_sorted = score[order], positive[order]
+    tied = s[1:] == s[:-1]
+    if tied.any() and (pos_sorted[1:] != pos_sorted[:-1])[tied].any():
+        return _auroc_weighted_ties(s, pos_sorted, weights[order])
+    # no positive ties a negative: U = sum over positives of (weight x drawn negatives below it)
+    pos_at = np.flatnonzero(pos_sorted)
+    neg_w = weights[order[~pos_sorted]]                      # (Q, B), ascending score
+    rank = pos_at - np.arange(len(pos_at))                   # negatives ranked below each positive
+    # drawn negatives below each positive: segment sums between consecutive positives, then a running
+    # sum over the positives (row by row: numpy's cumsum along axis 0 is several times slower)
+    edges, first = np.unique(rank, return_index=True)
+    inner = edges[(edges > 0) & (edges < len(neg_w))]
+    segments = np.add.reduceat(neg_w, np.r_[0, inner], axis=0) if len(neg_w) else np.zeros((1, weights.shape[1]))
+    running = np.zeros((len(edges), weights.shape[1]), dtype=np.int64)
+    total = np.zeros(weights.shape[1], dtype=np.int64)
+    k = 0
+    for g, edge in enumerate(edges):
+        while k < len(inner) + 1 and (0 if k == 0 else inner[k - 1]) < edge:
+            total += segments[k]
+            k += 1
+        running[g] = total
+    below = running[np.searchsorted(edges, rank)]            # (P, B)
+    pos_w = weights[order[pos_at]]                           # (P, B)
+    u = (pos_w * below).sum(axis=0)
+    negatives = neg_w.sum(axis=0, dtype=np.int64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return u / (pos_w.sum(axis=0, dtype=np.int64) * negatives.astype(np.float64))
+
+
+def _auroc_weighted_ties(s: np.ndarray, pos_sorted: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The general case (ties between positives and negatives count one half), inputs sorted by score."""
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first position of each distinct score
+    w = w.astype(np.float64)
+    pos = np.add.reduceat(w * pos_sorted[:, None], starts, axis=0)   # (G, B) drawn positives per score
+    neg = np.add.reduceat(w * ~pos_sorted[:, None], starts, axis=0)  # (G, B) drawn negatives per score
+    below = np.cumsum(neg, axis=0) - neg
+    u = (pos * (below + 0.5 * neg)).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return u / (pos.sum(axis=0) * neg.sum(axis=0))
+
+
+def macro_auroc_resamples(scores: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """Macro-AUROC of every resample: scores (S, N, C) or (N, C), labels (N, C) -> (S, B) or (B,).
+
+    The macro runs over the classes with a positive and a negative in `labels` (the same classes
+    in every stratified resample); NaN when there is none.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    single = scores.ndim == 2
+    scores = scores[None] if single else scores
+    labels = np.asarray(labels).astype(bool)
+    n = len(labels)
+    weights = multiplicities(indices, n)
+    count = labels.sum(axis=0)
+    valid = np.flatnonzero((count > 0) & (count < n))
+    out = np.full((len(scores), len(indices)), np.nan)
+    if len(valid):
+        for i, seed_scores in enumerate(scores):
+            out[i] = np.mean([_auroc_weighted(seed_scores[:, c], labels[:, c], weights) for c in valid], axis=0)
+    return out[0] if single else out
+
+
+def macro_auroc_reference(scores: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """The plain implementation: (B,) scikit-learn macro-AUROC of each resample, one at a time."""
+    labels = np.asarray(labels)
+    out = []
+    for rows in indices:
+        y, s = labels[rows], scores[rows]
+        vals = [roc_auc_score(y[:, c], s[:, c]) for c in range(y.shape[1]) if 0 < y[:, c].sum() < len(y)]
+        out.append(np.mean(vals) if vals else np.nan)
+    return np.array(out)
+
+
+def percentile_interval(values: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """(low, high) percentile interval of bootstrap values (NaN resamples ignored)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return float("nan"), float("nan")
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+@dataclass
+class Intervals:
+    """One (encoder, task, fraction): per-seed intervals and the seed-mean interval."""
+
+    seeds: list[tuple[float, float]]
+    mean: tuple[float, float]
+    resamples: np.ndarray  # (S, B) macro-AUROC of every seed and resample
+
+
+def seed_intervals(scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED,
+                   level: float = LEVEL) -> Intervals:
+    """Intervals of scores (S, N, C) against labels (N, C): per seed, and of each resample's seed mean."""
+    resamples = macro_auroc_resamples(scores, labels, stratified_indices(labels, n_boot, seed))
+    return Intervals([percentile_interval(r, level) for r in resamples],
+                     percentile_interval(resamples.mean(axis=0), level), resamples)
+
+
+def paired_difference(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n_boot: int,
+                      seed: int = SEED, level: float = LEVEL) -> tuple[float, float, float]:
+    """(difference, low, high) of seed-mean macro-AUROC, A minus B, on the same resamples for both.
+
+    scores_a (Sa, N, C), scores_b (Sb, N, C) on the same test records in the same order.
+    """
+    indices = stratified_indices(labels, n_boot, seed)
+    a = macro_auroc_resamples(scores_a, labels, indices).mean(axis=0)
+    b = macro_auroc_resamples(scores_b, labels, indices).mean(axis=0)
+    point = float(macro_auroc_resamples(scores_a, labels, np.arange(len(labels))[None]).mean()
+                  - macro_auroc_resamples(scores_b, labels, np.arange(len(labels))[None]).mean())
+    return (point, *percentile_interval(a - b, level))

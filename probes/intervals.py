@@ -1,0 +1,153 @@
+"""Bootstrap intervals for probe results, the stored test scores they come from, and paired differences.
+
+A probe folder keeps every seed's test logits in `test_scores.npz` (with the test record keys and
+labels), so `--compare` can redo the bootstrap on the same resamples for two encoders: the paired
+difference of their seed-mean macro-AUROC and its interval.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
+
+SCORES_FILE = "test_scores.npz"
+INTERVAL_COLUMNS = ["test_auroc_low", "test_auroc_high", "mean_auroc_low", "mean_auroc_high", "bootstrap"]
+
+
+@dataclass
+class ScoreSet:
+    """Test logits of every seed of one (encoder, task, fraction) and the test records they score."""
+
+    encoder: str
+    task: str
+    fraction: float
+    seeds: list[int]
+    keys: list[str]
+    labels: np.ndarray  # (N, C) 0/1
+    scores: np.ndarray  # (S, N, C) float32
+
+
+def collect_scores(rows: list[dict], tests: dict[str, tuple[list[str], np.ndarray]]) -> list[ScoreSet]:
+    """Take the per-seed `scores` out of result rows into one ScoreSet per (encoder, task, fraction).
+
+    tests: task -> (test record keys, test labels) in the order the probes scored them.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        scores = row.pop("scores", None)
+        if scores is not None:
+            groups.setdefault((row["encoder"], row["task"], row["fraction"]), []).append({**row, "scores": scores})
+    out = []
+    for (encoder, task, fraction), part in groups.items():
+        part.sort(key=lambda r: r["seed"])
+        keys, labels = tests[task]
+        out.append(ScoreSet(encoder, task, float(fraction), [int(r["seed"]) for r in part], list(keys),
+                            np.asarray(labels, dtype=np.uint8), np.stack([r["scores"] for r in part])))
+    return out
+
+
+def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level: float = LEVEL) -> None:
+    """Fill the interval columns of `rows` in place: the seed's own interval and the seed-mean interval."""
+    found = {}
+    if n_boot > 0:
+        for s in sets:
+            found[(s.encoder, s.task, s.fraction)] = (s.seeds, seed_intervals(s.scores, s.labels, n_boot, SEED, level))
+    for row in rows:
+        hit = found.get((row["encoder"], row["task"], float(row["fraction"])))
+        low = high = mlow = mhigh = float("nan")
+        if hit and int(row["seed"]) in hit[0]:
+            low, high = hit[1].seeds[hit[0].index(int(row["seed"]))]
+            mlow, mhigh = hit[1].mean
+        row.update(test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh,
+                   bootstrap=n_boot)
+
+
+def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
+    """OUT/test_scores.npz: an index (JSON) plus, per set, the logits, and per task the keys and labels."""
+    arrays, index, tasks = {}, [], {}
+    for i, s in enumerate(sets):
+        arrays[f"scores_{i}"] = s.scores.astype(np.float32)
+        if s.task not in tasks:
+            tasks[s.task] = len(tasks)
+            arrays[f"keys_{tasks[s.task]}"] = np.array(s.keys, dtype=str)
+            arrays[f"labels_{tasks[s.task]}"] = s.labels
+        index.append({"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds,
+                      "test": tasks[s.task]})
+    np.savez_compressed(out / SCORES_FILE, index=np.array(json.dumps(index)), **arrays)
+
+
+def load_scores(folder: Path, renames: dict[str, str] | None = None) -> list[ScoreSet]:
+    """The ScoreSets of a probe folder (none when it has no test_scores.npz); encoders renamed as merged."""
+    path = Path(folder) / SCORES_FILE
+    if not path.is_file():
+        return []
+    with np.load(path, allow_pickle=False) as data:
+        index = json.loads(str(data["index"]))
+        return [ScoreSet((renames or {}).get(e["encoder"], e["encoder"]), e["task"], float(e["fraction"]), e["seeds"],
+                         data[f"keys_{e['test']}"].tolist(), data[f"labels_{e['test']}"], data[f"scores_{i}"])
+                for i, e in enumerate(index)]
+
+
+def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Both sets' scores on the test records they share (a's order), and those records' labels."""
+    where_b = {k: i for i, k in enumerate(b.keys)}
+    rows_a = [i for i, k in enumerate(a.keys) if k in where_b]
+    if not rows_a:
+        return None
+    rows_b = [where_b[a.keys[i]] for i in rows_a]
+    return a.scores[:, rows_a], b.scores[:, rows_b], a.labels[rows_a]
+
+
+def paired_differences(sets: Sequence[ScoreSet], encoders: Sequence[str], n_boot: int,
+                       level: float = LEVEL) -> pd.DataFrame:
+    """For each pair of encoders (later minus earlier, in `encoders` order) and each (task, fraction)
+    both have: the seed-mean macro-AUROC difference and its paired bootstrap interval."""
+    by_key = {(s.encoder, s.task, s.fraction): s for s in sets}
+    rows = []
+    for i, first in enumerate(encoders):
+        for second in encoders[i + 1:]:
+            for (enc, task, fraction), a in by_key.items():
+                b = by_key.get((first, task, fraction))
+                if enc != second or b is None:
+                    continue
+                aligned = _aligned(a, b)
+                if aligned is None:
+                    continue
+                diff, low, high = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
+                rows.append({"encoder": second, "baseline": first, "task": task, "fraction": fraction,
+                             "difference": diff, "low": low, "high": high, "n_test": len(aligned[2]),
+                             "bootstrap": n_boot})
+    return pd.DataFrame(rows, columns=["encoder", "baseline", "task", "fraction", "difference", "low", "high",
+                                       "n_test", "bootstrap"])
+
+
+def differences_markdown(diffs: pd.DataFrame) -> str:
+    """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task."""
+    from probes.tasks import TASKS
+
+    lines = ["## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)", "",
+             "Both encoders scored on the same bootstrap resamples of the test records they share: an interval "
+             "that excludes 0 is a difference the test set supports at the 95 % level.", ""]
+    if diffs.empty:
+        return "\n".join(lines + ["No pair of encoders has stored test scores on a common task (test_scores.npz)."])
+    tasks = [t for t in TASKS if t in set(diffs["task"])] + sorted(set(diffs["task"]) - set(TASKS))
+    for fraction in sorted(set(diffs["fraction"])):
+        part = diffs[diffs["fraction"] == fraction]
+        lines += [f"### {fraction * 100:g}% of the training labels", "",
+                  "| Pair | " + " | ".join(TASKS[t].label if t in TASKS else t for t in tasks) + " |",
+                  "|---|" + "---|" * len(tasks)]
+        for (enc, base), pair in part.groupby(["encoder", "baseline"], sort=False):
+            cells = []
+            for t in tasks:
+                hit = pair[pair["task"] == t]
+                cells.append("—" if hit.empty else (f"{hit['difference'].iloc[0]:+.4f} [{hit['low'].iloc[0]:+.4f}, "
+                                                     f"{hit['high'].iloc[0]:+.4f}]"))
+            lines.append(f"| {enc} − {base} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)

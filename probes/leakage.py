@@ -1,0 +1,194 @@
+"""The pretraining-leakage guard: which probe records are (copies of) records the encoder was pretrained on.
+
+Record ids are not enough: one recording is published under other ids and in other file formats
+(CinC 2020/2021 copies of PTB-XL and CPSC2018, the ecg-arrhythmia records behind MERL's CSN splits).
+So the guard compares content fingerprints (ecgpos.fingerprint) of each probe record, preprocessed
+with the shards' spec, against those of the pretraining shards: read from their index.csv
+(`fingerprint` column, written by `ecgpos preprocess`) or, for older shards without it, computed
+from the stored signals. Probe-record fingerprints are cached beside the feature cache.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ecgpos.errors import ConfigError, EcgposError
+from ecgpos.ecg.fingerprint import MAX_DISTANCE, FingerprintIndex, fingerprint
+from ecgpos.ecg.signal import preprocess_signal
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
+
+from probes.datasets import RecordLocator, read_record
+
+CACHE_VERSION = 1
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:
+        return {}
+
+
+def recorded_pretraining(source: str, info: dict) -> list[Path]:
+    """Shard folders an encoder was pretrained on, as recorded: an export's `shards`, a run's run_info.json
+    `shards`, and those of a Stage-1 run's Stage-0 run or export."""
+    folders: list[str] = list(info.get("shards") or [])
+    todo, seen = [Path(source)], set()
+    while todo:
+        path = todo.pop()
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        run_info = _read_json(path / "run_info.json")
+        folders += list(run_info.get("shards") or [])
+        folders += list(_read_json(path / "config.json").get("training", {}).get("shards") or [])
+        if run_info.get("stage0"):
+            todo.append(Path(str(run_info["stage0"])))
+    return [Path(f) for f in dict.fromkeys(map(str, folders))]
+
+
+@dataclass
+class PretrainingIndex:
+    """Fingerprints of the pretraining records, one FingerprintIndex per preprocessing spec."""
+
+    folders: list[Path]
+    by_spec: dict[PreprocessSpec, FingerprintIndex] = field(default_factory=dict)
+    computed: int = 0  # records fingerprinted on the fly (shards written before fingerprints existed)
+
+    def __len__(self) -> int:
+        return sum(len(i) for i in self.by_spec.values())
+
+
+def _indexed_prints(folder: Path) -> dict[str, str] | None:
+    """record_id -> fingerprint from index.csv, or None when the column is absent or incomplete."""
+    path = folder / "index.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or not all(row.get("fingerprint") for row in rows):
+        return None
+    return {row["record_id"]: row["fingerprint"] for row in rows}
+
+
+def load_pretraining(folders: Sequence[Path], log: Callable[[str], None] = print) -> PretrainingIndex:
+    """Fingerprints of every record in the shard folders (EcgposError when one is not a shard folder)."""
+    index = PretrainingIndex([Path(f) for f in folders])
+    for folder in index.folders:
+        if not folder.is_dir():
+            raise EcgposError(f"--pretraining-index {folder} is not a folder")
+        try:
+            spec = read_shard_spec(folder)
+        except ConfigError as err:
+            raise EcgposError(f"--pretraining-index: {err}") from None
+        target = index.by_spec.setdefault(spec, FingerprintIndex())
+        prints = _indexed_prints(folder)
+        if prints is None:
+            prints = {rid: fingerprint(x, spec.fs, spec.window, spec.dtype) for rid, x in iter_shard_records(folder)}
+            index.computed += len(prints)
+            log(f"leakage guard: {folder} has no fingerprints in index.csv; fingerprinted its {len(prints)} "
+                "records from the shards")
+        target.extend((f"{folder.name}:{rid}", fp) for rid, fp in prints.items())
+    return index
+
+
+def _cache_path(cache_dir: Path, dataset_key: str, spec: PreprocessSpec) -> Path:
+    key = json.dumps({"version": CACHE_VERSION, "dataset": dataset_key, "spec": spec.to_dict()}, sort_keys=True)
+    return cache_dir / f"fingerprints-{dataset_key.split(':')[0]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def probe_fingerprints(keys: Sequence[str], locator: RecordLocator, spec: PreprocessSpec, cache_dir: Path,
+                       dataset_key: str) -> dict[str, str]:
+    """Fingerprint (under `spec`) of every readable record among `keys`; cached per dataset and spec."""
+    path = _cache_path(cache_dir, dataset_key, spec)
+    try:
+        store: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+    except ValueError:  # a damaged cache is recomputed
+        store = {}
+    todo = [k for k in dict.fromkeys(keys) if k not in store]
+    for key in todo:
+        found = locator.locate(key)
+        if found is None:
+            continue
+        try:
+            raw = read_record(*found)
+            store[key] = fingerprint(preprocess_signal(raw.signal, raw.fs, raw.leads, spec), spec.fs, spec.window,
+                                     spec.dtype)
+        except EcgposError:  # unreadable records are reported by feature extraction
+            continue
+    if todo:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(store))
+        os.replace(tmp, path)
+    return {k: store[k] for k in keys if k in store}
+
+
+@dataclass
+class Overlap:
+    """Probe records of one task that match pretraining records: split -> [(key, match, bits)]."""
+
+    task: str
+    checked: int
+    matches: dict[str, list[tuple[str, str, int]]]
+
+    @property
+    def keys(self) -> set[str]:
+        return {m[0] for found in self.matches.values() for m in found}
+
+    def line(self, excluded: bool) -> str:
+        total = sum(len(v) for v in self.matches.values())
+        if not total:
+            return f"{self.task}: no overlap (0 of {self.checked} located records match a pretraining record)"
+        per_split = ", ".join(f"{s} {len(v)}" for s, v in self.matches.items() if v)
+        examples = "; ".join(f"{k} = {name} ({bits} bits)" for k, name, bits in
+                             [m for found in self.matches.values() for m in found][:3])
+        verdict = ("excluded from the probe (--exclude-overlap)" if excluded else
+                   "kept: these results include records the encoder was pretrained on")
+        return (f"{self.task}: {total} of {self.checked} located records match pretraining records ({per_split}); "
+                f"e.g. {examples}; {verdict}")
+
+
+def task_overlap(task: str, splits: dict[str, Sequence[str]], locator: RecordLocator, index: PretrainingIndex,
+                 cache_dir: Path, dataset_key: str) -> Overlap:
+    """Match every located record of the task's splits against the pretraining fingerprints."""
+    matches: dict[str, list[tuple[str, str, int]]] = {s: [] for s in splits}
+    checked: set[str] = set()
+    for spec, prints in index.by_spec.items():
+        ours = probe_fingerprints([k for keys in splits.values() for k in keys], locator, spec, cache_dir,
+                                  dataset_key)
+        checked |= set(ours)
+        for split, keys in splits.items():
+            done = {m[0] for m in matches[split]}
+            for key in keys:
+                if key in ours and key not in done:
+                    hit = prints.match(ours[key], MAX_DISTANCE)
+                    if hit:
+                        matches[split].append((key, hit[0][0], hit[0][1]))
+                        done.add(key)
+    return Overlap(task, len(checked), matches)
+
+
+def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], excluded: bool) -> str:
+    """The summary.md section of the guard's report."""
+    lines = ["## Pretraining overlap (leakage guard)", "",
+             f"Probe records compared by content fingerprint (at most {MAX_DISTANCE} of 540 bits apart) with the "
+             f"{len(index)} records of {', '.join(map(str, index.folders))}.", ""]
+    lines += [f"- {o.line(excluded)}" for o in overlaps]
+    return "\n".join(lines)
+
+
+def write_overlap(overlaps: Sequence[Overlap], out: Path) -> None:
+    """OUT/overlap.csv: task, split, record, pretraining record (folder:id), distance in bits."""
+    with open(out / "overlap.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["task", "split", "record", "pretraining_record", "distance_bits"])
+        for o in overlaps:
+            for split, found in o.matches.items():
+                writer.writerows([o.task, split, *m] for m in found)

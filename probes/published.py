@@ -1,0 +1,90 @@
+"""Published results beside ours: `--reference paper` (or a CSV of the same form).
+
+A reference file (probes/reference/paper.csv) starts with `#` lines naming its source, then one row
+per published model: `model` and one column per task (full-label test macro-AUROC). Published rows
+are labelled "(published)" everywhere they appear, so nobody mistakes them for runs of this project.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ecgpos.errors import EcgposError
+
+from probes.tasks import TASKS
+
+REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
+COUNTERPART = "Stage 1"  # what an encoder whose name matches no published row is compared with
+
+
+def read_reference(name: str) -> tuple[pd.DataFrame, str]:
+    """(table indexed by model, columns = task names; source text) of `paper` or a CSV path."""
+    path = REFERENCES.get(name, Path(name))
+    if not path.is_file():
+        raise EcgposError(f"--reference {name}: not a known reference ({', '.join(REFERENCES)}) or a CSV file")
+    lines = path.read_text().splitlines()
+    source = " ".join(line.lstrip("# ").strip() for line in lines if line.startswith("#"))
+    try:
+        table = pd.read_csv(path, comment="#").set_index("model")
+    except (ValueError, KeyError) as err:
+        raise EcgposError(f"{path}: not a reference table (model column + one column per task): {err}") from None
+    unknown = [c for c in table.columns if c not in TASKS]
+    if unknown:
+        raise EcgposError(f"{path}: unknown task column(s) {', '.join(unknown)}")
+    return table.astype(float), source
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def counterpart(encoder: str, models: list[str]) -> str:
+    """The published row an encoder is compared with: the one of the same name (stage1 ~ 'Stage 1'),
+    else the paper's Stage 1."""
+    for model in models:
+        if _norm(model) == _norm(encoder):
+            return model
+    return COUNTERPART if COUNTERPART in models else models[-1]
+
+
+def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str) -> str:
+    """Published rows, our full-label rows (mean [interval]) and our minus published, one table."""
+    ours = frame[frame["fraction"].astype(float) == 1.0]
+    tasks = [t for t in TASKS if t in reference.columns]
+    head = "| Encoder | " + " | ".join(TASKS[t].label for t in tasks) + " |"
+    lines = ["## Published results beside ours (100 % of the training labels)", "",
+             f"Rows marked (published) are copied from the paper, not run here. Source: {source}", "",
+             head, "|---|" + "---|" * len(tasks)]
+    for model, row in reference.iterrows():
+        lines.append(f"| {model} (published) | " + " | ".join(
+            f"{row[t]:.4f}" if np.isfinite(row[t]) else "—" for t in tasks) + " |")
+    diffs = []
+    for enc in dict.fromkeys(ours["encoder"]):
+        match = counterpart(str(enc), list(reference.index))
+        cells, deltas = [], []
+        for t in tasks:
+            part = ours[(ours["encoder"] == enc) & (ours["task"] == t)]
+            vals = part["test_auroc"].astype(float).dropna()
+            if not len(vals):
+                cells.append("—")
+                deltas.append("—")
+                continue
+            mean = vals.mean()
+            low = part["mean_auroc_low"].astype(float).iloc[0] if "mean_auroc_low" in part else np.nan
+            high = part["mean_auroc_high"].astype(float).iloc[0] if "mean_auroc_high" in part else np.nan
+            interval = np.isfinite(low) and np.isfinite(high)
+            cells.append(f"{mean:.4f}" + (f" [{low:.4f}, {high:.4f}]" if interval else ""))
+            pub = reference.loc[match, t]
+            delta = f"{mean - pub:+.4f}" + (f" [{low - pub:+.4f}, {high - pub:+.4f}]" if interval else "")
+            deltas.append(delta if np.isfinite(pub) else "—")
+        lines.append(f"| {enc} (ours) | " + " | ".join(cells) + " |")
+        diffs.append(f"| {enc} − {match} (published) | " + " | ".join(deltas) + " |")
+    lines += diffs
+    lines += ["", "A difference row is our seed mean minus the published number, with our 95 % bootstrap interval "
+              "shifted by the same amount: an interval that excludes 0 means the published number lies outside "
+              "our interval. An encoder is compared with the published row of the same name (stage0 ~ Stage 0, "
+              f"stage1 ~ Stage 1), otherwise with {COUNTERPART}."]
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Bootstrap intervals: the vectorised statistic against a plain loop, stratification, coverage, pairing."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+from sklearn.metrics import roc_auc_score
+
+from probes.bootstrap import (macro_auroc_reference, macro_auroc_resamples, paired_difference, seed_intervals,
+                              stratified_indices)
+
+
+def _predictions(rng: np.random.Generator, n: int = 120, classes: int = 4, seeds: int = 3):
+    labels = (rng.random((n, classes)) < [0.4, 0.2, 0.1, 0.05][:classes]).astype(np.uint8)
+    labels[:2, -1] = 1  # at least one positive in every column
+    scores = rng.normal(0, 1, (seeds, n, classes)) + labels
+    scores[:, :30, 0] = np.round(scores[:, :30, 0])  # ties between positives and negatives
+    return scores, labels
+
+
+def _plain_intervals(scores: np.ndarray, labels: np.ndarray, indices: np.ndarray):
+    """The textbook procedure, one resample and one seed at a time with scikit-learn."""
+    per_seed = np.zeros((len(scores), len(indices)))
+    for s, seed_scores in enumerate(scores):
+        for b, rows in enumerate(indices):
+            y, x = labels[rows], seed_scores[rows]
+            per_seed[s, b] = np.mean([roc_auc_score(y[:, c], x[:, c]) for c in range(y.shape[1])
+                                      if 0 < y[:, c].sum() < len(y)])
+    seeds = [tuple(np.percentile(r, [2.5, 97.5])) for r in per_seed]
+    return seeds, tuple(np.percentile(per_seed.mean(axis=0), [2.5, 97.5]))
+
+
+def test_vectorised_bootstrap_equals_plain_reference():
+    scores, labels = _predictions(np.random.default_rng(0))
+    indices = stratified_indices(labels, 200, seed=7)
+    fast = macro_auroc_resamples(scores, labels, indices)
+    for s in range(len(scores)):
+        np.testing.assert_allclose(fast[s], macro_auroc_reference(scores[s], labels, indices), rtol=0, atol=1e-12)
+    intervals = seed_intervals(scores, labels, 200, seed=7)
+    seeds, mean = _plain_intervals(scores, labels, indices)
+    np.testing.assert_allclose(intervals.seeds, seeds, atol=1e-12)
+    np.testing.assert_allclose(intervals.mean, mean, atol=1e-12)
+    # the identity resample is the plain test macro-AUROC
+    whole = macro_auroc_resamples(scores[0], labels, np.arange(len(labels))[None])[0]
+    assert whole == pytest.approx(np.mean([roc_auc_score(labels[:, c], scores[0][:, c]) for c in range(4)]), abs=1e-12)
+
+
+def test_seeded_bootstrap_is_reproducible_and_stratified():
+    scores, labels = _predictions(np.random.default_rng(1))
+    a, b = seed_intervals(scores, labels, 300, seed=3), seed_intervals(scores, labels, 300, seed=3)
+    assert a.seeds == b.seeds and a.mean == b.mean
+    assert seed_intervals(scores, labels, 300, seed=4).mean != a.mean
+    indices = stratified_indices(labels, 50, seed=3)
+    patterns = {tuple(r) for r in labels}
+    for rows in indices:  # every resample keeps each label pattern's count, hence every class's positives
+        for p in patterns:
+            assert (labels[rows] == p).all(axis=1).sum() == (labels == p).all(axis=1).sum()
+        assert np.array_equal(labels[rows].sum(axis=0), labels.sum(axis=0))
+    assert all(low < high for low, high in [*a.seeds, a.mean])
+
+
+def test_interval_covers_the_true_auroc_at_about_the_nominal_rate():
+    # binormal scores: positives N(d, 1), negatives N(0, 1) -> AUROC = Phi(d / sqrt 2), known exactly
+    rng = np.random.default_rng(11)
+    shift = np.array([1.0, 0.5])
+    truth = norm.cdf(shift / np.sqrt(2)).mean()
+    trials, hits = 400, 0
+    for trial in range(trials):
+        labels = (rng.random((200, 2)) < [0.3, 0.2]).astype(np.uint8)
+        scores = rng.normal(0, 1, (200, 2)) + labels * shift
+        low, high = seed_intervals(scores[None], labels, 400, seed=trial).mean
+        hits += low <= truth <= high
+    assert 0.90 <= hits / trials <= 0.985, hits / trials
+
+
+def test_paired_difference_uses_the_same_resamples():
+    rng = np.random.default_rng(5)
+    labels = (rng.random((300, 3)) < 0.3).astype(np.uint8)
+    weak = rng.normal(0, 1, (2, 300, 3)) + 0.3 * labels
+    strong = weak + 1.0 * labels  # the same noise plus more signal: better on every resample
+    diff, low, high = paired_difference(weak, weak, labels, 300)
+    assert (diff, low, high) == (0.0, 0.0, 0.0)
+    diff, low, high = paired_difference(strong, weak, labels, 300)
+    assert 0 < low <= diff <= high
+    a = macro_auroc_resamples(strong, labels, np.arange(300)[None]).mean()
+    b = macro_auroc_resamples(weak, labels, np.arange(300)[None]).mean()
+    assert diff == pytest.approx(a - b, abs=1e-12)
+    # unpaired intervals of the two would overlap far more than the paired difference suggests
+    assert seed_intervals(strong, labels, 300).mean[0] - seed_intervals(weak, labels, 300).mean[1] < low
