@@ -17,9 +17,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TextIO
 
+from ecgpos.ecg.fingerprint import fingerprint
 from ecgpos.ecg.shards import shard_name, write_shard
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
-from ecgpos.ecg.fingerprint import fingerprint
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from preprocessing import code15, ecg_arrhythmia, manifest

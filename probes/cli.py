@@ -13,12 +13,30 @@ from ecgpos.errors import EcgposError
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
-from probes.intervals import add_intervals, collect_scores, differences_markdown, load_scores, paired_differences, save_scores
+from probes.intervals import (
+    add_intervals,
+    collect_scores,
+    differences_markdown,
+    load_scores,
+    paired_differences,
+    save_scores,
+)
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
 from probes.published import read_reference, reference_markdown
 from probes.report import merge_results, summary_markdown, write_outputs, write_results
-from probes.run import (ProbeConfig, dataset_key, extraction_device, make_jobs, missing_records, missing_report,
-                  prepare_task, record_column, run_jobs, sort_rows, task_locator)
+from probes.run import (
+    ProbeConfig,
+    dataset_key,
+    extraction_device,
+    make_jobs,
+    missing_records,
+    missing_report,
+    prepare_task,
+    record_column,
+    run_jobs,
+    sort_rows,
+    task_locator,
+)
 from probes.tasks import GUARDED_TASKS, SPLITS, read_split, resolve_task, task_names
 
 EPILOG = """\
@@ -77,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10")
     p.add_argument("--compare", nargs="+", type=Path, metavar="DIR", help="merge result folders instead of probing")
     p.add_argument("--bootstrap", type=int, default=DEFAULT_RESAMPLES, metavar="N",
-                   help=f"stratified bootstrap resamples for the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0 = off)")
+                   help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off)")
     p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
     p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
     p.add_argument("--pretraining-index", nargs="+", type=Path, metavar="SHARDS",

@@ -7,9 +7,9 @@ difference of their seed-mean macro-AUROC and its interval.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd

@@ -13,16 +13,15 @@ import csv
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
-from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.ecg.fingerprint import MAX_DISTANCE, FingerprintIndex, fingerprint
+from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
-
+from ecgpos.errors import ConfigError, EcgposError
 from probes.datasets import RecordLocator, read_record
 
 CACHE_VERSION = 1

@@ -13,7 +13,6 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-
 from probes.tasks import TASKS
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}

@@ -183,7 +183,8 @@ def merge_results(folders: Sequence[Path], notes: list[str] | None = None,
 
     An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction):
     then that folder's rows of the encoder get the folder name added (one note per rename is appended to
-    `notes`; `renamed` receives folder -> {old: new label}). So one encoder probed task by task into several folders stays one row of the table.
+    `notes`; `renamed` receives folder -> {old: new label}). So one encoder probed task by task into several
+    folders stays one row of the table.
     """
     frames = []
     taken: set[tuple] = set()

@@ -6,8 +6,13 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
-from probes.bootstrap import (macro_auroc_reference, macro_auroc_resamples, paired_difference, seed_intervals,
-                              stratified_indices)
+from probes.bootstrap import (
+    macro_auroc_reference,
+    macro_auroc_resamples,
+    paired_difference,
+    seed_intervals,
+    stratified_indices,
+)
 
 
 def _predictions(rng: np.random.Generator, n: int = 120, classes: int = 4, seeds: int = 3):

@@ -14,11 +14,11 @@ import wfdb
 
 from ecgpos.cli import main
 from ecgpos.ecg.fingerprint import MAX_DISTANCE, distance
-from ecgpos.resources import config_dir
+from ecgpos.ecg.shards import write_shard
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from ecgpos.ecg.shards import write_shard
 from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.resources import config_dir
 from probes.leakage import load_pretraining, recorded_pretraining, task_overlap
 from probes.run import ProbeConfig, dataset_key, task_locator
 from probes.tasks import SPLITS, TASKS, read_split, resolve_task

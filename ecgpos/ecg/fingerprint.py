@@ -14,8 +14,8 @@ exact bands (a copy keeps at least one lead's 45 bits intact), then verified on 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
