@@ -1,9 +1,11 @@
 """Stratified bootstrap intervals of the test macro-AUROC, vectorised over all resamples.
 
 Resampling is stratified by label pattern: the test records are grouped by their full 0/1 label row
-and every group is resampled with replacement to its own size. Each resample therefore keeps every
-class's positive and negative counts, so the classes a split can score are the same in every
-resample as in the test set itself.
+and every group is resampled with replacement to its own size. Patterns held by fewer than
+MIN_STRATUM records (most of them, with 20-40 classes) are pooled into one stratum: a pattern of one
+record resampled on its own would be drawn exactly once every time and add no variance, which would
+make the interval too narrow. A resample in which a class that the test set can score has no
+positive or no negative is drawn again, so every resample scores the same classes as the test set.
 
 Speed: a resample is a vector of multiplicities (how often each record was drawn), so the AUROC of
 every resample is a weighted Mann-Whitney statistic over the records sorted once by score: for each
@@ -21,18 +23,43 @@ from sklearn.metrics import roc_auc_score
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.95
 SEED = 20240101  # fixed: the same test labels always give the same resamples
+MIN_STRATUM = 5  # label patterns held by fewer test records are pooled into one stratum
 
 
-def stratified_indices(labels: np.ndarray, n_boot: int, seed: int = SEED) -> np.ndarray:
-    """(n_boot, N) row indices: each label pattern's rows resampled with replacement to their count."""
+def strata(labels: np.ndarray, min_stratum: int = MIN_STRATUM) -> list[np.ndarray]:
+    """Row indices of each stratum: one per label pattern held by >= min_stratum records, and one
+    pooling the rows of all rarer patterns."""
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
-    _, group = np.unique(labels.reshape(len(labels), -1), axis=0, return_inverse=True)
+    _, group, counts = np.unique(labels.reshape(len(labels), -1), axis=0, return_inverse=True, return_counts=True)
     group = np.asarray(group).reshape(-1)
-    out = np.empty((n_boot, len(labels)), dtype=np.int64)
-    for g in range(group.max() + 1 if len(group) else 0):
-        rows = np.flatnonzero(group == g)
-        out[:, rows] = rows[rng.integers(0, len(rows), size=(n_boot, len(rows)))]
+    out = [np.flatnonzero(group == g) for g in np.flatnonzero(counts >= min_stratum)]
+    rare = np.flatnonzero(counts[group] < min_stratum)
+    return out + ([rare] if len(rare) else [])
+
+
+def _draw(groups: list[np.ndarray], n: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.empty((count, n), dtype=np.int64)
+    for rows in groups:
+        out[:, rows] = rows[rng.integers(0, len(rows), size=(count, len(rows)))]
+    return out
+
+
+def stratified_indices(labels: np.ndarray, n_boot: int, seed: int = SEED, min_stratum: int = MIN_STRATUM,
+                       max_redraws: int = 100) -> np.ndarray:
+    """(n_boot, N) row indices, stratified by label pattern (rare patterns pooled); a resample that
+    leaves a scorable class without positives or negatives is drawn again."""
+    labels = np.asarray(labels).reshape(len(labels), -1)
+    rng = np.random.default_rng(seed)
+    groups = strata(labels, min_stratum)
+    positives = labels.sum(axis=0)
+    scorable = (positives > 0) & (positives < len(labels))
+    out = _draw(groups, len(labels), n_boot, rng)
+    for _ in range(max_redraws):
+        drawn = labels[out][:, :, scorable].sum(axis=1)                 # (B, scorable classes)
+        bad = np.flatnonzero(((drawn == 0) | (drawn == len(labels))).any(axis=1))
+        if not len(bad):
+            break
+        out[bad] = _draw(groups, len(labels), len(bad), rng)
     return out
 
 

@@ -7,6 +7,7 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from probes.bootstrap import (
+    MIN_STRATUM,
     macro_auroc_reference,
     macro_auroc_resamples,
     paired_difference,
@@ -56,12 +57,29 @@ def test_seeded_bootstrap_is_reproducible_and_stratified():
     assert a.seeds == b.seeds and a.mean == b.mean
     assert seed_intervals(scores, labels, 300, seed=4).mean != a.mean
     indices = stratified_indices(labels, 50, seed=3)
-    patterns = {tuple(r) for r in labels}
-    for rows in indices:  # every resample keeps each label pattern's count, hence every class's positives
-        for p in patterns:
+    patterns, counts = np.unique(labels, axis=0, return_counts=True)
+    common = patterns[counts >= MIN_STRATUM]
+    assert len(common) and len(common) < len(patterns)  # both kinds of stratum occur
+    rare_rows = ~(labels[:, None] == common[None]).all(axis=2).any(axis=1)
+    for rows in indices:  # every common pattern keeps its count; the pooled rare ones keep theirs together
+        for p in common:
             assert (labels[rows] == p).all(axis=1).sum() == (labels == p).all(axis=1).sum()
-        assert np.array_equal(labels[rows].sum(axis=0), labels.sum(axis=0))
+        assert rare_rows[rows].sum() == rare_rows.sum()
+        assert (labels[rows].sum(axis=0) > 0).all()  # every class keeps a positive
     assert all(low < high for low, high in [*a.seeds, a.mean])
+
+
+def test_records_of_unique_label_patterns_vary_between_resamples():
+    # many classes: most label patterns are held by one record; those records must still be resampled
+    rng = np.random.default_rng(5)
+    labels = (rng.random((200, 20)) < 0.15).astype(np.uint8)
+    labels[:3] = 1
+    _, counts = np.unique(labels, axis=0, return_counts=True)
+    assert (counts == 1).sum() > 100
+    drawn = np.stack([np.bincount(rows, minlength=len(labels)) for rows in stratified_indices(labels, 200, seed=1)])
+    assert drawn.std(axis=0).min() > 0.5  # each record's multiplicity varies (about Poisson(1), std 1)
+    positives = np.stack([labels[rows].sum(axis=0) for rows in stratified_indices(labels, 200, seed=1)])
+    assert (positives > 0).all() and (positives < len(labels)).all()
 
 
 def test_interval_covers_the_true_auroc_at_about_the_nominal_rate():
