@@ -95,8 +95,8 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():
         resamples = int(frame["bootstrap"].astype(float).max())
         parts[-1] += (f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
-                      "resamples of the test records within each label pattern; each resample's AUROC is "
-                      "averaged over the seeds). Per-seed intervals are in results.csv.")
+                      "resamples of the test records within each label pattern, rare patterns pooled; "
+                      "each resample's AUROC is averaged over the seeds). Per-seed intervals are in results.csv.")
     parts.append("")
     for fraction, table in summary_tables(frame).items():
         parts += [f"## {_fraction_label(fraction)} of the training labels", "", _markdown(table), ""]
