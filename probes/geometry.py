@@ -16,9 +16,9 @@ PoS predicts Delta S > 0 and Delta rho, Delta IC, Delta d_samp, Delta d_pool < 0
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import csv
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -246,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     nominal, anomalous = _names(args.nominal), _names(args.anomalous)
     args.anomalous_list = anomalous
     if len(nominal) < 2:
-        raise EcgposError(f"--nominal needs at least two classes (the separation terms need pairs), got {args.nominal!r}")
+        raise EcgposError(f"--nominal needs at least two classes (the separation terms need pairs), "
+                          f"got {args.nominal!r}")
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
     sel, task_locator = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
@@ -275,5 +276,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_geometry(res, data.labels, present, args.out / "geometry.png",
                   (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"))
     print(text, end="")
-    print(f"wrote {', '.join(str(args.out / f) for f in ('metrics.csv', 'features.npz', 'summary.md', 'geometry.png'))}")
+    files = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
+    print(f"wrote {', '.join(str(args.out / f) for f in files)}")
     return 0

@@ -85,8 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "onnx" in config:
         worst = max(config["onnx"]["max_relative_error"].values())
         onnx_note = f", {ONNX_FILE} ({config['onnx']['exporter']} exporter, max rel err {worst:.1e})"
-    decoder_note = (f", {config['decoders']['file']} ({', '.join(k for k in config['decoders'] if k.startswith('stage'))})"
-                    if "decoders" in config else "")
+    decoder_note = ""
+    if "decoders" in config:
+        levels = ", ".join(k for k in config["decoders"] if k.startswith("stage"))
+        decoder_note = f", {config['decoders']['file']} ({levels})"
     verb = "re-exported" if replacing else "exported"
     print(f"{verb} {config['arch'].get('kind')} encoder (step {training.get('step', '?')}, "
           f"{config['io']['features']} features) to {args.out}: {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}, "

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ecgpos.errors import EcgposError
 from ecgpos.inference.inputs import open_source

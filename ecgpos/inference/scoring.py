@@ -11,9 +11,9 @@ was trained on) or from an export written with `ecgpos export --with-decoders`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
