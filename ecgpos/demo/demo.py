@@ -64,7 +64,7 @@ def _run(name: str, *argv: object) -> None:
 
 def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
     """Simulate and write the pretraining corpora and the labelled probe set (cached in out/raw)."""
-    from ecgpos import synthetic
+    from ecgpos.demo import synthetic
 
     done = out / "raw" / ".complete"
     if done.exists() and json.loads(done.read_text()) == size.__dict__ | {"seed": seed}:
