@@ -45,6 +45,18 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     assert (out / "probes" / "summary" / "summary.png").stat().st_size > 1000
     assert "random-init" in proc.stdout and "stage1" in proc.stdout
 
+    # Geometry between the levels and the per-level anomaly AUROCs were computed and printed.
+    metrics = pd.read_csv(out / "geometry" / "metrics.csv")
+    assert list(metrics["metric"]) == ["D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"]
+    assert np.isfinite(metrics[["x", "x_hat", "delta_pct"]].to_numpy()).all()
+    geo = np.load(out / "geometry" / "features.npz")
+    assert set(geo["labels"]) == {"brady", "normal", "tachy", "noisy"}
+    scores = pd.read_csv(out / "scores" / "scores.csv")
+    assert list(scores.columns) == ["record_id", "stage0_score", "stage1_score"]
+    assert len(scores) == 3 * QUICK.probe_per_class
+    assert "| stage1 |" in (out / "scores" / "scores_summary.md").read_text()
+    assert "Delta S > 0" in proc.stdout and "AUROC" in proc.stdout
+
     # The exported nested encoder loads and embeds a raw record.
     encoder = ecgpos.load_encoder(out / "export" / "nested-encoder")
     signal = np.random.default_rng(0).normal(size=(12, 5000)).astype(np.float32)

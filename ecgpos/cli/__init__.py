@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
     "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
     "verify": ("ecgpos.cli.verify", "check an exported encoder against its test vectors"),
+    "geometry": ("probes.geometry_cli", "PoS representation dynamics between two levels, and the carving criterion"),
+    "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
     "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),
 }
 

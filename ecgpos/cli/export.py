@@ -1,4 +1,4 @@
-"""`ecgpos export --run-dir RUN --out DIR [--onnx] [--probe-results DIR]`: a frozen encoder folder.
+"""`ecgpos export --run-dir RUN --out DIR [--onnx] [--with-decoders] [--probe-results DIR]`: a frozen encoder folder.
 
 Everything is written into a temporary sibling folder, reloaded from disk and checked against the
 training checkpoint's features (and, with --onnx, against onnxruntime) before it is moved to DIR,
@@ -20,6 +20,7 @@ from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
 from ecgpos.inference.resolve import load_run_encoder
+from ecgpos.inference.scoring import load_recon_models
 from ecgpos.pretrain.run_folder import training_summary
 
 
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=Path,
                         help="export folder to create (an earlier export there is replaced)")
     parser.add_argument("--onnx", action="store_true", help="also write encoder.onnx (needs ecgpos[export])")
+    parser.add_argument("--with-decoders", action="store_true",
+                        help="also write the reconstruction decoders (decoders.safetensors) for `ecgpos score`; "
+                             "off by default: the clinical export is encoder-only")
     parser.add_argument("--probe-results", type=Path, default=None,
                         help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card")
     return parser
@@ -55,12 +59,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
+    decoders = None
+    if args.with_decoders:
+        recon = load_recon_models(args.run_dir)
+        decoders = recon.levels
+        for note in recon.notes:
+            print(f"note: {note}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent))
     try:
         with torch.no_grad():
             config = write_export(module, loaded.spec, loaded.arch, training, staging, args.onnx,
-                                  args.probe_results)
+                                  args.probe_results, decoders)
             from ecgpos.export.vectors import load_vectors
 
             diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
@@ -75,8 +85,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "onnx" in config:
         worst = max(config["onnx"]["max_relative_error"].values())
         onnx_note = f", {ONNX_FILE} ({config['onnx']['exporter']} exporter, max rel err {worst:.1e})"
+    decoder_note = ""
+    if "decoders" in config:
+        levels = ", ".join(k for k in config["decoders"] if k.startswith("stage"))
+        decoder_note = f", {config['decoders']['file']} ({levels})"
     verb = "re-exported" if replacing else "exported"
     print(f"{verb} {config['arch'].get('kind')} encoder (step {training.get('step', '?')}, "
           f"{config['io']['features']} features) to {args.out}: {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}, "
-          f"{VECTORS_FILE}{onnx_note}; reload check max abs diff {diff:.1e}")
+          f"{VECTORS_FILE}{onnx_note}{decoder_note}; reload check max abs diff {diff:.1e}")
     return 0

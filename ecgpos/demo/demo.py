@@ -2,7 +2,9 @@
 
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
 tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> Stage 0 -> Stage 1 ->
-linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> export + verify.
+linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> PoS geometry between the two
+levels (rhythm classes nominal, noisy recordings anomalous) and per-level reconstruction anomaly
+scores -> export + verify.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class DemoSize:
 
 
 PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
+GEOMETRY_TASK = "synthetic-geometry"  # the probe set relabelled: clean rhythm classes vs noisy
 
 QUICK = DemoSize(wfdb_records=24, code15_exams=12, probe_per_class=24, stage0_steps=150, stage1_steps=100,
                  probe_epochs=30, probe_seeds=2)
@@ -79,9 +82,31 @@ def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
     done.write_text(json.dumps(size.__dict__ | {"seed": seed}))
 
 
+def write_geometry_task(probe_root: Path, root: Path) -> Path:
+    """The probe set as a geometry task: a clean recording keeps its rhythm class (nominal), a noisy
+    one is labelled `noisy` only (anomalous), so every record carries exactly one chosen label.
+    Also writes root/labels.csv (record_id,label) for `ecgpos score --labels`."""
+    import pandas as pd
+
+    from ecgpos.demo.synthetic import RHYTHM_CLASSES
+
+    root.mkdir(parents=True, exist_ok=True)
+    labels = []
+    for split in ("train", "val", "test"):
+        frame = pd.read_csv(probe_root / f"{split}.csv")
+        frame["record"] = [str((probe_root / r).resolve()) for r in frame["record"]]
+        frame.loc[frame["noisy"] == 1, list(RHYTHM_CLASSES)] = 0
+        frame.to_csv(root / f"{split}.csv", index=False)
+        for _, row in frame.iterrows():
+            label = "noisy" if row["noisy"] else next(c for c in RHYTHM_CLASSES if row[c])
+            labels.append((Path(row["record"]).name, label))
+    pd.DataFrame(labels, columns=["record_id", "label"]).to_csv(root / "labels.csv", index=False)
+    return root
+
+
 def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     """Run every stage into `out`; returns the path of the probe summary."""
-    step = Steps(8)
+    step = Steps(10)
     out.mkdir(parents=True, exist_ok=True)
     step(f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
          f"and a {3 * size.probe_per_class}-record labelled probe set (neurokit2 multi-lead ECGSYN)")
@@ -113,6 +138,16 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         _run("probe", "--encoder", encoder, "--name", name, "--out", out / "probes" / name, *probe_args)
     step("merging probe results")
     _run("probe", "--compare", *[out / "probes" / name for name in encoders], "--out", out / "probes" / "summary")
+    step("PoS geometry between Stage 0 and Stage 1 (brady/normal/tachy nominal, noisy anomalous)")
+    from ecgpos.demo.synthetic import RHYTHM_CLASSES
+
+    geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
+    _run("geometry", "--encoder", runs / "stage1", "--task", f"custom:{geometry_task}", "--split", "all",
+         "--nominal", ",".join(RHYTHM_CLASSES), "--anomalous", "noisy", "--out", out / "geometry", "--device", "cpu")
+    step("reconstruction anomaly scores per level, AUROC of noisy vs clean")
+    _run("score", "--run", runs / "stage1", "--input", out / "raw" / PROBE_TASK / "records", "--out",
+         out / "scores" / "scores.csv", "--labels", geometry_task / "labels.csv", "--nominal",
+         ",".join(RHYTHM_CLASSES), "--anomalous", "noisy", "--no-progress")
     step("exporting the nested (Stage 0 + Stage 1) encoder")
     export = out / "export" / "nested-encoder"
     _run("export", "--run-dir", runs / "stage1", "--out", export, "--probe-results", out / "probes" / "summary")
@@ -132,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)
     print()
     print((summary / "summary.md").read_text())
+    print((args.out / "geometry" / "summary.md").read_text())
+    print((args.out / "scores" / "scores_summary.md").read_text())
     figures = sorted((args.out / "runs").glob("stage*/figures/*.png"))
     print("Figures:")
-    for path in [*figures[-4:], *sorted(summary.glob("*.png"))]:
+    for path in [*figures[-4:], *sorted(summary.glob("*.png")), args.out / "geometry" / "geometry.png"]:
         print(f"  {path}")
     print(f"Exported encoder: {args.out / 'export' / 'nested-encoder'}  (ecgpos.load_encoder(PATH))")
     print(f"demo finished in {time.monotonic() - started:.0f} s", file=sys.stderr)

@@ -44,8 +44,10 @@ def weights_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def write_export(module: nn.Module, spec: Any, arch: dict[str, Any], training: dict[str, Any], out: Path,
-                 onnx: bool = False, probe_results: Path | None = None) -> dict[str, Any]:
-    """Write all export files of a CPU float32 eval `module` into the (empty) folder `out`; return config."""
+                 onnx: bool = False, probe_results: Path | None = None,
+                 decoders: dict[str, nn.Module] | None = None) -> dict[str, Any]:
+    """Write all export files of a CPU float32 eval `module` into the (empty) folder `out`; return config.
+    `decoders` (level -> objective module) adds decoders.safetensors for reconstruction scoring."""
     from safetensors.torch import save_file
 
     state = weights_state(module)
@@ -62,6 +64,10 @@ def write_export(module: nn.Module, spec: Any, arch: dict[str, Any], training: d
         "test_vectors": {"file": VECTORS_FILE, "atol": ATOL, "rtol": RTOL},
         "training": training,
     }
+    if decoders:
+        from ecgpos.export.decoders import write_decoders
+
+        config["decoders"] = write_decoders(out, decoders)
     if onnx:
         from ecgpos.export.onnx_export import export_onnx
 

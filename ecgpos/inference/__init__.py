@@ -1,1 +1,2 @@
-"""Frozen encoders in use: the one resolver (run folder | export | random init) and embed's inputs."""
+"""Frozen encoders in use: the one resolver (run folder | export | random init), embed's inputs, and
+reconstruction-based anomaly scores."""

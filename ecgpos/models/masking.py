@@ -72,3 +72,18 @@ def unshuffle_with_mask_tokens(kept: torch.Tensor, mask_token: torch.Tensor,
     fill = mask_token.reshape(1, 1, 1, d).to(kept.dtype).expand(b, l, n - k, d)
     full = torch.cat([kept, fill], dim=2)                # shuffled order: kept first
     return gather_tokens(full, ids_restore)
+
+
+def fixed_masking(num_leads: int, num_patches: int, mask_ratio: float, seed: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One reproducible mask (ids_keep, mask, ids_restore), each (1, L, ...), drawn from `seed`.
+
+    Used for scoring: the same masks for every record, whatever the batch it is scored in.
+    """
+    return random_masking(1, num_leads, num_patches, mask_ratio, generator=torch.Generator().manual_seed(seed))
+
+
+def expand_masking(masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int,
+                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A (1, L, ...) masking repeated over a batch and moved to `device`."""
+    return tuple(t.to(device).expand(batch, *t.shape[1:]) for t in masking)  # type: ignore[return-value]

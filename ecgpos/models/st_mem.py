@@ -159,21 +159,27 @@ class TokenEncoder(nn.Module):
         return self.forward_features(x)
 
     def embed_masked(self, x: torch.Tensor, mask_ratio: float,
-                     generator: torch.Generator | None = None
+                     generator: torch.Generator | None = None,
+                     masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Embedded visible tokens before the blocks.
 
         Returns tokens (B, L, K + 2, W) = [SEP, K kept patches, SEP] per lead, mask (B, L, N) bool
         (True = masked), ids_restore (B, L, N). SEPs are outside the mask, so they are always kept.
+        `masking` (ids_keep, mask, ids_restore) of batch size B uses a given mask instead of drawing one.
         """
         patches, seps = self.embed(x)
         b = patches.shape[0]
-        ids_keep, mask, ids_restore = random_masking(b, self.num_leads, self.num_patches, mask_ratio,
-                                                     device=patches.device, generator=generator)
+        if masking is not None:
+            ids_keep, mask, ids_restore = masking
+        else:
+            ids_keep, mask, ids_restore = random_masking(b, self.num_leads, self.num_patches, mask_ratio,
+                                                         device=patches.device, generator=generator)
         return with_sep(gather_tokens(patches, ids_keep), seps), mask, ids_restore
 
     def forward_masked(self, x: torch.Tensor, mask_ratio: float,
-                       generator: torch.Generator | None = None
+                       generator: torch.Generator | None = None,
+                       masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Masked encoder pass used by the autoencoders.
 
@@ -181,7 +187,7 @@ class TokenEncoder(nn.Module):
         the two SEPs), mask (B, L, N) bool True = masked, ids_restore (B, L, N).
         """
         check_mask_ratio(mask_ratio, self.num_patches)
-        tokens, mask, ids_restore = self.embed_masked(x, mask_ratio, generator)
+        tokens, mask, ids_restore = self.embed_masked(x, mask_ratio, generator, masking)
         b, l, s, w = tokens.shape
         out = self.norm(self._run_blocks(tokens.reshape(b, l * s, w)))
         return out.reshape(b, l, s, w), mask, ids_restore

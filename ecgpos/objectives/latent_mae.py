@@ -21,8 +21,8 @@ from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.masking import check_mask_ratio
 from ecgpos.models.nested import NestedEncoder, check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
-from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
-from ecgpos.objectives.stage0_mae import masked_mse, normalise_tokens
+from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_margin_violated, push_pull_loss
+from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
 
 
 class LatentMaskedAutoencoder(nn.Module):
@@ -102,6 +102,33 @@ class LatentMaskedAutoencoder(nn.Module):
             loss = loss + pp.lambda_sp * sp_loss
             log["sp_loss"] = sp_loss
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
+
+    @torch.no_grad()
+    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                      ) -> torch.Tensor:
+        """Per-sample masked reconstruction error (B,) of the Stage-0 latent tokens under a given mask,
+        in the loss's target space."""
+        tokens = self.latent_tokens(x)
+        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, masking=masking)
+        return masked_mse_per_sample(self.decoder(latent, ids_restore), self.target(tokens), mask)
+
+    @torch.no_grad()
+    def push_violations(self, x: torch.Tensor, generator: torch.Generator | None = None,
+                        per_sample_noise: bool = False) -> torch.Tensor:
+        """(B,) bool: Push margin violated for the perturbed Stage-0 tokens of each sample.
+
+        The run's push-pull perturbation and alpha (the defaults of PushPullConfig when push-pull is
+        off), distances in the loss's target space as in training. per_sample_noise perturbs every
+        sample on its own (its own token std for 'gaussian'), so a record's answer does not depend on
+        the batch it comes in.
+        """
+        pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
+        tokens = self.latent_tokens(x)
+        if per_sample_noise:
+            tilde = torch.cat([perturb(t[None], pp.perturbation, pp.scale, generator) for t in tokens])
+        else:
+            tilde = perturb(tokens, pp.perturbation, pp.scale, generator)
+        return push_margin_violated(self.target(tokens), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     def nested_encoder(self) -> NestedEncoder:
         """Stage-0 -> Stage-1 encoder (no masking), sharing this model's modules."""

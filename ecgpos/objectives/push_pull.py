@@ -91,3 +91,10 @@ def push_pull_loss(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor,
     push = torch.clamp(margin, min=0.0)
     active = (margin > 0).float().mean().detach()
     return (pull + push).mean(), active
+
+
+def push_margin_violated(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor,
+                         alpha: float) -> torch.Tensor:
+    """(B,) bool: alpha * d(x~, x) > d(x^, x~), the samples whose reconstruction still violates the
+    Push margin (the preprint's label-free criterion for whether a level needs further carving)."""
+    return alpha * per_sample_distance(x_tilde, x) > per_sample_distance(x_hat, x_tilde)

@@ -37,6 +37,13 @@ def masked_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> 
     return (per_patch * weights).sum() / weights.sum().clamp_min(1.0)
 
 
+def masked_mse_per_sample(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """masked_mse of each sample on its own: pred, target (B, L, N, D), mask (B, L, N) -> (B,) float32."""
+    per_patch = (pred.float() - target.float()).pow(2).mean(dim=-1)
+    weights = mask.to(per_patch.dtype)
+    return (per_patch * weights).sum(dim=(1, 2)) / weights.sum(dim=(1, 2)).clamp_min(1.0)
+
+
 class MaskedECGAutoencoder(nn.Module):
     """ST-MEM masked autoencoder: x (B, 12, 2250) -> dict(loss, pred, target, mask).
 
@@ -83,6 +90,13 @@ class MaskedECGAutoencoder(nn.Module):
         pred = self.forward_decoder(latent, ids_restore)
         loss, target = self.forward_loss(x, pred, mask)
         return {"loss": loss, "log": {}, "pred": pred, "target": target, "mask": mask}
+
+    @torch.no_grad()
+    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+                      ) -> torch.Tensor:
+        """Per-sample masked reconstruction error (B,) under a given mask, in the loss's target space."""
+        latent, mask, ids_restore = self.encoder.forward_masked(x, self.mask_ratio, masking=masking)
+        return masked_mse_per_sample(self.forward_decoder(latent, ids_restore), self.target(x), mask)
 
     @torch.no_grad()
     def to_signal_units(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

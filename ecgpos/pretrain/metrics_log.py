@@ -95,11 +95,14 @@ class MetricsLog:
                         self.writer.add_scalar(f"train/{key}", value, step)
         return record
 
-    def log_val(self, step: int, val_loss: float) -> None:
+    def log_val(self, step: int, val_loss: float, **extra: float) -> None:
+        """One validation line; extra values (e.g. val_push_violation) go beside val_loss."""
         if self.is_main:
-            self._write({"step": step, "val_loss": val_loss, "time": time.time()})
+            self._write({"step": step, "val_loss": val_loss, **extra, "time": time.time()})
             if self.writer is not None:
                 self.writer.add_scalar("val/loss", val_loss, step)
+                for key, value in extra.items():
+                    self.writer.add_scalar(f"val/{key.removeprefix('val_')}", value, step)
 
     def _write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as handle:

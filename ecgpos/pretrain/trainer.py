@@ -187,16 +187,21 @@ class Trainer:
         model.eval()
         batches = eval_batches(self.val_set, self.sampler.per_process, self.cfg.train.val_batches,
                                self.acc.process_index, self.acc.num_processes)
-        total = torch.zeros(2, device=self.acc.device)
+        total = torch.zeros(3, device=self.acc.device)
+        carving = getattr(self.acc.unwrap_model(model), "push_violations", None)  # Stage 1 only
         for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
-            out = model(x.to(self.acc.device), generator=step_generator(self.cfg.train.seed, 0, k, salt=1))
+            x = x.to(self.acc.device)
+            out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1))
             count = torch.tensor(float(len(x)), device=total.device)
-            total += torch.stack([out["loss"].detach().float() * count, count])
+            violated = (carving(x, step_generator(self.cfg.train.seed, 0, k, salt=3)).float().sum()
+                        if carving is not None else torch.zeros((), device=total.device))
+            total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
         model.train()
         self._keep_stage0_frozen()
         if self.acc.num_processes > 1:
             total = self.acc.reduce(total, reduction="sum")
-        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)))
+        extra = {"val_push_violation": float(total[2] / total[1].clamp_min(1))} if carving is not None else {}
+        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), **extra)
 
     @torch.no_grad()
     def _figure(self, step: int) -> None:

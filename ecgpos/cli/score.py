@@ -1,0 +1,108 @@
+"""`ecgpos score --run RUN_OR_EXPORT --input RECORDS [--masks 8] [--out scores.csv] [--labels CSV ...]`.
+
+Per-record reconstruction anomaly scores per level (see ecgpos.inference.scoring). RUN_OR_EXPORT is
+a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RECORDS are read
+exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
+array with --fs and --leads; bad records are reported with their reason and skipped.
+Writes CSV columns record_id,stage0_score[,stage1_score] (a Stage-0 run has Stage-0 scores only).
+With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
+per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from collections.abc import Sequence
+from pathlib import Path
+
+from ecgpos.errors import EcgposError
+from ecgpos.inference.inputs import open_source
+from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ecgpos score", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path, help="Stage-0/Stage-1 run folder or export with decoders")
+    p.add_argument("--input", required=True, type=Path, help="WFDB record/folder, shard folder or .npy")
+    p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
+    p.add_argument("--out", type=Path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
+    p.add_argument("--labels", type=Path, help="CSV with columns record_id,label")
+    p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
+    p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
+    p.add_argument("--fs", type=float, help="sampling rate of a .npy input (Hz)")
+    p.add_argument("--leads", help="comma-separated lead names of a .npy input's rows")
+    p.add_argument("--num-windows", type=int, default=1, help="windows per record, averaged (1 = centre)")
+    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
+    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _names(text: str | None, flag: str) -> list[str]:
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if not names:
+        raise EcgposError(f"--labels needs {flag} A[,B...]")
+    return names
+
+
+def read_labels(path: Path) -> dict[str, str]:
+    """record_id -> label from a CSV with those two columns."""
+    if not path.is_file():
+        raise EcgposError(f"--labels {path} does not exist")
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
+            raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
+        return {row["record_id"]: row["label"] for row in reader}
+
+
+def summary_markdown(run: str, aurocs: dict[str, float], counts: dict[str, int], nominal: list[str],
+                     anomalous: list[str], masks: int, notes: list[str]) -> str:
+    lines = [f"# Reconstruction anomaly scores: {run}", "",
+             f"Nominal: {', '.join(nominal)} ({counts['nominal']} records); anomalous: {', '.join(anomalous)} "
+             f"({counts['anomalous']} records); {counts['unlabelled']} scored records carry neither. "
+             f"Scores averaged over {masks} fixed masks.", "",
+             "| level | AUROC (anomalous vs nominal) |", "|---|---|"]
+    lines += [f"| {level} | {value:.3f} |" for level, value in aurocs.items()]
+    return "\n".join(lines + [""] + [f"Note: {n}" for n in notes if n]) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.masks < 1 or args.num_windows < 1 or args.batch_size < 1:
+        raise EcgposError("--masks, --num-windows and --batch-size must be at least 1")
+    labels = None
+    if args.labels is not None:
+        nominal, anomalous = _names(args.nominal, "--nominal"), _names(args.anomalous, "--anomalous")
+        labels = read_labels(args.labels)
+    elif args.nominal or args.anomalous:
+        raise EcgposError("--nominal/--anomalous need --labels CSV")
+    if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
+        raise EcgposError(f"--input {args.input} does not exist")
+    models = load_recon_models(args.run)
+    if not models.levels:
+        raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
+    source = open_source(args.input, args.fs, args.leads, models.spec)
+    result = score_records(models, source.records, source.count, args.masks, args.num_windows, args.batch_size,
+                           args.device, progress=not args.no_progress)
+    if not result.ids:
+        raise EcgposError(f"none of the {source.count} {source.kind} could be scored ({len(result.skipped)} skipped)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    levels = list(result.scores)
+    with args.out.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
+        for row, record_id in enumerate(result.ids):
+            writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
+    for note in models.notes:
+        print(f"note: {note}")
+    print(f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
+          f"({args.masks} masks) -> {args.out}" + (f"; skipped {len(result.skipped)}" if result.skipped else ""))
+    if labels is not None:
+        aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
+        text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
+        path = args.out.parent / "scores_summary.md"
+        path.write_text(text)
+        print(text, end="")
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,97 @@
+"""Optional reconstruction decoders in an export folder (`ecgpos export --with-decoders`).
+
+The clinical export is encoder-only. Reconstruction-based anomaly scores (`ecgpos score`) and the
+carving criterion need each level's decoder as well, so an export may carry them in
+`decoders.safetensors` (keys `stage0.*` = the Stage-0 per-lead decoder, `stage1.*` = the Stage-1
+one) with their settings under `decoders` in config.json:
+    {"file", "sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
+     "stage1": {"decoder", "mask_ratio", "norm_target", "push_pull"}}
+A level is present only when its decoder was available at export time.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ecgpos.errors import EcgposError
+from ecgpos.export.format import WEIGHTS_FILE, state_sha256
+from ecgpos.export.load import build_from_state
+from ecgpos.files import read_safetensors
+from ecgpos.models.decoder import DecoderConfig
+from ecgpos.models.factory import state_mismatch
+from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
+from ecgpos.objectives.push_pull import PushPullConfig
+from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
+
+DECODERS_FILE = "decoders.safetensors"
+LEVELS = ("stage0", "stage1")
+
+
+def decoder_settings(model: nn.Module) -> dict[str, Any]:
+    """JSON-able settings that rebuild a level's objective around its encoder."""
+    out: dict[str, Any] = {"decoder": dataclasses.asdict(model.decoder_cfg), "mask_ratio": model.mask_ratio,
+                           "norm_target": model.norm_target}
+    if isinstance(model, LatentMaskedAutoencoder):
+        out["push_pull"] = dataclasses.asdict(model.push_pull)
+    return out
+
+
+def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]:
+    """Write the decoders of `models` (level -> objective module) to out/DECODERS_FILE; the config entry."""
+    from safetensors.torch import save_file
+
+    state = {f"{level}.{k}": v.detach().to("cpu").float().clone().contiguous()
+             for level, model in models.items() for k, v in model.decoder.state_dict().items()}
+    save_file(state, str(out / DECODERS_FILE), metadata={"format": "ecgpos-decoders"})
+    entry: dict[str, Any] = {"file": DECODERS_FILE, "sha256": state_sha256(state)}
+    entry.update({level: decoder_settings(model) for level, model in models.items()})
+    return entry
+
+
+def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: str, what: str) -> nn.Module:
+    own = {k[len(level) + 1:]: v for k, v in state.items() if k.startswith(f"{level}.")}
+    problem = state_mismatch(model.decoder.state_dict(), own)
+    if problem:
+        raise EcgposError(f"{what}: the {level} decoder does not fit its settings in config.json: {problem}")
+    model.decoder.load_state_dict(own, strict=True)
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn.Module]:
+    """The reconstruction models of an export with decoders: level -> MaskedECGAutoencoder (stage0) /
+    LatentMaskedAutoencoder (stage1), frozen, float32, CPU. EcgposError when the export has none."""
+    folder = Path(folder)
+    entry = config.get("decoders")
+    if not isinstance(entry, Mapping):
+        raise EcgposError(f"{folder} is an encoder-only export: re-export the run with "
+                          "`ecgpos export --with-decoders` to score reconstructions")
+    state = read_safetensors(folder / str(entry.get("file", DECODERS_FILE)), "decoder weights")
+    if state_sha256(state) != entry.get("sha256"):
+        raise EcgposError(f"{folder / DECODERS_FILE} does not match config.json (decoders sha256 differs)")
+    encoder = build_from_state(config["arch"], read_safetensors(folder / WEIGHTS_FILE),
+                               str(folder / WEIGHTS_FILE)).float()
+    stage0 = encoder.stage0 if config["arch"].get("kind") == "nested" else encoder
+    what = str(folder / DECODERS_FILE)
+    models: dict[str, nn.Module] = {}
+    try:
+        if "stage0" in entry:
+            s = entry["stage0"]
+            models["stage0"] = _load_decoder(MaskedECGAutoencoder(stage0, DecoderConfig(**s["decoder"]),
+                                                                  s["mask_ratio"], s["norm_target"]),
+                                             state, "stage0", what)
+        if "stage1" in entry:
+            if config["arch"].get("kind") != "nested":
+                raise EcgposError(f"{what}: a Stage-1 decoder in an export of a Stage-0 encoder")
+            s = entry["stage1"]
+            models["stage1"] = _load_decoder(LatentMaskedAutoencoder(
+                encoder.stage0, encoder.stage1, DecoderConfig(**s["decoder"]), s["mask_ratio"], s["norm_target"],
+                PushPullConfig(**s.get("push_pull", {}))), state, "stage1", what)
+    except (TypeError, KeyError) as err:
+        raise EcgposError(f"config.json: malformed decoders entry ({type(err).__name__}: {err})") from None
+    return models

@@ -1,0 +1,183 @@
+"""Reconstruction-based anomaly scores per record and per level (the preprint's use of these models).
+
+Stage 0: mean masked-patch reconstruction error in the Stage-0 loss's target space (per-patch
+normalised signal patches when norm_target). Stage 1: the same for the Stage-0 latent tokens through
+the Stage-1 decoder. Each is averaged over `masks` fixed masks (mask m is drawn from seed m, the same
+for every record and batch) and over the record's windows, so a record always gets the same score.
+
+The decoders come from run folders (a Stage-1 run finds the Stage-0 decoder through the Stage-0 run it
+was trained on) or from an export written with `ecgpos export --with-decoders`.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError, SignalError
+from ecgpos.models.features import record_windows
+from ecgpos.models.masking import expand_masking, fixed_masking
+
+LEVELS = ("stage0", "stage1")
+
+
+@dataclass
+class ReconModels:
+    """The objective modules that can reconstruct, per level (absent levels are missing keys)."""
+
+    levels: dict[str, nn.Module]
+    spec: PreprocessSpec
+    source: str
+    notes: list[str] = field(default_factory=list)  # why a level is missing, for the user
+
+
+def _stage0_decoder_of_stage1_run(info: dict, want_hash: str | None) -> tuple[nn.Module | None, str | None]:
+    """The Stage-0 objective of the Stage-0 run (or export with decoders) a Stage-1 run was trained on."""
+    from ecgpos.export.decoders import load_decoders
+    from ecgpos.export.format import weights_hash
+    from ecgpos.export.load import read_export_config
+    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+
+    source = info.get("stage0")
+    if not source or not Path(source).exists():
+        return None, f"Stage-0 scores unavailable: the Stage-0 source {source!r} of this run is not reachable"
+    path = Path(source)
+    if (path / "config.json").is_file():
+        config = read_export_config(path)
+        if "stage0" not in (config.get("decoders") or {}):
+            return None, f"Stage-0 scores unavailable: Stage 1 was trained on the encoder-only export {path}"
+        model = load_decoders(path, config)["stage0"]
+    elif is_run_dir(path):
+        model = load_run_model(path)[0]
+    else:
+        return None, f"Stage-0 scores unavailable: {path} is neither a run nor an export folder"
+    if want_hash and weights_hash(model.encoder) != want_hash:
+        return None, f"Stage-0 scores unavailable: {path} now holds other weights than Stage 1 was trained on"
+    return model, None
+
+
+def load_recon_models(path: str | Path) -> ReconModels:
+    """Run folder (Stage 0 or Stage 1) or export with decoders -> the reconstructing levels, frozen."""
+    from ecgpos.export.decoders import load_decoders
+    from ecgpos.export.load import read_export_config
+    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+
+    path = Path(path)
+    if not path.exists():
+        raise EcgposError(f"{path} does not exist (expected a run folder or an export with decoders)")
+    notes: list[str] = []
+    if (path / "config.json").is_file():
+        config = read_export_config(path)
+        levels = load_decoders(path, config)
+        spec = PreprocessSpec.from_dict(config["preprocess"])
+        if config["arch"].get("kind") == "nested" and "stage0" not in levels:
+            notes.append("Stage-0 scores unavailable: the export carries no Stage-0 decoder")
+    elif is_run_dir(path):
+        model, cfg, _, info = load_run_model(path)
+        spec = cfg.preprocess
+        if cfg.stage == 0:
+            levels = {"stage0": model}
+        else:
+            levels = {"stage1": model}
+            stage0, note = _stage0_decoder_of_stage1_run(info, info.get("stage0_weights_sha256"))
+            if stage0 is not None:
+                levels = {"stage0": stage0, "stage1": model}
+            else:
+                notes.append(note or "")
+    else:
+        raise EcgposError(f"{path} is neither a training run folder nor an export folder")
+    for model in levels.values():
+        model.requires_grad_(False)
+        model.float().eval()
+    return ReconModels({k: levels[k] for k in LEVELS if k in levels}, spec, str(path), notes)
+
+
+def _encoder_of(model: nn.Module) -> nn.Module:
+    return model.encoder
+
+
+@torch.no_grad()
+def window_scores(models: ReconModels, windows: np.ndarray, masks: int, device: str | torch.device = "cpu",
+                  batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Per-window scores (N,) per level: masked error averaged over `masks` fixed masks."""
+    out: dict[str, np.ndarray] = {}
+    for level, model in models.levels.items():
+        model.to(device)
+        enc = _encoder_of(model)
+        fixed = [fixed_masking(enc.num_leads, enc.num_patches, model.mask_ratio, seed) for seed in range(masks)]
+        parts = []
+        for start in range(0, len(windows), batch_size):
+            x = torch.from_numpy(np.ascontiguousarray(windows[start:start + batch_size], dtype=np.float32)).to(device)
+            errors = [model.masked_errors(x, expand_masking(m, len(x), device)) for m in fixed]
+            parts.append(torch.stack(errors).mean(dim=0).cpu().numpy())
+        out[level] = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+    return out
+
+
+@dataclass
+class ScoreResult:
+    ids: list[str] = field(default_factory=list)
+    scores: dict[str, list[float]] = field(default_factory=dict)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
+
+
+def score_records(models: ReconModels, records: Iterator[tuple[str, object]], count: int, masks: int = 8,
+                  num_windows: int = 1, batch_size: int = 64, device: str | torch.device = "cpu",
+                  progress: bool = True, prog: str = "ecgpos score") -> ScoreResult:
+    """Scores of every good record of an `ecgpos embed` source (id, thunk -> preprocessed (12, T));
+    bad records are reported on stderr with their reason and skipped."""
+    from tqdm import tqdm
+
+    result = ScoreResult(scores={level: [] for level in models.levels})
+    pending: list[tuple[str, np.ndarray]] = []
+
+    def flush() -> None:
+        if not pending:
+            return
+        scores = window_scores(models, np.concatenate([w for _, w in pending]), masks, device, batch_size)
+        bounds = np.cumsum([0] + [len(w) for _, w in pending])
+        for k, (record_id, _) in enumerate(pending):
+            result.ids.append(record_id)
+            for level, values in scores.items():
+                result.scores[level].append(float(values[bounds[k]:bounds[k + 1]].mean()))
+        pending.clear()
+
+    bar = tqdm(records, total=count, unit="rec", desc="score", disable=not progress, file=sys.stderr)
+    for record_id, load in bar:
+        try:
+            windows = record_windows(load(), models.spec.window, num_windows)  # type: ignore[operator]
+        except (SignalError, EcgposError) as err:
+            reason, detail = getattr(err, "reason", "unreadable"), getattr(err, "detail", str(err))
+            result.skipped.append((record_id, reason, detail))
+            bar.write(f"{prog}: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
+            continue
+        pending.append((record_id, windows))
+        if sum(len(w) for _, w in pending) >= batch_size:
+            flush()
+    flush()
+    bar.close()
+    return result
+
+
+def auroc_by_level(ids: Sequence[str], scores: dict[str, Sequence[float]], labels: dict[str, str],
+                   nominal: Sequence[str], anomalous: Sequence[str]) -> tuple[dict[str, float], dict[str, int]]:
+    """AUROC of anomalous (positive) vs nominal records per level, and the record counts used."""
+    from sklearn.metrics import roc_auc_score
+
+    y, rows = [], []
+    for row, record_id in enumerate(ids):
+        label = labels.get(record_id)
+        if label in nominal or label in anomalous:
+            y.append(int(label in anomalous))
+            rows.append(row)
+    counts = {"nominal": y.count(0), "anomalous": y.count(1), "unlabelled": len(ids) - len(y)}
+    if not counts["nominal"] or not counts["anomalous"]:
+        raise EcgposError(f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
+                          "records; AUROC needs both")
+    return {level: float(roc_auc_score(y, np.asarray(values)[rows])) for level, values in scores.items()}, counts

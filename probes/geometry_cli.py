@@ -1,0 +1,281 @@
+"""`ecgpos geometry`: the preprint's representation dynamics between two levels of a nested encoder.
+
+    ecgpos geometry --encoder NESTED_RUN_OR_EXPORT --task TASK --data-root DIR [--splits DIR]
+                    --nominal A,B[,...] --anomalous C[,...] [--split test] [--out DIR]
+                    [--space features|reconstruction]
+
+TASK and the data layout are the probe's. A record belongs to a class when it carries exactly one of
+the chosen labels (nominal or anomalous); records with none or several are left out and counted.
+x = Stage-0 level, x_hat = the same records one level deeper:
+  --space features (default): x = Stage-0 features, x_hat = nested (Stage-1) features, both from
+    forward_features (what the probes see);
+  --space reconstruction: the appendix's own reading: x = the Stage-0 latent patch tokens in Stage 1's
+    target space, x_hat = their Stage-1 reconstruction with every token visible; both averaged over
+    the patch tokens alike (needs the Stage-1 decoder: a Stage-1 run or an export --with-decoders).
+Also reports the carving criterion: the fraction of held-out nominal records (those of the chosen
+split) whose perturbed Stage-1 input still violates the Push margin, alpha d(x~, x) > d(x^, x~), with
+the run's push-pull perturbation (its defaults when the run trained without push-pull).
+Writes OUT/metrics.csv, OUT/features.npz, OUT/summary.md, OUT/geometry.png.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ecgpos.ecg.signal import pad_to, preprocess_signal
+from ecgpos.errors import EcgposError
+from ecgpos.models.features import record_windows
+
+from .datasets import read_record
+from .geometry import GeometryResult, check_classes, geometry, plot_geometry
+from .run import ProbeConfig, _locator, _windows, record_column
+from .tasks import SPLITS, read_split, resolve_task
+
+SPACES = ("features", "reconstruction")
+CARVING_SEED = 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ecgpos geometry", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--encoder", required=True, help="nested (Stage-1) run folder or export folder")
+    p.add_argument("--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018 "
+                   "or custom:<dir>")
+    p.add_argument("--data-root", type=Path, default=Path("."), help="folder holding ptbxl/ and cpsc2018/")
+    p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
+    p.add_argument("--nominal", required=True, help="comma-separated nominal classes (at least two)")
+    p.add_argument("--anomalous", required=True, help="comma-separated anomalous classes")
+    p.add_argument("--split", default="test", help="train, val, test, a comma-separated list, or all")
+    p.add_argument("--space", choices=SPACES, default="features", help="which x / x_hat pair (default features)")
+    p.add_argument("--out", type=Path, default=Path("geometry"), help="output folder (default ./geometry)")
+    p.add_argument("--device", default="auto", help="torch device (default: cuda when available)")
+    p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass")
+    return p
+
+
+def _names(text: str) -> list[str]:
+    return list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
+def _splits(text: str) -> list[str]:
+    names = list(SPLITS) if text == "all" else _names(text)
+    bad = [n for n in names if n not in SPLITS]
+    if bad or not names:
+        raise EcgposError(f"--split must be train, val, test, a comma-separated list of them, or all; got {text!r}")
+    return names
+
+
+@dataclass
+class Selection:
+    """The records of the chosen classes and what was left out."""
+
+    keys: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    excluded: Counter = field(default_factory=Counter)  # reason -> count
+
+
+def select_records(task_name: str, splits_root: Path | None, data_root: Path, splits: Sequence[str],
+                   nominal: Sequence[str], anomalous: Sequence[str]) -> tuple[Selection, object]:
+    """Records carrying exactly one chosen label, located under the data root; (selection, locator)."""
+    task = resolve_task(task_name)
+    chosen = list(nominal) + list(anomalous)
+    unknown = [c for c in chosen if c not in task.classes]
+    if unknown:
+        raise EcgposError(f"task {task.name} has no class {', '.join(unknown)} (classes: {' '.join(task.classes)})")
+    if set(nominal) & set(anomalous):
+        raise EcgposError(f"classes both nominal and anomalous: {', '.join(sorted(set(nominal) & set(anomalous)))}")
+    locator = _locator(task, data_root)
+    column = record_column(task, ProbeConfig())
+    sel, seen = Selection(), set()
+    cols = [task.classes.index(c) for c in chosen]
+    for split in splits:
+        table = read_split(task, splits_root, split, column)
+        for key, row in zip(table.records, table.labels[:, cols]):
+            if key in seen:
+                continue
+            seen.add(key)
+            if row.sum() != 1:
+                sel.excluded["none of the chosen labels" if row.sum() == 0 else "several chosen labels"] += 1
+            elif locator.locate(key) is None:
+                sel.excluded["not found under the data root"] += 1
+            else:
+                sel.keys.append(key)
+                sel.labels.append(chosen[int(np.argmax(row))])
+    return sel, (task, locator)
+
+
+@dataclass
+class Levels:
+    """What the command runs: the Stage-0 and nested encoders, and the Stage-1 objective if present."""
+
+    stage0: nn.Module
+    nested: nn.Module
+    stage1: nn.Module | None
+    spec: object
+    note: str = ""
+
+
+def load_levels(path: str) -> Levels:
+    """A nested run or export; the Stage-1 objective (decoder) when the folder provides one."""
+    from ecgpos.inference.resolve import resolve_encoder
+    from ecgpos.inference.scoring import load_recon_models
+
+    loaded = resolve_encoder(path)
+    module = getattr(loaded.module, "encoder", loaded.module)   # an export wraps its encoder
+    if not hasattr(module, "stage1"):
+        raise EcgposError(f"{path} is a Stage-0 encoder: geometry compares two levels and needs a nested "
+                          "(Stage-1) run or export")
+    stage1, note = None, ""
+    try:
+        stage1 = load_recon_models(path).levels.get("stage1")
+    except EcgposError as err:
+        note = str(err)
+    if stage1 is not None:
+        module = stage1.nested_encoder()
+    return Levels(module.stage0.eval(), module.eval(), stage1, loaded.spec, note)
+
+
+@torch.no_grad()
+def _level_pair(levels: Levels, w: torch.Tensor, space: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if space == "features":
+        return levels.stage0.forward_features(w), levels.nested.forward_features(w)
+    model = levels.stage1
+    tokens = model.latent_tokens(w)
+    return model.target(tokens).mean(dim=(1, 2)), model.reconstruct(tokens).float().mean(dim=(1, 2))
+
+
+@dataclass
+class Extracted:
+    keys: list[str]
+    labels: list[str]
+    x: np.ndarray
+    x_hat: np.ndarray
+    violation: dict[str, float]  # record key -> fraction of its windows violating the push margin
+    failed: Counter
+
+
+def extract(levels: Levels, sel: Selection, task_locator: tuple, nominal: Sequence[str], space: str,
+            device: str, batch_size: int) -> Extracted:
+    """x, x_hat (mean over each record's windows) and the nominal records' push-margin violations."""
+    task, locator = task_locator
+    spec, windows = levels.spec, _windows(ProbeConfig(), task.dataset)
+    for module in (levels.nested, levels.stage1):
+        if module is not None:
+            module.to(device)
+    generator = torch.Generator().manual_seed(CARVING_SEED)
+    keys, labels, xs, xhs, violation, failed = [], [], [], [], {}, Counter()
+    pending: list[tuple[str, str, np.ndarray]] = []
+
+    def flush() -> None:
+        w = torch.from_numpy(np.concatenate([p[2] for p in pending])).float().to(device)
+        bounds = np.cumsum([0] + [len(p[2]) for p in pending])
+        x, x_hat = (t.float().cpu().numpy() for t in _level_pair(levels, w, space))
+        hits = None
+        if levels.stage1 is not None:
+            hits = levels.stage1.push_violations(w, generator, per_sample_noise=True).float().cpu().numpy()
+        for k, (key, label, _) in enumerate(pending):
+            a, b = bounds[k], bounds[k + 1]
+            keys.append(key)
+            labels.append(label)
+            xs.append(x[a:b].mean(axis=0))
+            xhs.append(x_hat[a:b].mean(axis=0))
+            if hits is not None and label in nominal:
+                violation[key] = float(hits[a:b].mean())
+        pending.clear()
+
+    for key, label in zip(sel.keys, sel.labels):
+        try:
+            raw = read_record(*locator.locate(key))
+            x = preprocess_signal(raw.signal, raw.fs, raw.leads, spec)
+            pending.append((key, label, record_windows(pad_to(x, spec.window), spec.window, windows)))
+        except EcgposError as err:
+            failed[getattr(err, "reason", "unreadable")] += 1
+            continue
+        if sum(len(p[2]) for p in pending) >= batch_size:
+            flush()
+    if pending:
+        flush()
+    width = xs[0].shape[0] if xs else 0
+    return Extracted(keys, labels, np.array(xs).reshape(-1, width), np.array(xhs).reshape(-1, width), violation,
+                     failed)
+
+
+def carving_line(levels: Levels, violation: dict[str, float]) -> str:
+    if levels.stage1 is None:
+        return ("Carving criterion: not available, the encoder has no Stage-1 decoder "
+                f"({levels.note or 'export it with --with-decoders'}).")
+    pp = levels.stage1.push_pull
+    which = "the run's push-pull settings" if pp.enabled else "the default push-pull settings (the run trained without)"
+    from ecgpos.objectives.push_pull import PushPullConfig
+
+    used = pp if pp.enabled else PushPullConfig()
+    return (f"Carving criterion (Stage-1 level): {np.mean(list(violation.values())):.3f} of {len(violation)} "
+            f"held-out nominal records violate the Push margin alpha d(x~, x) > d(x^, x~) "
+            f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
+            "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
+            "perturbation; a high fraction suggests the range needs further carving.")
+
+
+def summary_markdown(args: argparse.Namespace, res: GeometryResult, data: Extracted, sel: Selection,
+                     carving: str, nominal: Sequence[str]) -> str:
+    counts = Counter(data.labels)
+    excluded = sel.excluded + Counter({f"unreadable ({k})": v for k, v in data.failed.items()})
+    lines = [f"# PoS representation dynamics: {args.encoder}", "",
+             f"Task {args.task}, split(s) {args.split}, space `{args.space}` (x = Stage 0, x_hat = Stage 1).",
+             "Records: " + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
+             + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "") + ".", "",
+             "| metric | x | x_hat | Delta % |", "|---|---|---|---|"]
+    lines += [f"| {r['metric']} | {r['x']:.4g} | {r['x_hat']:.4g} | {r['delta_pct']:+.2f} |" for r in res.rows()]
+    preds = res.predictions()
+    lines += ["", f"PoS predictions ({sum(p[3] for p in preds)} of {len(preds)} hold here):", "",
+              "| prediction | Delta % | holds |", "|---|---|---|"]
+    lines += [f"| {text} | {delta:+.2f} | {'yes' if holds else 'no'} |" for _, text, delta, holds in preds]
+    return "\n".join(lines + ["", carving, ""])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    nominal, anomalous = _names(args.nominal), _names(args.anomalous)
+    args.anomalous_list = anomalous
+    if len(nominal) < 2:
+        raise EcgposError(f"--nominal needs at least two classes (the separation terms need pairs), "
+                          f"got {args.nominal!r}")
+    if not anomalous:
+        raise EcgposError("--anomalous needs at least one class")
+    sel, task_locator = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
+    problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)
+    if problem:
+        raise EcgposError(f"{args.task} ({args.split}): {problem}")
+    levels = load_levels(args.encoder)
+    if args.space == "reconstruction" and levels.stage1 is None:
+        raise EcgposError(f"--space reconstruction needs the Stage-1 decoder: {levels.note}")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    data = extract(levels, sel, task_locator, nominal, args.space, device, args.batch_size)
+    problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
+    if problem:
+        raise EcgposError(f"{args.task} ({args.split}) after unreadable records: {problem}")
+    res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
+    present = [c for c in nominal if c in data.labels]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "metrics.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
+        writer.writeheader()
+        writer.writerows(res.rows())
+    np.savez(args.out / "features.npz", x=data.x, x_hat=data.x_hat, labels=np.array(data.labels, dtype=str),
+             record_ids=np.array(data.keys, dtype=str))
+    text = summary_markdown(args, res, data, sel, carving_line(levels, data.violation), present)
+    (args.out / "summary.md").write_text(text)
+    plot_geometry(res, data.labels, present, args.out / "geometry.png",
+                  (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"))
+    print(text, end="")
+    files = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
+    print(f"wrote {', '.join(str(args.out / f) for f in files)}")
+    return 0

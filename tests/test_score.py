@@ -1,0 +1,221 @@
+"""`ecgpos score`, `ecgpos export --with-decoders`, val_push_violation and `ecgpos geometry` on tiny real runs."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ecgpos.cli import main
+from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.resources import config_dir
+
+CONFIG_DIR = config_dir()
+
+torch.set_num_threads(1)
+FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
+PTBXL = "ptbxl/records500/00000"
+
+
+@pytest.fixture(scope="module")
+def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("score-runs")
+    assert main(["pretrain", "--stage", "0", "--config", str(CONFIG_DIR / "tiny" / "stage0.yaml"),
+                 "--shards", str(arrhythmia_shards), "--run-dir", str(root / "s0"), *FAST]) == 0
+    assert main(["pretrain", "--stage", "1", "--config", str(CONFIG_DIR / "tiny" / "stage1.yaml"),
+                 "--shards", str(arrhythmia_shards), "--stage0", str(root / "s0"), "--run-dir", str(root / "s1"),
+                 *FAST, "--set", "train.val_fraction=0.1", "--set", "train.val_every=1",
+                 "--set", "train.val_batches=1"]) == 0
+    return {"stage0": root / "s0", "stage1": root / "s1"}
+
+
+@pytest.fixture(scope="module")
+def records(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Six real PTB-XL records, one of them duplicated under another name (the same signal)."""
+    folder = tmp_path_factory.mktemp("score-records")
+    for n in range(1, 7):
+        for ext in ("hea", "dat"):
+            (folder / f"{n:05d}_hr.{ext}").write_bytes((shared_data / PTBXL / f"{n:05d}_hr.{ext}").read_bytes())
+    return folder
+
+
+def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
+    with path.open() as handle:
+        rows = list(csv.DictReader(handle))
+    return list(rows[0]), {r["record_id"]: [float(r[k]) for k in list(r)[1:]] for r in rows}
+
+
+def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "3",
+                 "--out", str(tmp_path / "a.csv"), "--no-progress"]) == 0
+    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "3",
+                 "--batch-size", "2", "--out", str(tmp_path / "b.csv"), "--no-progress"]) == 0
+    header, a = _read(tmp_path / "a.csv")
+    assert header == ["record_id", "stage0_score", "stage1_score"]
+    _, b = _read(tmp_path / "b.csv")
+    assert len(a) == 6
+    for key in a:  # same masks whatever the batch: the same record gets the same score
+        assert np.allclose(a[key], b[key], rtol=1e-5, atol=1e-7)
+    values = np.array(list(a.values()))
+    assert np.all(values > 0) and np.all(np.isfinite(values))
+    assert len(np.unique(values[:, 0].round(6))) == 6  # the scores tell records apart
+    # more masks give a different (averaged) value: the mask count is really used
+    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "1",
+                 "--out", str(tmp_path / "c.csv"), "--no-progress"]) == 0
+    _, c = _read(tmp_path / "c.csv")
+    assert any(not np.allclose(a[k], c[k]) for k in a)
+
+
+def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    assert main(["score", "--run", str(runs["stage0"]), "--input", str(records), "--masks", "2",
+                 "--out", str(tmp_path / "s.csv"), "--no-progress"]) == 0
+    header, rows = _read(tmp_path / "s.csv")
+    assert header == ["record_id", "stage0_score"]
+    assert len(rows) == 6
+
+
+def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    raw = read_wfdb_record(records / "00001_hr")
+    order = np.random.default_rng(0).permutation(12)
+    np.save(tmp_path / "a.npy", raw.signal)
+    np.save(tmp_path / "b.npy", raw.signal[order])
+    leads = list(raw.leads)
+    for name, names in (("a", leads), ("b", [leads[i] for i in order])):
+        assert main(["score", "--run", str(runs["stage1"]), "--input", str(tmp_path / f"{name}.npy"), "--fs",
+                     str(raw.fs), "--leads", ",".join(names), "--masks", "2", "--out", str(tmp_path / f"{name}.csv"),
+                     "--no-progress"]) == 0
+    assert _read(tmp_path / "a.csv")[1]["a"] == _read(tmp_path / "b.csv")[1]["b"]
+    # and the .npy path scores the same as the WFDB record it came from
+    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records / "00001_hr"), "--masks", "2",
+                 "--out", str(tmp_path / "x.csv"), "--no-progress"]) == 0
+    assert np.allclose(_read(tmp_path / "a.csv")[1]["a"], _read(tmp_path / "x.csv")[1]["00001_hr"], rtol=1e-6)
+
+
+def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_path: Path, capsys) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
+    out = tmp_path / "o" / "scores.csv"
+    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "2", "--out", str(out),
+                 "--labels", str(labels), "--nominal", "N", "--anomalous", "A", "--no-progress"]) == 0
+    text = (out.parent / "scores_summary.md").read_text()
+    _, rows = _read(out)
+    from sklearn.metrics import roc_auc_score
+
+    y = [1, 1, 1, 0, 0, 0]
+    for level, col in (("stage0", 0), ("stage1", 1)):
+        want = roc_auc_score(y, [rows[f"{n:05d}_hr"][col] for n in range(1, 7)])
+        assert f"| {level} | {want:.3f} |" in text
+    assert "| stage0 |" in capsys.readouterr().out
+
+
+def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    plain, full = tmp_path / "plain", tmp_path / "full"
+    assert main(["export", "--run-dir", str(runs["stage1"]), "--out", str(plain)]) == 0
+    assert main(["export", "--run-dir", str(runs["stage1"]), "--out", str(full), "--with-decoders"]) == 0
+    assert not (plain / "decoders.safetensors").exists()
+    assert "decoders" not in json.loads((plain / "config.json").read_text())
+    assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
+    assert main(["score", "--run", str(plain), "--input", str(records), "--out", str(tmp_path / "p.csv")]) == 2
+    for source, name in ((runs["stage1"], "r"), (full, "e")):
+        assert main(["score", "--run", str(source), "--input", str(records), "--masks", "2",
+                     "--out", str(tmp_path / f"{name}.csv"), "--no-progress"]) == 0
+    _, r = _read(tmp_path / "r.csv")
+    _, e = _read(tmp_path / "e.csv")
+    for key in r:
+        assert np.allclose(r[key], e[key], rtol=1e-5)
+    assert main(["verify", str(full)]) == 0
+
+
+def test_val_push_violation_logged(runs: dict[str, Path]) -> None:
+    lines = [json.loads(s) for s in (runs["stage1"] / "metrics.jsonl").read_text().splitlines()]
+    val = [r for r in lines if "val_loss" in r]
+    assert val and all(0.0 <= r["val_push_violation"] <= 1.0 for r in val)
+
+
+def test_push_violations_match_the_definition(runs: dict[str, Path]) -> None:
+    from ecgpos.objectives.push_pull import per_sample_distance, perturb
+    from ecgpos.pretrain.run_folder import load_run_model
+
+    model = load_run_model(runs["stage1"])[0].eval()
+    x = torch.randn(3, 12, model.stage0.cfg.seq_len)
+    got = model.push_violations(x, torch.Generator().manual_seed(5))
+    tokens = model.latent_tokens(x)
+    tilde = perturb(tokens, "gaussian", 0.1, torch.Generator().manual_seed(5))
+    t, tt = model.target(tokens), model.target(tilde)
+    want = 1.0 * per_sample_distance(tt, t) > per_sample_distance(model.reconstruct(tilde), tt)
+    assert torch.equal(got, want)
+    # alpha large enough: every sample violates; alpha 0: none
+    model.push_pull.enabled, model.push_pull.alpha = True, 1e6
+    assert bool(model.push_violations(x, torch.Generator().manual_seed(5)).all())
+    model.push_pull.alpha = 0.0
+    assert not bool(model.push_violations(x, torch.Generator().manual_seed(5)).any())
+
+
+def _custom_task(root: Path, shared_data: Path, labels: dict[int, str]) -> Path:
+    classes = sorted(set(labels.values()))
+    lines = ["record," + ",".join(classes)]
+    lines += [f"{shared_data / PTBXL / f'{n:05d}_hr'}," + ",".join(str(int(c == lab)) for c in classes)
+              for n, lab in labels.items()]
+    root.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val", "test"):
+        (root / f"{split}.csv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_path: Path) -> None:
+    labels = {n: ("A" if n <= 4 else "B" if n <= 8 else "X") for n in range(1, 11)}
+    task = _custom_task(tmp_path / "task", shared_data, labels)
+    out = tmp_path / "geo"
+    for space in ("features", "reconstruction"):
+        assert main(["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--nominal", "A,B",
+                     "--anomalous", "X", "--space", space, "--out", str(out / space), "--device", "cpu"]) == 0
+        data = np.load(out / space / "features.npz")
+        assert data["x"].shape == data["x_hat"].shape == (10, 64)
+        assert list(data["labels"]) == [labels[n] for n in range(1, 11)]
+        from probes.geometry import geometry
+
+        res = geometry(data["x"], data["x_hat"], data["labels"], ["A", "B"], ["X"])
+        with (out / space / "metrics.csv").open() as handle:
+            rows = {r["metric"]: r for r in csv.DictReader(handle)}
+        assert list(rows) == ["D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"]
+        for m, r in rows.items():
+            assert float(r["delta_pct"]) == pytest.approx(res.delta_pct[m], rel=1e-6)
+        summary = (out / space / "summary.md").read_text()
+        assert "Delta S > 0" in summary and "Carving criterion (Stage-1 level)" in summary
+        assert (out / space / "geometry.png").stat().st_size > 5000
+    # the two spaces are different readings of the same records
+    assert not np.allclose(np.load(out / "features" / "features.npz")["x_hat"],
+                           np.load(out / "reconstruction" / "features.npz")["x_hat"])
+
+
+def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: Path, capsys) -> None:
+    task = _custom_task(tmp_path / "task", shared_data, {1: "A", 2: "A", 3: "B", 4: "X"})
+    base = ["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--out", str(tmp_path / "g")]
+    cases = [(["--nominal", "A", "--anomalous", "X"], "at least two"),
+             (["--nominal", "A,B", "--anomalous", "B"], "both nominal and anomalous"),
+             (["--nominal", "A,Q", "--anomalous", "X"], "no class Q")]
+    task2 = _custom_task(tmp_path / "task2", shared_data, {1: "A", 2: "B", 3: "B", 4: "Y"})
+    cases.append((["--task", f"custom:{task2}", "--nominal", "A,B", "--anomalous", "Y"], None))
+    for extra, text in cases:
+        capsys.readouterr()
+        code = main(base + extra)
+        if text is None:
+            assert code == 0
+            continue
+        assert code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0]
+    task4 = _custom_task(tmp_path / "task4", shared_data, {1: "A", 2: "B", 3: "C"})
+    capsys.readouterr()
+    task5 = _custom_task(tmp_path / "task5", shared_data, {1: "A", 2: "B", 3: "C", 4: "D"})
+    (task5 / "test.csv").write_text("record,A,B,C,D\n" + f"{shared_data / PTBXL / '00001_hr'},1,0,0,0\n"
+                                    + f"{shared_data / PTBXL / '00002_hr'},0,1,0,0\n")
+    assert main(["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task5}", "--nominal", "A,B",
+                 "--anomalous", "C", "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "anomalous record" in err[0]
+    assert main(["geometry", "--encoder", str(runs["stage0"]), "--task", f"custom:{task4}", "--nominal", "A,B",
+                 "--anomalous", "C", "--out", str(tmp_path / "g")]) == 2
