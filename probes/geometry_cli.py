@@ -33,11 +33,10 @@ from torch import nn
 from ecgpos.ecg.signal import pad_to, preprocess_signal
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import record_windows
-
-from .datasets import read_record
-from .geometry import GeometryResult, check_classes, geometry, plot_geometry
-from .run import ProbeConfig, _locator, _windows, record_column
-from .tasks import SPLITS, read_split, resolve_task
+from probes.datasets import read_record
+from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
+from probes.run import ProbeConfig, record_column, task_locator, task_windows
+from probes.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
 CARVING_SEED = 0
@@ -92,7 +91,7 @@ def select_records(task_name: str, splits_root: Path | None, data_root: Path, sp
         raise EcgposError(f"task {task.name} has no class {', '.join(unknown)} (classes: {' '.join(task.classes)})")
     if set(nominal) & set(anomalous):
         raise EcgposError(f"classes both nominal and anomalous: {', '.join(sorted(set(nominal) & set(anomalous)))}")
-    locator = _locator(task, data_root)
+    locator = task_locator(task, data_root)
     column = record_column(task, ProbeConfig())
     sel, seen = Selection(), set()
     cols = [task.classes.index(c) for c in chosen]
@@ -162,11 +161,11 @@ class Extracted:
     failed: Counter
 
 
-def extract(levels: Levels, sel: Selection, task_locator: tuple, nominal: Sequence[str], space: str,
+def extract(levels: Levels, sel: Selection, located: tuple, nominal: Sequence[str], space: str,
             device: str, batch_size: int) -> Extracted:
     """x, x_hat (mean over each record's windows) and the nominal records' push-margin violations."""
-    task, locator = task_locator
-    spec, windows = levels.spec, _windows(ProbeConfig(), task.dataset)
+    task, locator = located
+    spec, windows = levels.spec, task_windows(ProbeConfig(), task.dataset)
     for module in (levels.nested, levels.stage1):
         if module is not None:
             module.to(device)
@@ -250,7 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           f"got {args.nominal!r}")
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
-    sel, task_locator = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
+    sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)
     if problem:
         raise EcgposError(f"{args.task} ({args.split}): {problem}")
@@ -258,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.space == "reconstruction" and levels.stage1 is None:
         raise EcgposError(f"--space reconstruction needs the Stage-1 decoder: {levels.note}")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    data = extract(levels, sel, task_locator, nominal, args.space, device, args.batch_size)
+    data = extract(levels, sel, located, nominal, args.space, device, args.batch_size)
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:
         raise EcgposError(f"{args.task} ({args.split}) after unreadable records: {problem}")

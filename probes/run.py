@@ -69,7 +69,7 @@ def extraction_device(cfg: ProbeConfig) -> str:
     return cfg.device
 
 
-def _windows(cfg: ProbeConfig, dataset: str) -> int:
+def task_windows(cfg: ProbeConfig, dataset: str) -> int:
     return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018, "csn": cfg.windows_csn}.get(
         dataset, cfg.windows_custom)
 
@@ -137,7 +137,7 @@ def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_r
     missing_set = {k for ids in missing.values() for k in ids} | set(exclude)
     feats, stats = extract_features(source, dataset_key(task, data_root, cfg),
                                     [k for k in wanted if k not in missing_set], locator, cache_dir,
-                                    _windows(cfg, task.dataset), log=log)
+                                    task_windows(cfg, task.dataset), log=log)
     failed = {k: v for k, v in stats.failed.items() if k not in missing_set}
     if failed:
         ids = sorted(failed)
