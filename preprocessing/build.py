@@ -8,6 +8,7 @@ bytes written do not depend on --workers or --part (tests compare them).
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -18,7 +19,7 @@ from types import ModuleType
 from typing import TextIO
 
 from ecgpos.ecg.fingerprint import fingerprint
-from ecgpos.ecg.shards import shard_name, write_shard
+from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, shard_paths, write_shard
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
@@ -53,6 +54,10 @@ class BuildRequest:
         return {"source": self.dataset, "subset": self.subset, "spec": self.spec.to_dict(),
                 "records_per_shard": self.records_per_shard, "pad_short": self.pad_short,
                 "max_dead_leads": self.max_dead_leads, "dead_lead_ptp_mv": DEAD_LEAD_PTP_MV}
+
+    def sources(self) -> dict:
+        """Where the records came from (preprocess.json `sources`): a finished set answers only the same."""
+        return {"dataset": self.dataset, "src": str(self.src)}
 
     def policy(self) -> RecordPolicy:
         return RecordPolicy(expected_fs=SOURCES[self.dataset].FS, pad_short=self.pad_short,
@@ -208,8 +213,20 @@ def _finished(req: BuildRequest) -> Summary | None:
         return None
     done = manifest.read_json(final)
     manifest.check_settings(done.get("settings", {}), req.settings(), req.out)
+    manifest.check_sources(done.get("sources"), req.sources(), req.out)
     c = done["counts"]
     return Summary(c["stored"], c["skipped"], c["found"], True, f" (already complete in {req.out}; left untouched)")
+
+
+def check_output_folder(out: Path) -> None:
+    """--out must be a folder this process can create and write into: one line otherwise (exit 2)."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise EcgposError(f"--out {out} is not writable: {err.strerror or err}") from None
 
 
 def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
@@ -219,6 +236,10 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         raise EcgposError(f"--part must be in 0..{req.num_parts - 1}, got {req.part}")
     if req.records_per_shard < 1 or req.workers < 1:
         raise EcgposError("--records-per-shard and --workers must be at least 1")
+    if not 0 <= req.max_dead_leads < len(req.spec.leads):
+        raise EcgposError(f"--max-dead-leads must be in 0..{len(req.spec.leads) - 1}, got {req.max_dead_leads}")
+    if req.out.exists() and not req.out.is_dir():
+        raise EcgposError(f"--out {req.out} exists and is not a folder")
     finished = _finished(req)
     if finished:
         return finished
@@ -230,8 +251,12 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
             if notes.get("outside_subset") else ""
         raise EcgposError(f"no {req.dataset} records found under {req.src}{hint}")
     chunks = _chunks(refs, req.records_per_shard)
-    req.out.mkdir(parents=True, exist_ok=True)
-    plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes)
+    check_output_folder(req.out)
+    plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes, req.sources())
+    if notes.get("not_a_record"):
+        print(f"ecgpos preprocess: {notes['not_a_record']} .hea/.mat files under {req.src} are not {req.dataset} "
+              "records (name not JSnnnnn): not counted as found (preprocess.json counts.not_a_record)",
+              file=stream, flush=True)
     todo = [k for k in range(len(chunks)) if k % req.num_parts == req.part
             and not manifest.sidecar_path(req.out, k).exists()]
     progress = Progress(sum(len(chunks[k]) for k in todo), stream)
@@ -258,13 +283,21 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
 
 
 def check(out: Path) -> Summary:
-    """Verify a set (SLURM's final step): every chunk done, shards match sidecars; merge if needed."""
+    """Verify a set (SLURM's final step): every chunk done, shards match sidecars and hold what
+    preprocessing writes (readable, 12 leads, finite standardised signals); merge if needed."""
     plan = manifest.read_plan(out)
     source = SOURCES[plan["settings"]["source"]]
     final = out / "preprocess.json"
     done = final.exists()
-    counts = manifest.merge(out, plan, source.INDEX_COLUMNS, write=not done)  # a finished set is only read
+    counts = manifest.merge(out, plan, source.INDEX_COLUMNS, write=False)
     if done and manifest.read_json(final)["counts"] != counts:
         raise EcgposError(f"{final} disagrees with the chunks it was merged from")
+    expected = PreprocessSpec.from_dict(plan["settings"]["spec"])
+    for path in shard_paths(out):  # NaN, garbage or a wrong lead count is not "complete"
+        spec, _ = check_shard(path)
+        expected.check_compatible(spec, f"shard {path.name}")
+        check_shard_contents(path)
+    if not done:  # a finished set is only read
+        manifest.merge(out, plan, source.INDEX_COLUMNS, write=True)
     return Summary(counts["stored"], counts["skipped"], counts["found"], True,
                    f" ({counts['shards']} shards in {out}; complete)")

@@ -6,10 +6,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 from preprocessing.build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
 from preprocessing.ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
-from preprocessing.records import DEFAULT_MAX_DEAD_LEADS
 
 EPILOG = """\
 Every input record ends up either in a shard (index.csv) or in skipped.csv with a reason; the

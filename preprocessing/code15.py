@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pandas as pd
 
+from ecgpos.ecg.rates import check_fs
 from ecgpos.errors import EcgposError, SignalError
 from preprocessing.records import LoadedRecord, RecordRef
 
@@ -142,5 +143,7 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
         detail = f"{ref.location} row {ref.row}: {type(err).__name__}: {err}".splitlines()[0]
         raise SignalError("unreadable", detail) from None
     start, stop = true_extent(trace)
+    if stop == start:  # zero padding only: reported as all_zero (what the file holds), not as empty
+        start, stop = 0, trace.shape[0]
     meta = _row_meta(_table(src).loc[int(ref.record_id)])
-    return LoadedRecord(signal=np.ascontiguousarray(trace[start:stop].T), fs=FS, leads=list(LEADS), meta=meta)
+    return LoadedRecord(signal=np.ascontiguousarray(trace[start:stop].T), fs=check_fs(FS), leads=list(LEADS), meta=meta)

@@ -26,13 +26,15 @@ _ID = re.compile(r"^JS(\d+)$")
 def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRef], dict[str, int]]:
     """Every JSxxxxx record under src (a .hea or a .mat counts), in the subset, sorted by id.
 
-    Returns (refs, notes): notes counts what was seen outside the subset. A record found twice
+    Returns (refs, notes): notes counts what was seen outside the subset and the `.hea`/`.mat`
+    files whose name is not JSnnnnn (`not_a_record`: not ecg-arrhythmia records). A record found twice
     keeps the first path (sorted) and the others become `duplicate_record`.
     """
     if subset not in SUBSETS:
         raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")
     low, high = SUBSETS[subset]
     stems: dict[tuple[int, str], set[str]] = {}
+    foreign: set[str] = set()  # WFDB-looking files whose name is not an ecg-arrhythmia id
     for folder, dirs, files in os.walk(src, followlinks=True):
         dirs.sort()
         rel = Path(folder).relative_to(src)
@@ -41,6 +43,8 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
             match = _ID.match(stem)
             if ext in (".hea", ".mat") and match:
                 stems.setdefault((int(match.group(1)), (rel / stem).as_posix()), set()).add(ext)
+            elif ext in (".hea", ".mat"):
+                foreign.add((rel / stem).as_posix())
     refs, seen, outside = [], set(), 0
     for (number, location), exts in sorted(stems.items()):
         if not low <= number <= high:
@@ -54,7 +58,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
             problem = ("unreadable", "no .hea header beside the .mat")
         seen.add(record_id)
         refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
-    return refs, {"outside_subset": outside}
+    return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
 
 
 def load_record(src: Path, ref: RecordRef) -> LoadedRecord:

@@ -73,15 +73,27 @@ def check_settings(found: dict, wanted: dict, out: Path) -> None:
                           "use a new --out or the same options")
 
 
+def check_sources(found: dict | None, wanted: dict, out: Path) -> None:
+    """Refuse a folder built from other sources (sets written before sources were recorded pass)."""
+    if found is None:
+        return
+    diffs = [f"{k}: {found.get(k)!r} != {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
+    if diffs:
+        raise ConfigError(f"{out} holds a preprocessing run of other sources ({'; '.join(diffs)}); "
+                          "use a new --out or the same --src")
+
+
 def write_or_check_plan(out: Path, settings: dict, refs: Sequence[RecordRef], num_chunks: int,
-                        notes: dict) -> dict:
+                        notes: dict, sources: dict | None = None) -> dict:
     """Create chunks/plan.json, or check that an existing one describes the same run."""
     plan = {"settings": settings, "found": len(refs), "num_chunks": num_chunks,
-            "records_sha256": records_digest(refs), "notes": notes}
+            "records_sha256": records_digest(refs), "notes": notes, "sources": sources}
     path = chunk_dir(out) / "plan.json"
     if path.exists():
         old = read_json(path)
         check_settings(old.get("settings", {}), settings, out)
+        if sources is not None:
+            check_sources(old.get("sources"), sources, out)
         if old.get("records_sha256") != plan["records_sha256"]:
             raise ConfigError(f"{out} was started on a different set of input records "
                               f"({old.get('found')} then, {len(refs)} now); use a new --out")
@@ -153,5 +165,6 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
     settings = plan["settings"]
     write_json(out / "preprocess.json", {"version": __version__, "format": FORMAT_VERSION,
                                          "source": settings["source"], "spec": settings["spec"],
-                                         "settings": settings, "counts": counts, "shards": shards})
+                                         "settings": settings, "sources": plan.get("sources"),
+                                         "counts": counts, "shards": shards})
     return counts

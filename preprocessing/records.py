@@ -6,8 +6,8 @@ turns a loaded record into the stored signal or raises `SignalError(reason)`; th
 `skipped.csv` row. Skip reasons (one word each, documented in preprocessing/README.md):
 
 unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, duplicate_lead,
-unknown_lead, unexpected_fs, non_finite, all_zero, flat, dead_leads, too_short, missing_metadata,
-unreadable_part, duplicate_record.
+unknown_lead, units, sampling_rate, unexpected_fs, empty, non_finite, all_zero, flat, dead_leads,
+too_short, missing_metadata, unreadable_part, duplicate_record (and `shape` for arrays given to `embed`).
 """
 from __future__ import annotations
 
@@ -15,13 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
-from ecgpos.ecg.signal import preprocess_batch, resampled_length, screen
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.screening import Screened, ScreenPolicy, screen_record
+from ecgpos.ecg.signal import preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import SignalError
-
-DEFAULT_MAX_DEAD_LEADS = 2
-"""Records with up to this many dead (flat) leads are kept, the dead leads stored as exact zeros."""
 
 
 @dataclass(frozen=True)
@@ -44,13 +41,8 @@ class LoadedRecord:
     meta: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class RecordPolicy:
-    """What to do with records that are short or have dead leads (stored in preprocess.json)."""
-
-    expected_fs: float
-    pad_short: bool = False
-    max_dead_leads: int = DEFAULT_MAX_DEAD_LEADS
+RecordPolicy = ScreenPolicy
+"""Preprocessing's policy is the shared screening policy (expected_fs: the corpus's rate)."""
 
 
 @dataclass
@@ -62,34 +54,13 @@ class Prepared:
     dead: list[str]
 
 
-@dataclass
-class Validated:
-    """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads."""
-
-    signal: np.ndarray
-    fs: float
-    dead: np.ndarray  # (12,) bool
+Validated = Screened
 
 
 def validate(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Validated:
-    """Every skip check of a record (raises SignalError(reason)), without the signal processing."""
-    x = to_canonical_order(np.asarray(record.signal), record.leads)  # raises missing/duplicate/unknown lead
-    if abs(record.fs - policy.expected_fs) > 1e-6:
-        raise SignalError("unexpected_fs", f"{record.fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
-    if x.shape[-1] == 0:  # e.g. a CODE-15 trace that is zero padding only
-        raise SignalError("all_zero", "every sample is zero")
-    dead = screen(x)  # raises non_finite; the dead-lead mask of the same max/min pass
-    if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
-        if not np.any(x):
-            raise SignalError("all_zero", "every sample is zero")
-        raise SignalError("flat", "every lead is flat (peak-to-peak below 10 uV)")
-    names = [CANONICAL_LEADS[i] for i in np.flatnonzero(dead)]
-    if len(names) > policy.max_dead_leads:
-        raise SignalError("dead_leads", f"{len(names)} dead leads ({' '.join(names)}) > {policy.max_dead_leads}")
-    length = resampled_length(x.shape[-1], record.fs, spec.fs)
-    if length < spec.window and not policy.pad_short:
-        raise SignalError("too_short", f"{length} samples at {spec.fs} Hz < window {spec.window}")
-    return Validated(signal=x, fs=float(record.fs), dead=dead)
+    """Every skip check of a record (raises SignalError(reason)), without the signal processing:
+    `ecgpos.ecg.screening.screen_record`, the same function `embed` and probes call."""
+    return screen_record(record.signal, record.fs, record.leads, spec, policy)
 
 
 def prepare_many(records: list[Validated], spec: PreprocessSpec) -> list[Prepared]:

@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import ConfigError
+from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_path
 
 SHARD_GLOB = "shard-*.h5"
@@ -70,15 +70,54 @@ def shard_files(folder: str | Path) -> list[Path]:
     return paths
 
 
+def _one_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def open_shard(path: str | Path) -> h5py.File:
+    """Open a shard read-only; a truncated, empty or non-HDF5 file is an EcgposError (one line)."""
+    try:
+        return h5py.File(path, "r")
+    except (OSError, ValueError) as err:
+        raise EcgposError(f"{path} is not a readable shard (truncated, empty or not HDF5: {_one_line(err)})") from None
+
+
+def check_shard(path: str | Path) -> tuple[PreprocessSpec, int]:
+    """The spec and record count of one shard, after checking its layout (see the module docstring).
+
+    EcgposError naming the file for anything else: unreadable, no spec, missing datasets, a lead
+    count other than the spec's, or signals / lengths / record_id that disagree.
+    """
+    with open_shard(path) as f:
+        try:
+            spec = PreprocessSpec.from_h5_attrs(f.attrs)
+            missing = [k for k in ("signals", "lengths", "record_id") if k not in f]
+            if missing:
+                raise EcgposError(f"lacks dataset(s) {', '.join(missing)}")
+            signals, lengths, ids = f["signals"], np.asarray(f["lengths"][:]), f["record_id"]
+            if signals.ndim != 3 or signals.shape[1] != len(spec.leads):
+                raise EcgposError(f"signals have shape {signals.shape}, expected (n, {len(spec.leads)}, time)")
+            n, _, width = signals.shape
+            if lengths.shape != (n,) or ids.shape != (n,) or width < spec.window:
+                raise EcgposError(f"signals {signals.shape}, lengths {lengths.shape} and record_id {ids.shape} "
+                                  f"disagree (or time < window {spec.window})")
+            if n and (lengths.min() < 0 or lengths.max() > width):
+                raise EcgposError(f"lengths outside 0..{width}")
+        except EcgposError as err:
+            raise EcgposError(f"{path}: {err}") from None
+        except (OSError, KeyError, ValueError, TypeError) as err:  # damaged datasets or attributes
+            raise EcgposError(f"{path} is not a readable shard: {_one_line(err)}") from None
+    return spec, int(n)
+
+
 def read_shard_spec(folder: str | Path) -> PreprocessSpec:
-    """The preprocessing spec a shard set was written with (all shards must agree)."""
+    """The preprocessing spec a shard set was written with (all shards must agree and be readable)."""
     paths = shard_paths(folder)
     if not paths:
         raise ConfigError(f"no {SHARD_GLOB} files in {folder}: not a shard folder (run `ecgpos preprocess`)")
     spec = None
     for path in paths:
-        with h5py.File(path, "r") as f:
-            this = PreprocessSpec.from_h5_attrs(f.attrs)
+        this, _ = check_shard(path)
         if spec is None:
             spec = this
         elif this != spec:
@@ -86,10 +125,52 @@ def read_shard_spec(folder: str | Path) -> PreprocessSpec:
     return spec
 
 
+_RMS_RANGE = (0.5, 2.0)
+"""A standardised lead (or record, with standardise: record) has RMS 1 up to resampling edge effects."""
+
+
+def check_shard_contents(path: str | Path) -> None:
+    """Every stored signal looks like preprocess output: finite, zero after its length, and each
+    lead either exactly zero (dead) or standardised (RMS within _RMS_RANGE; per record when the
+    spec standardises per record). EcgposError naming the first bad record otherwise."""
+    spec, n = check_shard(path)
+    with open_shard(path) as f:
+        signals, lengths = f["signals"], np.asarray(f["lengths"][:])
+        ids = f["record_id"].asstr()[:]
+        for start in range(0, n, _WRITE_BLOCK):
+            block = np.asarray(signals[start:start + _WRITE_BLOCK], dtype=np.float64)
+            for i, x in enumerate(block):
+                row = start + i
+                length = int(lengths[row])
+                problem = _signal_problem(x, length, spec.standardise)
+                if problem:
+                    raise EcgposError(f"{path}: record {ids[row]} (row {row}) {problem}: "
+                                      "not what `ecgpos preprocess` writes")
+
+
+def _signal_problem(x: np.ndarray, length: int, mode: str) -> str:
+    if not np.isfinite(x).all():
+        return "holds NaN/inf samples"
+    if np.any(x[:, length:]):
+        return "has non-zero samples after its length"
+    real = x[:, :length]
+    if length == 0:
+        return "has length 0"
+    rms = np.sqrt(np.mean(real ** 2, axis=-1))
+    if mode == "record":
+        alive = rms > 0
+        rms = np.array([np.sqrt(np.mean(real[alive] ** 2))]) if alive.any() else np.zeros(0)
+    low, high = _RMS_RANGE
+    bad = (rms != 0) & ((rms < low) | (rms > high))
+    if bad.any():
+        return f"has RMS {float(rms[bad][0]):.3g} (standardised leads have RMS ~1)"
+    return ""
+
+
 def iter_shard_records(folder: str | Path) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (record_id, float32 (12, length)) for every stored record, shard by shard, row by row."""
     for path in shard_paths(folder):
-        with h5py.File(path, "r") as f:
+        with open_shard(path) as f:
             signals, lengths = f["signals"], f["lengths"][:]
             ids = f["record_id"].asstr()[:]
             for row, (record_id, length) in enumerate(zip(ids, lengths)):

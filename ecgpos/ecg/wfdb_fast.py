@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from wfdb.io.header import rx_record, rx_signal
 
-from ecgpos.ecg.wfdb_io import RawRecord
+from ecgpos.ecg.rates import wfdb_header_fs
+from ecgpos.ecg.wfdb_io import RawRecord, check_mat_header
 from ecgpos.errors import SignalError
 
 _INVALID_FMT16 = -32768  # WFDB's "no sample" value for format 16
@@ -90,28 +91,17 @@ def parse_header(text: str) -> FastHeader | None:
                       leads=[f[13] for f in fields], comments=comments)
 
 
-def _check_mat_header(raw: bytes, header: FastHeader, n_sig: int) -> None:
-    """A MATLAB v4 int16 matrix of n_sig rows x sig_len columns must precede the samples."""
-    if len(raw) < 20:
-        raise SignalError("truncated_signal", f"{header.file_name}: {len(raw)} bytes, no MATLAB header")
-    mopt, rows, cols, imag, namlen = (int(v) for v in np.frombuffer(raw[:20], "<i4"))
-    if mopt != 30 or imag != 0 or 20 + namlen != header.byte_offset:
-        raise SignalError("corrupt_signal", f"{header.file_name}: not a MATLAB v4 int16 matrix at the header's offset")
-    if (rows, cols) != (n_sig, header.sig_len):
-        raise SignalError("header_mismatch", f"header says {n_sig} x {header.sig_len} samples, "
-                                             f"{header.file_name} holds {rows} x {cols}")
-
-
 def read_fast(base: Path) -> RawRecord | None:
     """Read record `base` (path without extension) in mV, or None when outside the fast path.
 
-    Raises SignalError: unreadable, truncated_signal, corrupt_signal, header_mismatch.
+    Raises SignalError: unreadable, truncated_signal, corrupt_signal, header_mismatch, sampling_rate.
     """
     try:
         text = base.with_suffix(".hea").read_text(errors="replace")
     except OSError as err:
         raise SignalError("unreadable", f"{base.name}.hea: {err.strerror or err}") from None
     header = parse_header(text)
+    fs = wfdb_header_fs(text)  # strict, also for headers outside the fast path
     if header is None:
         return None
     n_sig = len(header.leads)
@@ -121,7 +111,7 @@ def read_fast(base: Path) -> RawRecord | None:
     except OSError as err:
         raise SignalError("unreadable", f"{header.file_name}: {err.strerror or err}") from None
     if data_path.suffix == ".mat":
-        _check_mat_header(raw, header, n_sig)
+        check_mat_header(raw[:20], header.file_name, header.byte_offset, n_sig, header.sig_len)
     expected = header.byte_offset + 2 * n_sig * header.sig_len
     if len(raw) < expected:
         raise SignalError("truncated_signal", f"{header.file_name}: {len(raw)} bytes, header needs {expected}")
@@ -141,7 +131,7 @@ def read_fast(base: Path) -> RawRecord | None:
     np.divide(values, header.gains[:, None], out=signal, casting="same_kind")
     if invalid is not None:
         signal[invalid] = np.nan
-    return RawRecord(record_id=base.name, signal=signal, fs=header.fs, leads=header.leads,
+    return RawRecord(record_id=base.name, signal=signal, fs=fs, leads=header.leads,
                      comments=header.comments)
 
 

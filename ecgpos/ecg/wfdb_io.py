@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import wfdb
 
+from ecgpos.ecg.rates import wfdb_header_fs
 from ecgpos.errors import SignalError
 
 
@@ -36,15 +38,91 @@ def record_path(path: str | Path) -> Path:
     return path.with_suffix("") if path.suffix in (".hea", ".mat", ".dat") else path
 
 
-def read_wfdb_record(path: str | Path) -> RawRecord:
-    """Read a WFDB record (format 16 .dat or MATLAB v4 .mat) in mV.
+# Bytes per sample of the WFDB storage formats whose file size follows from the header.
+_BYTES_PER_SAMPLE = {"8": 1.0, "16": 2.0, "24": 3.0, "32": 4.0, "61": 2.0, "80": 1.0, "160": 2.0,
+                     "212": 1.5, "310": 4 / 3, "311": 4 / 3}
 
-    Raises SignalError('unreadable' | 'header_mismatch' | 'units') with the record name, never
-    a raw wfdb/numpy traceback.
+
+def check_mat_header(prefix: bytes, file_name: str, byte_offset: int, n_sig: int, sig_len: int) -> None:
+    """A MATLAB v4 int16 matrix of n_sig rows x sig_len columns must precede the samples.
+
+    prefix: the file's first 20 bytes (its MATLAB v4 matrix header).
+    """
+    if len(prefix) < 20:
+        raise SignalError("truncated_signal", f"{file_name}: {len(prefix)} bytes, no MATLAB header")
+    mopt, rows, cols, imag, namlen = (int(v) for v in np.frombuffer(prefix[:20], "<i4"))
+    if mopt != 30 or imag != 0 or 20 + namlen != byte_offset:
+        raise SignalError("corrupt_signal", f"{file_name}: not a MATLAB v4 int16 matrix at the header's offset")
+    if (rows, cols) != (n_sig, sig_len):
+        raise SignalError("header_mismatch", f"header says {n_sig} x {sig_len} samples, "
+                                             f"{file_name} holds {rows} x {cols}")
+
+
+def check_signal_files(base: Path, header: Any) -> None:
+    """The size checks the fast reader makes, for any header wfdb reads (wfdb itself makes none:
+    it reads what the header says and silently drops the rest of a longer file).
+
+    Each signal file must hold exactly byte offset + the header's samples (truncated_signal when
+    shorter, header_mismatch when longer); a `.mat` file's MATLAB header must agree with the WFDB
+    header. Files in formats without a fixed sample size, or with several samples per frame, are
+    left to wfdb.
+    """
+    sig_len = header.sig_len
+    if sig_len is None or not header.file_name:
+        return  # wfdb infers the length from the file: nothing the header could misstate
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(header.file_name):
+        groups.setdefault(name, []).append(i)
+    for name, rows in groups.items():
+        fmts = {str(header.fmt[i]) for i in rows}
+        offsets = {int(header.byte_offset[i] or 0) if header.byte_offset else 0 for i in rows}
+        frames = {int(header.samps_per_frame[i] or 1) if header.samps_per_frame else 1 for i in rows}
+        if len(fmts) != 1 or len(offsets) != 1 or frames != {1} or next(iter(fmts)) not in _BYTES_PER_SAMPLE:
+            continue
+        offset = offsets.pop()
+        path = base.parent / name
+        try:
+            size = path.stat().st_size
+            prefix = path.open("rb").read(20) if path.suffix == ".mat" else b""
+        except OSError as err:
+            raise SignalError("unreadable", f"{name}: {err.strerror or err}") from None
+        if path.suffix == ".mat":
+            check_mat_header(prefix, name, offset, len(rows), sig_len)
+        expected = offset + int(np.ceil(len(rows) * sig_len * _BYTES_PER_SAMPLE[fmts.pop()]))
+        if size < expected:
+            raise SignalError("truncated_signal", f"{name}: {size} bytes, header needs {expected}")
+        if size > expected:
+            raise SignalError("header_mismatch", f"{name}: {size} bytes, header describes {expected}")
+
+
+def read_wfdb_record(path: str | Path) -> RawRecord:
+    """Read a WFDB record (format 16 .dat or MATLAB v4 .mat, or anything else wfdb reads) in mV.
+
+    The rate is parsed strictly from the header (`ecgpos.ecg.rates`) and the signal files are
+    checked against the header's sizes before wfdb reads them. Raises SignalError('unreadable' |
+    'truncated_signal' | 'corrupt_signal' | 'header_mismatch' | 'units' | 'sampling_rate') with the
+    record name, never a raw wfdb/numpy traceback.
     """
     base = record_path(path)
-    if not base.with_suffix(".hea").is_file():
-        raise SignalError("unreadable", f"{base.name}: no header file {base.with_suffix('.hea')}")
+    header_file = base.with_suffix(".hea")
+    if not header_file.is_file():
+        raise SignalError("unreadable", f"{base.name}: no header file {header_file}")
+    try:
+        text = header_file.read_text(errors="replace")
+    except OSError as err:
+        raise SignalError("unreadable", f"{base.name}.hea: {err.strerror or err}") from None
+    try:
+        fs = wfdb_header_fs(text)
+    except SignalError as err:
+        raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
+    try:
+        header = wfdb.rdheader(str(base))
+    except Exception as err:  # wfdb raises many types for malformed headers
+        raise SignalError("unreadable", f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
+    try:
+        check_signal_files(base, header)
+    except SignalError as err:
+        raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
     try:
         rec = wfdb.rdrecord(str(base), physical=True)
     except Exception as err:  # wfdb raises many types for corrupt/truncated files
@@ -62,4 +140,4 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     elif units and not units <= {"mv"}:
         raise SignalError("units", f"{base.name}: unsupported units {sorted(units)}")
     return RawRecord(record_id=base.name, signal=np.ascontiguousarray(rec.p_signal.T * scale, dtype=np.float32),
-                     fs=float(rec.fs), leads=[str(s) for s in rec.sig_name], comments=list(rec.comments or []))
+                     fs=fs, leads=[str(s) for s in rec.sig_name], comments=list(rec.comments or []))

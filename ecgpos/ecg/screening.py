@@ -1,0 +1,88 @@
+"""Which raw records may be turned into model input: the one screening step of every reader.
+
+Preprocessing (shards), `embed` and probes all call `screen_record` before `preprocess_batch`,
+so a recording that preprocessing skips is never embedded or probed with a made-up feature
+vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
+
+Checks, in order: lead names (missing_lead / duplicate_lead / unknown_lead), the rate
+(sampling_rate; unexpected_fs when a corpus fixes it), no samples at all (empty), NaN/inf
+(non_finite), every sample zero (all_zero), every lead flat (flat), more dead leads than allowed
+(dead_leads), shorter than one window after resampling (too_short, unless pad_short).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
+from ecgpos.ecg.rates import check_fs
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, resampled_length, screen
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import ConfigError, SignalError
+
+DEFAULT_MAX_DEAD_LEADS = 2
+"""Records with up to this many dead (flat) leads are kept, the dead leads used as exact zeros."""
+
+
+@dataclass(frozen=True)
+class ScreenPolicy:
+    """What to do with records that are short or have dead leads.
+
+    expected_fs: a corpus's one rate (None: any supported rate). pad_short: keep records shorter
+    than one window (the caller zero-pads them) instead of refusing them as too_short.
+    """
+
+    expected_fs: float | None = None
+    pad_short: bool = False
+    max_dead_leads: int = DEFAULT_MAX_DEAD_LEADS
+
+    def __post_init__(self) -> None:
+        n = len(CANONICAL_LEADS)
+        if isinstance(self.max_dead_leads, bool) or not isinstance(self.max_dead_leads, int) \
+                or not 0 <= self.max_dead_leads < n:
+            raise ConfigError(f"max dead leads must be an integer in 0..{n - 1}, got {self.max_dead_leads!r}")
+
+
+@dataclass
+class Screened:
+    """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads."""
+
+    signal: np.ndarray
+    fs: float
+    dead: np.ndarray  # (12,) bool
+
+    @property
+    def dead_names(self) -> list[str]:
+        return [CANONICAL_LEADS[i] for i in np.flatnonzero(self.dead)]
+
+
+def screen_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec,
+                  policy: ScreenPolicy = ScreenPolicy()) -> Screened:
+    """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
+    x = np.asarray(signal)
+    if x.ndim != 2:
+        raise SignalError("shape", f"expected a (leads, time) array, got shape {x.shape}")
+    if x.shape[0] != len(leads):
+        raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names")
+    x = to_canonical_order(x, leads)  # raises missing/duplicate/unknown lead
+    if policy.expected_fs is not None and abs(float(fs) - policy.expected_fs) > 1e-6:
+        raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
+    fs = check_fs(fs, spec)
+    if x.shape[-1] == 0:
+        raise SignalError("empty", "the record holds no samples")
+    dead = screen(x, DEAD_LEAD_PTP_MV)  # raises non_finite; the dead-lead mask of the same max/min pass
+    if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
+        if not np.any(x):
+            raise SignalError("all_zero", "every sample is zero")
+        raise SignalError("flat", f"every lead is flat (peak-to-peak below {DEAD_LEAD_PTP_MV * 1000:g} uV)")
+    count = int(dead.sum())
+    if count > policy.max_dead_leads:
+        names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))
+        raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
+    length = resampled_length(x.shape[-1], fs, spec.fs)
+    if length < spec.window and not policy.pad_short:
+        raise SignalError("too_short", f"{x.shape[-1] / fs:.2f} s at {fs:g} Hz = {length} samples at "
+                                       f"{spec.fs} Hz < window {spec.window}")
+    return Screened(signal=x, fs=fs, dead=dead)
