@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ecgpos.ecg.signal import pad_to, preprocess_signal
+from ecgpos.ecg.screening import ScreenPolicy, screen_record
+from ecgpos.ecg.signal import pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError
@@ -27,7 +28,13 @@ from ecgpos.files import atomic_path
 from ecgpos.models.features import record_windows, window_features
 from probes.datasets import RecordLocator, read_record
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: records are screened as in preprocessing (earlier caches may hold refused records)
+
+PROBE_POLICY = ScreenPolicy(pad_short=True)
+"""Probe records pass preprocessing's screening (rate, empty, NaN, all-zero, flat, dead leads) with
+one documented difference: a record shorter than the window is kept and zero-padded at the end
+(as `ecgpos preprocess --pad-short` / `ecgpos embed --pad-short` do), because the probe protocol
+uses the published splits as they are, short CPSC2018 records included. Padded records are logged."""
 
 
 @dataclass
@@ -80,6 +87,7 @@ class FeatureStats:
     extracted: int = 0
     cached: int = 0
     failed: dict[str, str] = field(default_factory=dict)
+    padded: list[str] = field(default_factory=list)  # records shorter than the window, zero-padded
 
 
 def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: int) -> Path:
@@ -111,7 +119,8 @@ def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], l
                      log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, np.ndarray], FeatureStats]:
     """Features of the located records `keys` (record key -> (D,)), from the cache where present.
 
-    Records that fail to read or preprocess are left out and listed in stats.failed.
+    Records that fail to read or are refused by the screening (PROBE_POLICY) are left out and
+    listed in stats.failed with their reason.
     """
     path = cache_file(cache_dir, source, dataset, windows)
     store = _load_cache(path)
@@ -129,7 +138,11 @@ def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], l
                 continue
             try:
                 raw: RawRecord = read_record(*found)
-                signals.append(preprocess_signal(raw.signal, raw.fs, raw.leads, source.spec))
+                ok = screen_record(raw.signal, raw.fs, raw.leads, source.spec, PROBE_POLICY)
+                x = preprocess_batch(ok.signal[None], ok.fs, source.spec, ok.dead[None])[0]
+                if x.shape[-1] < source.spec.window:
+                    stats.padded.append(key)
+                signals.append(x)
                 names.append(key)
             except EcgposError as err:
                 stats.failed[key] = str(err)
@@ -139,6 +152,9 @@ def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], l
             stats.extracted += len(names)
         if signals and (start // chunk) % 50 == 49:  # an interrupted full-size run keeps most of its work
             _save_cache(path, store)
+    if stats.padded:
+        log(f"  {len(stats.padded)} records shorter than the {source.spec.window}-sample window zero-padded: "
+            + ", ".join(stats.padded[:5]) + (" ..." if len(stats.padded) > 5 else ""))
     if stats.extracted:
         _save_cache(path, store)
     return {k: store[k] for k in keys if k in store}, stats

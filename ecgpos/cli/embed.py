@@ -12,9 +12,11 @@ PATH is one of
   stem (2-D) or the row index (3-D).
 FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
-suffix `.ids.txt` beside it, since .npy holds a single array). Bad records are reported on stderr
-with their id and reason and the others are still embedded; exit 0 if any record was embedded
-(1 with --strict when any was skipped).
+suffix `.ids.txt` beside it, since .npy holds a single array). Raw records go through the record
+screening of preprocessing (`ecgpos.ecg.screening`): bad records are reported on stderr with their
+id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv)
+and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
+was skipped).
 """
 from __future__ import annotations
 
@@ -25,9 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS, ScreenPolicy
 from ecgpos.errors import EcgposError
 from ecgpos.export.load import load_encoder
-from ecgpos.inference.inputs import OUTPUT_SUFFIXES, embed_records, open_source, write_features
+from ecgpos.inference.inputs import (
+    OUTPUT_SUFFIXES,
+    check_writable,
+    embed_records,
+    open_source,
+    write_features,
+    write_skipped,
+)
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS
 
 
@@ -42,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="windows per record, spread evenly and averaged (1 = centre window)")
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--pad-short", action="store_true",
+                        help="zero-pad raw records shorter than one window instead of skipping them (too_short), "
+                             "as `ecgpos preprocess --pad-short` and the probes do")
+    parser.add_argument("--max-dead-leads", type=int, default=DEFAULT_MAX_DEAD_LEADS,
+                        help=f"skip raw records with more flat (dead) leads than this, as preprocessing does "
+                             f"(default {DEFAULT_MAX_DEAD_LEADS})")
     parser.add_argument("--strict", action="store_true", help="exit 1 when any record was skipped")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -55,14 +71,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError("--num-windows and --batch-size must be at least 1")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
+    policy = ScreenPolicy(pad_short=args.pad_short, max_dead_leads=args.max_dead_leads)  # ConfigError if bad
+    check_writable(args.out)
     encoder = load_encoder(args.encoder, device=args.device)
-    source = open_source(args.input, args.fs, args.leads, encoder.spec)
+    source = open_source(args.input, args.fs, args.leads, encoder.spec, policy)
     result = embed_records(encoder, source, args.num_windows, args.batch_size, progress=not args.no_progress)
     if not result.ids:
+        listed = write_skipped(args.out, result.skipped)
         raise EcgposError(f"none of the {source.count} {source.kind} could be embedded "
-                          f"({len(result.skipped)} skipped, reasons above)")
+                          f"({len(result.skipped)} skipped, reasons above and in {listed})")
     features = np.stack(result.features).astype(np.float32)
     written = write_features(args.out, result.ids, features, encoder)
+    written.append(write_skipped(args.out, result.skipped))
     reasons = Counter(reason for _, reason, _ in result.skipped)
     skipped = (f"; skipped {len(result.skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
                if result.skipped else "")

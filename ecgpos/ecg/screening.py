@@ -45,6 +45,10 @@ class ScreenPolicy:
             raise ConfigError(f"max dead leads must be an integer in 0..{n - 1}, got {self.max_dead_leads!r}")
 
 
+DEFAULT_POLICY = ScreenPolicy()
+"""`embed`'s and the API's policy: any supported rate, short records refused, up to 2 dead leads."""
+
+
 @dataclass
 class Screened:
     """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads."""
@@ -59,7 +63,7 @@ class Screened:
 
 
 def screen_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec,
-                  policy: ScreenPolicy = ScreenPolicy()) -> Screened:
+                  policy: ScreenPolicy = DEFAULT_POLICY) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
     x = np.asarray(signal)
     if x.ndim != 2:

@@ -15,10 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.ecg.leads import lead_permutation
-from ecgpos.ecg.signal import resampled_length
+from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, screen_record
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import EcgposError, SignalError
+from ecgpos.errors import EcgposError
 from ecgpos.export.format import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, state_sha256
 from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
@@ -71,21 +70,14 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
     return module
 
 
-def check_raw_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> None:
-    """Cheap checks before filtering, so every bad record gets its own reason (SignalError).
+def check_raw_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec,
+                     policy: ScreenPolicy = DEFAULT_POLICY) -> Screened:
+    """The record screening of preprocessing (`ecgpos.ecg.screening.screen_record`), before filtering.
 
-    Lead names/count first, then the rate, then the length after resampling: a record shorter than
-    the window would otherwise fail inside the filter with a numpy error instead of 'too_short'.
+    Every bad record gets its own reason (SignalError): lead names, rate, empty, NaN/inf, all-zero,
+    flat, too many dead leads, shorter than one window.
     """
-    if signal.ndim != 2:
-        raise SignalError("shape", f"expected a (leads, time) array, got shape {signal.shape}")
-    if signal.shape[0] != len(leads):
-        raise SignalError("shape", f"{signal.shape[0]} signal rows but {len(leads)} lead names")
-    lead_permutation(leads)
-    length = resampled_length(signal.shape[1], fs, spec.fs)
-    if length < spec.window:
-        raise SignalError("too_short", f"{signal.shape[1] / fs:.2f} s at {fs:g} Hz = {length} samples at "
-                                       f"{spec.fs} Hz < window {spec.window}")
+    return screen_record(signal, fs, leads, spec, policy)
 
 
 class ExportedEncoder(nn.Module):

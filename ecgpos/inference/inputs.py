@@ -12,13 +12,16 @@ PATH is one of
   stem (2-D) or the row index (3-D).
 FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
-suffix `.ids.txt` beside it, since .npy holds a single array). Bad records are reported on stderr
-with their id and reason and the others are still embedded; exit 0 if any record was embedded
-(1 with --strict when any was skipped).
+suffix `.ids.txt` beside it, since .npy holds a single array). Raw records go through the record
+screening of preprocessing (`ecgpos.ecg.screening`): bad records are reported on stderr with their
+id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv)
+and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
+was skipped).
 """
 from __future__ import annotations
 
 import csv
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from ecgpos.ecg.rates import check_fs
+from ecgpos.ecg.screening import DEFAULT_POLICY, ScreenPolicy
 from ecgpos.ecg.shards import SHARD_GLOB
-from ecgpos.ecg.signal import check_finite, preprocess_signal
+from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
@@ -55,16 +60,22 @@ class EmbedResult:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
 
 
-def raw_thunk(signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec) -> Callable[[], np.ndarray]:
-    """Deferred check + preprocessing of one raw record (signal may be a memory-mapped array)."""
+def raw_thunk(signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec,
+              policy: ScreenPolicy = DEFAULT_POLICY) -> Callable[[], np.ndarray]:
+    """Deferred screening + preprocessing of one raw record (signal may be a memory-mapped array).
+
+    The screening is preprocessing's own (`screen_record`): a record preprocessing would skip
+    (all-zero, flat, too many dead leads, too short, bad rate) is skipped with the same reason.
+    """
     def run() -> np.ndarray:
         x = np.asarray(signal, dtype=np.float32)
-        check_raw_record(x, fs, leads, spec)
-        return preprocess_signal(x, fs, leads, spec)
+        ok = check_raw_record(x, fs, leads, spec, policy)
+        y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
+        return pad_to(y, spec.window) if policy.pad_short else y
     return run
 
 
-def wfdb_source(path: Path, spec: PreprocessSpec) -> Source:
+def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
     from ecgpos.ecg.wfdb_io import read_wfdb_record, record_path
 
     if path.is_dir():
@@ -80,7 +91,7 @@ def wfdb_source(path: Path, spec: PreprocessSpec) -> Source:
         for record_id, base in zip(ids, bases):
             def run(base: Path = base) -> np.ndarray:
                 raw = read_wfdb_record(base)
-                return raw_thunk(raw.signal, raw.fs, raw.leads, spec)()
+                return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy)()
             yield record_id, run
     return Source("WFDB records", len(bases), records())
 
@@ -88,21 +99,18 @@ def wfdb_source(path: Path, spec: PreprocessSpec) -> Source:
 def shard_source(path: Path, spec: PreprocessSpec) -> Source:
     import h5py
 
-    from ecgpos.ecg.shards import shard_paths
+    from ecgpos.ecg.shards import check_shard, open_shard, shard_paths
 
     files = shard_paths(path) if path.is_dir() else [path]
     counts = []
     for file in files:
-        with h5py.File(file, "r") as handle:
-            spec.check_compatible(PreprocessSpec.from_h5_attrs(handle.attrs), f"shard {file}")
-            missing = [k for k in ("signals", "lengths", "record_id") if k not in handle]
-            if missing:
-                raise EcgposError(f"shard {file} lacks dataset(s) {', '.join(missing)}")
-            counts.append(len(handle["lengths"]))
+        stored_spec, count = check_shard(file)  # unreadable or malformed shards: one line, before any work
+        spec.check_compatible(stored_spec, f"shard {file}")
+        counts.append(count)
 
     def records() -> Iterator[Record]:
         for file in files:
-            with h5py.File(file, "r") as handle:
+            with open_shard(file) as handle:
                 signals, lengths = handle["signals"], handle["lengths"][:]
                 ids = [x.decode() if isinstance(x, bytes) else str(x) for x in handle["record_id"][:]]
                 for row, record_id in enumerate(ids):
@@ -118,9 +126,14 @@ def shard_source(path: Path, spec: PreprocessSpec) -> Source:
     return Source("shard records", sum(counts), records())
 
 
-def npy_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec) -> Source:
+def npy_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec,
+               policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
     if fs is None or not leads:
         raise EcgposError("a .npy input needs --fs HZ and --leads I,II,... (its rows' lead names)")
+    try:
+        fs = check_fs(fs, spec, "--fs")
+    except SignalError as err:  # one rate for every row: a bad one is the run's error, not a per-record skip
+        raise EcgposError(f"{err.detail}") from None
     names = [name.strip() for name in leads.split(",") if name.strip()]
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -132,21 +145,22 @@ def npy_source(path: Path, fs: float | None, leads: str | None, spec: Preprocess
         items = [(str(i), array[i]) for i in range(array.shape[0])]
     else:
         raise EcgposError(f"{path}: expected shape (leads, time) or (N, leads, time), got {array.shape}")
-    return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec)) for rid, x in items))
+    return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec, policy)) for rid, x in items))
 
 
-def open_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec) -> Source:
+def open_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec,
+                policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
     """The right reader for PATH (see module docstring); --fs/--leads only belong to .npy inputs."""
     if path.suffix == ".npy":
         if not path.is_file():
             raise EcgposError(f"{path} does not exist")
-        return npy_source(path, fs, leads, spec)
+        return npy_source(path, fs, leads, spec, policy)
     if fs is not None or leads:
         raise EcgposError("--fs and --leads apply to .npy input only (WFDB headers and shards carry their own)")
     if (path.is_dir() and any(path.glob(SHARD_GLOB))) or (path.suffix == ".h5" and path.is_file()):
         return shard_source(path, spec)
     if path.is_dir() or path.with_suffix(".hea").is_file() or path.suffix == ".hea":
-        return wfdb_source(path, spec)
+        return wfdb_source(path, spec, policy)
     raise EcgposError(f"{path}: not a WFDB record, a folder of records or shards, or a .npy file")
 
 
@@ -176,9 +190,9 @@ def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = D
     for record_id, load in bar:
         try:
             windows = record_windows(load(), encoder.spec.window, num_windows)
-        except (SignalError, EcgposError) as err:
+        except (SignalError, EcgposError, OSError) as err:  # OSError: a damaged shard row or file
             reason = getattr(err, "reason", "unreadable")
-            detail = getattr(err, "detail", str(err))
+            detail = getattr(err, "detail", (str(err).splitlines() or [type(err).__name__])[0])
             result.skipped.append((record_id, reason, detail))
             bar.write(f"ecgpos embed: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
             continue
@@ -190,8 +204,43 @@ def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = D
     return result
 
 
+def skipped_path(out: Path) -> Path:
+    """Where the refused records of `out` are listed: FILE's name with `.skipped.csv` (feats.skipped.csv)."""
+    return out.with_name(f"{out.stem}.skipped.csv")
+
+
+def check_writable(out: Path) -> None:
+    """--out must be a file this process can create: one line otherwise, before any record is embedded."""
+    if out.is_dir():
+        raise EcgposError(f"--out {out} is a folder; give a file name")
+    probe = out.with_name(f".{out.name}.{os.getpid()}.write-test")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise EcgposError(f"--out {out} is not writable: {err.strerror or err}") from None
+
+
+def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
+    """`record_id,reason,detail` of every refused record (header only when none was refused)."""
+    path = skipped_path(out)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["record_id", "reason", "detail"])
+        writer.writerows(skipped)
+    return path
+
+
 def write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
     """Write features (N, D) float32 with their record ids; returns the files written."""
+    try:
+        return _write_features(out, ids, features, encoder)
+    except OSError as err:
+        raise EcgposError(f"cannot write {out}: {err.strerror or err}") from None
+
+
+def _write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.suffix == ".csv":
         with out.open("w", newline="") as handle:
