@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
+    if training.get("finished") is not True:
+        print(f"ecgpos export: warning: {args.run_dir} is not finished (step {training.get('step', '?')} of "
+              f"{training.get('steps', '?')}); exporting its newest checkpoint {training.get('checkpoint', '')}",
+              file=sys.stderr)
     decoders = None
     if args.with_decoders:
         recon = load_recon_models(args.run_dir)

@@ -4,7 +4,9 @@ Layout of an export folder (written by `ecgpos export`, read by `load_encoder` /
 
 - model.safetensors  encoder weights only (never pickled)
 - config.json        {"format": "ecgpos-encoder", "version": 1, "arch", "preprocess", "pooling",
-                      "ecgpos_version", "weights_sha256", "training", "io", "test_vectors", "onnx"}
+                      "ecgpos_version", "weights_sha256", "config_sha256", "training", "io",
+                      "test_vectors", "onnx"}; config_sha256 binds every field that changes
+                      features (CONFIG_HASH_FIELDS) to the weights hash
 - README.md          model card
 - test_vectors.npz   deterministic inputs and their expected features (see vectors.py)
 - encoder.onnx       optional (`--onnx`): features of a (batch, 12, window) float32 input
@@ -12,7 +14,9 @@ Layout of an export folder (written by `ecgpos export`, read by `load_encoder` /
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -44,3 +48,14 @@ def weights_hash(module: torch.nn.Module) -> str:
     """`state_sha256` of a module's weights: the value an export records as `weights_sha256`, so a
     run's encoder and its export can be matched."""
     return state_sha256(module.state_dict())
+
+
+CONFIG_HASH_FIELDS = ("arch", "preprocess", "pooling", "weights_sha256")
+"""The config.json fields that decide what features an export computes (plus the weights hash,
+which binds them to model.safetensors). `training`, `io` and the card are descriptive only."""
+
+
+def config_sha256(config: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of config's CONFIG_HASH_FIELDS."""
+    bound = {key: config.get(key) for key in CONFIG_HASH_FIELDS}
+    return hashlib.sha256(json.dumps(bound, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -7,6 +7,7 @@ an export either loads exactly what was exported or fails with one line, never r
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,15 @@ from torch import nn
 from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, screen_record
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from ecgpos.export.format import CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, state_sha256
+from ecgpos.export.format import (
+    CONFIG_FILE,
+    CONFIG_HASH_FIELDS,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS_FILE,
+    config_sha256,
+    state_sha256,
+)
 from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
 
@@ -130,6 +139,31 @@ class ExportedEncoder(nn.Module):
                             num_windows=num_windows, device=self.device)
 
 
+_warned_unbound: set[str] = set()
+
+
+def check_config_binding(folder: Path, config: dict[str, Any]) -> None:
+    """Refuse a config.json whose feature-affecting fields were edited after export (config_sha256).
+
+    Exports written before config_sha256 existed still load: their architecture is then checked
+    only against the weights' names and shapes (build_from_state), and a warning says so once.
+    """
+    if "config_sha256" in config:
+        digest = config_sha256(config)
+        if digest != config["config_sha256"]:
+            fields = ', '.join(CONFIG_HASH_FIELDS[:3])
+            raise EcgposError(f"{folder / CONFIG_FILE} was edited after export: its {fields} "
+                              f"no longer match config_sha256 ({digest[:12]}... != "
+                              f"{str(config['config_sha256'])[:12]}...); re-export the run instead")
+        return
+    key = str(folder.resolve())
+    if key not in _warned_unbound:
+        _warned_unbound.add(key)
+        print(f"ecgpos: warning: {folder / CONFIG_FILE} has no config_sha256 (an older export): its architecture "
+              "is checked against the weights' shapes only, its preprocess and pooling cannot be checked; "
+              "re-export to bind them", file=sys.stderr)
+
+
 def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> ExportedEncoder:
     """Load an export folder (model.safetensors + config.json) as an eval-mode ExportedEncoder.
 
@@ -148,6 +182,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     if digest != config["weights_sha256"]:
         raise EcgposError(f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
                           f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)")
+    check_config_binding(folder, config)
     encoder = build_from_state(config["arch"], state, str(weights_path))
     exported = ExportedEncoder(encoder.float(), spec, config["arch"], config, source=str(folder.resolve()))
     return exported.to(device)

@@ -27,6 +27,7 @@ from ecgpos.export.format import (
     ONNX_FILE,
     VECTORS_FILE,
     WEIGHTS_FILE,
+    config_sha256,
     state_sha256,
 )
 from ecgpos.export.load import load_encoder
@@ -68,6 +69,7 @@ def write_export(module: nn.Module, spec: Any, arch: dict[str, Any], training: d
         from ecgpos.export.decoders import write_decoders
 
         config["decoders"] = write_decoders(out, decoders)
+    config["config_sha256"] = config_sha256(config)
     if onnx:
         from ecgpos.export.onnx_export import export_onnx
 
