@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -60,9 +61,12 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except ValueError:
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):  # no config value means anything as NaN or infinity
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if hint is int:
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
@@ -114,7 +118,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = yaml.safe_load(raw)
+        except yaml.YAMLError as err:  # e.g. a `!!python/...` tag, which safe_load refuses to construct
+            problem = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise ConfigError(f"--set {key}: value {raw!r} is not plain YAML ({problem})") from None
     return data
 
 

@@ -14,6 +14,8 @@ import json
 import os
 import random
 import shutil
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +126,48 @@ def load_checkpoint(accelerator: Any, checkpoint: str | Path) -> dict[str, Any]:
     if len(rng) == accelerator.num_processes:  # same world size: every process gets its own RNG back
         set_rng_state(rng[accelerator.process_index])
     return state
+
+
+@dataclass
+class Resumed:
+    """What `resume_checkpoint` found: the trainer state (None: start fresh), and what it passed over."""
+
+    state: dict[str, Any] | None = None
+    checkpoint: Path | None = None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    def run_info(self) -> dict[str, Any]:
+        """run_info.json fields: resumed_from and, when any was passed over, skipped_checkpoints."""
+        if self.checkpoint is None:
+            return {}
+        return {"resumed_from": str(self.checkpoint), **({"skipped_checkpoints": self.skipped} if self.skipped else {})}
+
+
+def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
+    """Restore the newest complete checkpoint that loads (collective call).
+
+    A checkpoint whose files do not load (a corrupt model.safetensors, optimizer.bin, RNG or
+    trainer state) is reported in one line on stderr and the previous one is tried; the next
+    complete checkpoint then restores every state in full, so nothing of the broken one remains.
+    No checkpoint at all: start fresh. Checkpoints, but none loads: EcgposError (exit 2).
+    """
+    found = list_checkpoints(run_dir)
+    skipped: list[dict[str, str]] = []
+    for _, path in reversed(found):
+        try:
+            state = load_checkpoint(accelerator, path)
+        except Exception as err:  # safetensors, torch.load (weights_only) and pickle raise their own types
+            reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+            skipped.append({"checkpoint": str(path), "reason": reason})
+            if accelerator.is_main_process:
+                print(f"ecgpos pretrain: checkpoint {path.name} does not load ({reason}); "
+                      "trying the previous one", file=sys.stderr, flush=True)
+            continue
+        if skipped and accelerator.is_main_process:
+            print(f"ecgpos pretrain: resuming from {path.name} (skipped {len(skipped)} newer checkpoint(s) "
+                  "that do not load; see run_info.json skipped_checkpoints)", file=sys.stderr, flush=True)
+        return Resumed(state, path, skipped)
+    if found:
+        raise EcgposError(f"none of the {len(found)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} loads "
+                          f"(newest: {skipped[0]['reason']}); start a new --run-dir")
+    return Resumed()

@@ -53,6 +53,9 @@ class OptimConfig:
             raise ConfigError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
 
 
+SEED_MAX = 2**32 - 1
+
+
 @dataclass
 class TrainConfig:
     """Batching, precision, data loading and the run folder's cadence (all in optimizer steps)."""
@@ -77,6 +80,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
             raise ConfigError(f"train.num_workers must be >= 0, got {self.num_workers}")
+        if not 0 <= self.seed <= SEED_MAX:  # numpy's SeedSequence and torch.manual_seed accept this range
+            raise ConfigError(f"train.seed must be in 0..{SEED_MAX}, got {self.seed}")
         if self.batch_size % self.grad_accum:
             raise ConfigError(f"train.batch_size {self.batch_size} is not a multiple of "
                               f"train.grad_accum {self.grad_accum}")

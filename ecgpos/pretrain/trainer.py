@@ -29,7 +29,7 @@ from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
 from ecgpos.files import atomic_write_json, atomic_write_text
-from ecgpos.pretrain.checkpoint import load_checkpoint, remove_partial, save_checkpoint
+from ecgpos.pretrain.checkpoint import Resumed, remove_partial, resume_checkpoint, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
@@ -95,9 +95,9 @@ class Trainer:
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.start_step = 0
-        checkpoint = newest_checkpoint(self.run_dir) if self.plan.resume else None
-        if checkpoint is not None:
-            state = load_checkpoint(self.acc, checkpoint)
+        self.resumed = resume_checkpoint(self.acc, self.run_dir) if self.plan.resume else Resumed()
+        state = self.resumed.state
+        if state is not None:
             if state.get("num_train_records") != len(train_index):
                 raise ConfigError(f"the shards hold {len(train_index)} training records but the run was started on "
                                   f"{state.get('num_train_records')}: resume on the same shards")
@@ -125,7 +125,7 @@ class Trainer:
                 "global_batch": self.cfg.train.batch_size, "per_process_batch": self.sampler.per_process,
                 "grad_accum": self.cfg.train.grad_accum, "mixed_precision": self.acc.mixed_precision,
                 "num_train_records": self.sampler.num_records, "steps_per_epoch": self.sampler.steps_per_epoch,
-                "ecgpos_version": __version__, **extra}
+                "ecgpos_version": __version__, **self.resumed.run_info(), **extra}
         if self.plan.stage0_info:
             info["stage0_encoder"] = self.plan.stage0_info["encoder"]
             info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
