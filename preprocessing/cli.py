@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipping them (too_short); `length` in index.csv/shards keeps the true length")
     p.add_argument("--max-dead-leads", type=int, default=DEFAULT_MAX_DEAD_LEADS,
                    help=f"keep records with at most this many flat (dead) leads, stored as exact zeros; "
-                        f"more are skipped as dead_leads (default {DEFAULT_MAX_DEAD_LEADS}; 0 skips any)")
+                        f"more are skipped as dead_leads (0..11, default {DEFAULT_MAX_DEAD_LEADS}; 0 skips any)")
     p.add_argument("--spec", type=Path, default=None,
                    help="preprocessing spec YAML (keys fs, highpass_hz, lowpass_hz, filter_order, standardise, "
                         "window, dtype), or a run config whose preprocess: section is used; default: the paper's")

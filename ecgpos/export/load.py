@@ -182,7 +182,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     if digest != config["weights_sha256"]:
         raise EcgposError(f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
                           f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)")
+    encoder = build_from_state(config["arch"], state, str(weights_path))  # names the structural mismatch first
     check_config_binding(folder, config)
-    encoder = build_from_state(config["arch"], state, str(weights_path))
     exported = ExportedEncoder(encoder.float(), spec, config["arch"], config, source=str(folder.resolve()))
     return exported.to(device)
