@@ -1,17 +1,17 @@
 """The one sampling-rate parser every reader uses (WFDB headers, CODE-15, `.npy --fs`).
 
-A rate is accepted only when it is a plain finite number inside the range the signal pipeline
-supports: above twice the low-pass cut-off (40 Hz by default, so more than 80 Hz: below that the
-paper's band cannot be represented) and at most MAX_FS_HZ. Anything else is a SignalError with
-reason `sampling_rate`, never a library default (wfdb reads a header rate of `-500` as 250 Hz and
-`500e3` as 500 Hz) and never a filter-design error deep inside scipy.
+A rate is accepted only when it is a plain finite positive number, at most MAX_FS_HZ, and (once
+the preprocessing spec is known: `ecgpos.ecg.screening`) above twice the spec's low-pass cut-off
+(40 Hz by default, so more than 80 Hz: below that the band cannot be represented). Anything else
+is a SignalError with reason `sampling_rate`, never a library default (wfdb reads a header rate of
+`-500` as 250 Hz and `500e3` as 500 Hz) and never a filter-design error deep inside scipy.
 """
 from __future__ import annotations
 
 import math
 import re
 
-from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import SignalError
 
 MAX_FS_HZ = 10_000.0
@@ -21,12 +21,13 @@ MAX_FS_HZ = 10_000.0
 _WFDB_RATE = re.compile(r"^(?P<fs>[^/()]*)(?:/(?P<counter>[^()]*)(?:\((?P<base>[^()]*)\))?)?$")
 
 
-def supported_range(spec: PreprocessSpec = DEFAULT_SPEC) -> tuple[float, float]:
-    """(exclusive minimum, inclusive maximum) rate in Hz for records preprocessed with `spec`."""
-    return 2.0 * spec.lowpass_hz, MAX_FS_HZ
+def supported_range(spec: PreprocessSpec | None = None) -> tuple[float, float]:
+    """(exclusive minimum, inclusive maximum) rate in Hz for records preprocessed with `spec`
+    (without a spec: any positive rate up to MAX_FS_HZ)."""
+    return (2.0 * spec.lowpass_hz if spec is not None else 0.0), MAX_FS_HZ
 
 
-def check_fs(value: float, spec: PreprocessSpec = DEFAULT_SPEC, what: str = "sampling rate") -> float:
+def check_fs(value: float, spec: PreprocessSpec | None = None, what: str = "sampling rate") -> float:
     """`value` as float when finite and inside `supported_range(spec)`; else SignalError('sampling_rate')."""
     try:
         fs = float(value)
@@ -41,7 +42,7 @@ def check_fs(value: float, spec: PreprocessSpec = DEFAULT_SPEC, what: str = "sam
     return fs
 
 
-def parse_fs(text: str, spec: PreprocessSpec = DEFAULT_SPEC, what: str = "sampling rate") -> float:
+def parse_fs(text: str, spec: PreprocessSpec | None = None, what: str = "sampling rate") -> float:
     """A rate written as text (a header field, a CLI flag): a plain decimal number, then `check_fs`.
 
     Python's float() grammar decides what a number is, so `500.0.0` and `1e1e` are refused;
@@ -55,7 +56,7 @@ def parse_fs(text: str, spec: PreprocessSpec = DEFAULT_SPEC, what: str = "sampli
     return check_fs(fs, spec, what)
 
 
-def wfdb_header_fs(header_text: str, spec: PreprocessSpec = DEFAULT_SPEC) -> float:
+def wfdb_header_fs(header_text: str, spec: PreprocessSpec | None = None) -> float:
     """The sampling rate of a WFDB header's record line, parsed strictly.
 
     A header without a rate field is refused rather than given WFDB's default of 250 Hz: an ECG

@@ -5,7 +5,7 @@ so a recording that preprocessing skips is never embedded or probed with a made-
 vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
 
 Checks, in order: lead names (missing_lead / duplicate_lead / unknown_lead), the rate
-(sampling_rate; unexpected_fs when a corpus fixes it), no samples at all (empty), NaN/inf
+(sampling_rate outside the spec's supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), NaN/inf
 (non_finite), every sample zero (all_zero), every lead flat (flat), more dead leads than allowed
 (dead_leads), shorter than one window after resampling (too_short, unless pad_short).
 """
@@ -71,9 +71,9 @@ def screen_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: Pre
     if x.shape[0] != len(leads):
         raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names")
     x = to_canonical_order(x, leads)  # raises missing/duplicate/unknown lead
-    if policy.expected_fs is not None and abs(float(fs) - policy.expected_fs) > 1e-6:
+    fs = check_fs(fs, spec)  # unsupported rates first: unexpected_fs is a supported rate of another corpus
+    if policy.expected_fs is not None and abs(fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
-    fs = check_fs(fs, spec)
     if x.shape[-1] == 0:
         raise SignalError("empty", "the record holds no samples")
     dead = screen(x, DEAD_LEAD_PTP_MV)  # raises non_finite; the dead-lead mask of the same max/min pass
