@@ -23,6 +23,7 @@ from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
 from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import SignalError
 from ecgpos.resources import config_dir
@@ -411,3 +412,15 @@ def test_12_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real
     assert stats.padded == ["short"] and any("zero-padded" in line for line in logged)
     want = np.array([float(v) for v in list(read_rows(tmp_path / "b.csv")[0].values())[1:]], dtype=np.float32)
     np.testing.assert_allclose(feats["short"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_1_every_preprocessing_path_refuses_unsupported_rates(real_record):
+    """The library entry points (geometry and leakage call preprocess_signal directly) give the
+    reason, not scipy's filter-design ValueError."""
+    from ecgpos.ecg.signal import preprocess_signal
+
+    x = read_wfdb_record(real_record).signal
+    for fs in (1.0, 50.0, float("nan"), -500.0, 5e5):
+        with pytest.raises(SignalError) as info:
+            preprocess_signal(x, fs, CANONICAL_LEADS, DEFAULT_SPEC)
+        assert info.value.reason == "sampling_rate"

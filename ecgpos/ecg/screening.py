@@ -5,9 +5,10 @@ so a recording that preprocessing skips is never embedded or probed with a made-
 vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
 
 Checks, in order: lead names (missing_lead / duplicate_lead / unknown_lead), the rate
-(sampling_rate outside the spec's supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), NaN/inf
-(non_finite), every sample zero (all_zero), every lead flat (flat), more dead leads than allowed
-(dead_leads), shorter than one window after resampling (too_short, unless pad_short).
+(sampling_rate outside the spec's supported range; unexpected_fs when a corpus fixes another),
+no samples at all (empty), NaN/inf (non_finite), every sample zero (all_zero), every lead flat
+(flat), more dead leads than allowed (dead_leads), shorter than one window after resampling
+(too_short, unless pad_short).
 """
 from __future__ import annotations
 

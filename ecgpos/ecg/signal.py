@@ -14,6 +14,7 @@ import numpy as np
 from scipy import signal as sps
 
 from ecgpos.ecg.leads import to_canonical_order
+from ecgpos.ecg.rates import check_fs
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import SignalError
 
@@ -172,6 +173,7 @@ def preprocess_batch(x: np.ndarray, fs: float, spec: PreprocessSpec, dead: np.nd
     only amortises scipy's per-call overhead. `dead` (k, 12) marks leads to zero (see `screen`);
     the input must already be finite.
     """
+    fs = check_fs(fs, spec)  # SignalError('sampling_rate'), never scipy's filter-design ValueError
     resample_factors(fs, spec.fs)  # fail before filtering on an impossible rate
     lowpass = min(spec.lowpass_hz, fs / 2)
     y = bandpass(x, fs, spec.highpass_hz, lowpass, spec.filter_order)  # a fresh float32 array
