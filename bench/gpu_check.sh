@@ -58,7 +58,7 @@ for config in $CONFIGS; do
     step "$name eager b$BATCH +e2e" 150 "^train_step" "$PY" bench/train_step.py --config "$config" --batch "$BATCH" \
         --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
 done
-bare0=$(grep -E "^train_step stage=0 .*compile=False" "$LOG" | tail -1 | sed -E 's/.*samples_per_s=([0-9.]+).*/\1/')
+bare0=$(grep -E "^train_step stage=0 .*compile=False" "$LOG" | tail -1 | sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
 if [ -d "$SHARDS" ]; then
     step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \
         --batch "$BATCH" --batches 60 ${bare0:+--train-samples-per-s "$bare0"}

@@ -363,7 +363,8 @@ def test_non_finite_step_found_at_a_later_boundary_never_reached_the_weights(
         assert torch.equal(live[name], tensor), name  # steps 3 and 4 changed nothing
     steps = {float(s["step"]) for s in trainer.optimizer.optimizer.state.values()}
     assert steps == {2.0}  # the fused AdamW counted only the two good updates
-    assert "step 3" in json.loads((run / "run_info.json").read_text())["failed"]
+    info = json.loads((run / "run_info.json").read_text())
+    assert "step 3" in info["failed"] and info["step"] == 2 and not info["finished"]
 
 
 def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, float]:

@@ -190,6 +190,7 @@ class Trainer:
         if bad is None:
             return False
         last = newest_checkpoint(self.run_dir)
+        self.step = bad.step - 1  # the weights are those after this step
         self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {bad.step}")
         if self.acc.is_main_process:
             print(f"ecgpos pretrain: error: non-finite loss or gradient at step {bad.step} "
