@@ -59,19 +59,22 @@ for config in $CONFIGS; do
         --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
 done
 bare0=$(grep -E "^train_step stage=0 .*compile=False" "$LOG" | tail -1 | sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
+compiled() {  # compiled() CONFIG [MODE]
+    step "$(basename "$1" .yaml) compile=${2:-true} b$BATCH" 120 "^train_step" "$PY" bench/train_step.py \
+        --config "$1" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --compile ${2:+"$2"}
+}
+read -r -a configs <<< "$CONFIGS"
+compiled "${configs[0]}"
 if [ -d "$SHARDS" ]; then
     step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \
         --batch "$BATCH" --batches 60 ${bare0:+--train-samples-per-s "$bare0"}
 fi
 # shellcheck disable=SC2086  # PYTEST_EXTRA is a list of arguments
-step "pytest" 240 "passed|failed|error" "$PY" -m pytest -q -m "not slurm" -x -p no:cacheprovider $PYTEST_EXTRA
-for config in $CONFIGS; do
-    step "$(basename "$config" .yaml) compiled b$BATCH" 120 "^train_step" "$PY" bench/train_step.py --config "$config" \
-        --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --compile
+step "pytest" 270 "passed|failed|error" "$PY" -m pytest -q -m "not slurm" -x -p no:cacheprovider $PYTEST_EXTRA
+for config in "${configs[@]:1}"; do
+    compiled "$config"
 done
-first=${CONFIGS%% *}
-step "$(basename "$first" .yaml) reduce-overhead b$BATCH" 120 "^train_step" "$PY" bench/train_step.py --config "$first" \
-    --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --compile reduce-overhead
+compiled "${configs[0]}" reduce-overhead
 printf 'total %ss\n' $(($(date +%s) - START)) >> "$SUMMARY"
 echo
 cat "$SUMMARY"
