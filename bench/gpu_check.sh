@@ -19,7 +19,7 @@ WARMUP=${WARMUP:-5}
 E2E_STEPS=${E2E_STEPS:-400}
 WORKERS=${WORKERS:-6}
 BUDGET=${BUDGET:-520}
-PYTEST_EXTRA=${PYTEST_EXTRA:--n 8}  # pytest-xdist is in the GPU image
+PYTEST_EXTRA=${PYTEST_EXTRA:--n 12 --dist loadfile}  # pytest-xdist is in the GPU image; a file per worker keeps module fixtures built once
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 : > "$LOG"
