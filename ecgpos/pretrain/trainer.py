@@ -223,8 +223,9 @@ class Trainer:
             x = x.to(self.acc.device)
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
-            violated = (carving(x, step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)).float().sum()
-                        if carving is not None else torch.zeros((), device=total.device))
+            draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
+            violated = (carving(x, draw).float().sum() if carving is not None
+                        else torch.zeros((), device=total.device))
             total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
         model.train()
         self._keep_stage0_frozen()
