@@ -1,31 +1,43 @@
 """Benchmark: one pretraining step (forward + backward + AdamW step) for a run config, on this device.
 
-Times the same model, optimizer grouping and precision the trainer uses ('auto': bf16 autocast on
-a CUDA device with bf16, fp32 otherwise) on random (B, 12, window) batches, after warm-up steps.
-Prints samples/s and peak memory (CUDA: max allocated; CPU: process peak RSS). For a Stage-1
-config it also times the frozen Stage-0 forward alone (no_grad, bf16 on CUDA), as the trainer runs
-it, and reports its share of a Stage-1 step. Stage 1 uses --stage0 (a run or export folder) or a
-random Stage-0 encoder of the config's width (weights do not change the cost). The last line is the figure.
+Times the trainer's own step (model, fused AdamW and parameter groups, clipping, the on-device
+non-finite guard, device-side stats, precision 'auto': bf16 autocast on a CUDA device with bf16,
+fp32 otherwise) on a random (B, 12, window) batch, after warm-up steps; prints samples/s, peak
+memory (CUDA: max allocated; CPU: process peak RSS) and MFU: FLOPs per sample counted by
+torch.utils.flop_counter.FlopCounterMode on the model itself (forward + backward), against the
+card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a Stage-1
+config it also times the frozen Stage-0 forward and reports its share of a Stage-1 step; Stage 1
+uses --stage0 (a run or export folder) or a random Stage-0 encoder of the config's width.
+--compile times the whole model compiled (train.compile). --e2e SHARDS runs the real trainer
+(loader, logging, figure and checkpoint at the end) for --e2e-steps steps on those shards and
+prints its samples/s (from metrics.jsonl, first record excluded) and the ratio to the bare step.
+The last line is the figure.
 
     python bench/train_step.py --config configs/stage0.yaml [--batch 64] [--steps 10] [--warmup 3]
-    python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT]
+    python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
+    python bench/train_step.py --config configs/stage0.yaml --e2e SHARDS [--e2e-steps 300]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
+from ecgpos.pretrain.guard import NonFiniteGuard  # noqa: E402
 from ecgpos.pretrain.run_config import load_run_config  # noqa: E402
-from ecgpos.pretrain.stages import build_model, param_groups  # noqa: E402
+from ecgpos.pretrain.stages import build_model, build_optimizer, compile_model  # noqa: E402
 from ecgpos.pretrain.trainer import resolve_mixed_precision, step_generator  # noqa: E402
 
 
@@ -52,6 +64,59 @@ def timed(fn, steps: int, warmup: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / steps
 
 
+def matmul_peak(device: torch.device) -> tuple[float, str]:
+    """Measured dense matmul FLOP/s of this device: bf16 8192^3 on CUDA, fp32 1024^3 on CPU."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (1024, torch.float32)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    seconds = timed(lambda i: a @ b, 10, 3, device)
+    return 2 * n**3 / seconds, f"{str(dtype).removeprefix('torch.')} matmul {n}^3"
+
+
+def attention_report(model: torch.nn.Module, x: torch.Tensor, generator, autocast) -> str:
+    """How many attention modules call F.scaled_dot_product_attention, and (CUDA) whether the flash
+    kernel accepts the model's attention: a forward restricted to it raises otherwise."""
+    attn = [m for m in model.modules() if hasattr(m, "fused_attn")]
+    report = f"sdpa={sum(bool(m.fused_attn) for m in attn)}/{len(attn)}"
+    if x.device.type != "cuda":
+        return report
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast, torch.no_grad():
+            model(x, generator=generator)
+        return report + " flash=yes"
+    except RuntimeError as err:
+        return report + f" flash=no ({str(err).splitlines()[0][:80]})"
+
+
+def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder | None, batch: int) -> float:
+    """Samples/s of the real trainer on --e2e shards (records after the first: start-up excluded)."""
+    from ecgpos.pretrain.plan import RunPlan, check_shards
+    from ecgpos.pretrain.trainer import Trainer
+
+    every = max(args.e2e_steps // 10, 1)
+    overrides = [*cfg_overrides, f"optim.steps={args.e2e_steps}", f"train.batch_size={batch}",
+                 f"train.log_every={every}", f"train.checkpoint_every={args.e2e_steps}",
+                 f"train.figure_every={args.e2e_steps}", "train.grad_accum=1"]
+    cfg = load_run_config(args.config, overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        plan = RunPlan(cfg, list(args.e2e), run, check_shards(cfg, args.e2e), False, stage0,
+                       "random" if stage0 is not None else None)
+        started = time.perf_counter()
+        if Trainer(plan).run() != 0:
+            raise EcgposError("the end-to-end run failed")
+        wall = time.perf_counter() - started
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [r for r in records if "samples_per_s" in r][1:]
+    if not records:
+        raise EcgposError("--e2e-steps too small: no record after the first")
+    steps = [r["step"] - p["step"] for p, r in zip([{"step": 0}, *records], records)][1:] or [every]
+    seconds = sum(s * batch / r["samples_per_s"] for s, r in zip(steps, records[-len(steps):]))
+    print(f"e2e: {args.e2e_steps} steps, {wall:.1f} s wall with start-up, loss {records[-1]['loss']:.4f}")
+    return sum(steps) * batch / seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
@@ -61,10 +126,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--compile", nargs="?", const="true", default=None,
+                        help="compile the whole model (train.compile; optional mode, e.g. reduce-overhead)")
+    parser.add_argument("--e2e", type=Path, nargs="+", metavar="SHARDS", help="also run the real trainer on these")
+    parser.add_argument("--e2e-steps", type=int, default=300)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = load_run_config(args.config, args.overrides)
+    overrides = [*args.overrides, *([f"train.compile={args.compile}"] if args.compile else [])]
+    cfg = load_run_config(args.config, overrides)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_mixed_precision(cfg.train.mixed_precision)
     batch = args.batch or cfg.train.batch_size
@@ -78,42 +148,63 @@ def main() -> None:
         else:
             stage0 = STMEMEncoder(cfg.encoder).requires_grad_(False).eval()
     model = build_model(cfg, stage0).to(device).train()
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=cfg.optim.betas)
+    optimizer = build_optimizer(model, cfg)
     trainable = [p for p in model.parameters() if p.requires_grad]
+    guard = NonFiniteGuard(device, 1)
     x = torch.randn(batch, 12, cfg.preprocess.window, device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-    def step(i: int) -> None:
+    attention = attention_report(model, x, step_generator(0, 0, 0, device=device), autocast)
+    with FlopCounterMode(display=False) as counter:  # before compiling: the counter sees every aten op
         with autocast:
-            out = model(x, generator=step_generator(0, i, 0))
+            loss = model(x, generator=step_generator(0, 0, 0, device=device))["loss"]
+        loss.backward()
+    optimizer.zero_grad(set_to_none=True)
+    flops_per_sample = counter.get_total_flops() / batch
+    compile_model(model, cfg.train.compile)  # in place; latent_tokens (a method) stays eager
+    sums = torch.zeros(1, dtype=torch.float64, device=device)
+
+    def step(i: int) -> None:  # what Trainer._train_step does per step, less the loader
+        nonlocal sums
+        with autocast:
+            out = model(x, generator=step_generator(0, i, 0, device=device))
         out["loss"].backward()
-        torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip)
+        stats = torch.stack([out["loss"].detach().float(), *(v.detach().float() for v in out["log"].values())])
+        norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip)
+        optimizer.found_inf = guard.update(i, stats, norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sums = sums + stats[:1].double()
 
+    peak, peak_what = matmul_peak(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     seconds = timed(step, args.steps, args.warmup, device)
     memory = peak_memory_mb(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    trainable_n = sum(p.numel() for p in trainable)
     print(f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
-          f"{cfg.decoder.width}x{cfg.decoder.depth}, {trainable_n / 1e6:.2f}M trainable of "
-          f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, device {name}")
+          f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
+          f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
+          f"compile {cfg.train.compile}, device {name}, {attention}")
+    print(f"flops: {flops_per_sample / 1e9:.2f} GFLOP per sample (forward + backward, FlopCounterMode); "
+          f"peak {peak / 1e12:.3g} TFLOP/s ({peak_what}, measured)")
     share = ""
     if cfg.stage == 1:
-        frozen = model.stage0
-
         @torch.no_grad()
         def stage0_forward(i: int) -> None:  # noqa: ARG001
-            model.latent_tokens(x)
+            with autocast if device.type == "cuda" else contextlib.nullcontext():
+                model.latent_tokens(x)
 
         s0 = timed(stage0_forward, args.steps, args.warmup, device)
         share = f" stage0_forward_ms={s0 * 1e3:.1f} stage0_forward_share={s0 / seconds:.2f}"
-        assert not any(p.requires_grad for p in frozen.parameters())
-    print(f"train_step stage={cfg.stage} device={device.type} batch={batch} step_ms={seconds * 1e3:.1f} "
-          f"samples_per_s={batch / seconds:.1f} peak_mem_mb={memory:.0f}{share}")
+        assert not any(p.requires_grad for p in model.stage0.parameters())
+    rate = batch / seconds
+    end_to_end = ""
+    if args.e2e:
+        e2e_rate = e2e(args, overrides, stage0, batch)
+        end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
+    print(f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={cfg.train.compile} "
+          f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
+          f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}")
 
 
 if __name__ == "__main__":

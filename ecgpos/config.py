@@ -31,7 +31,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as err:
                 errors.append(str(err))
-        raise ConfigError(errors[0] if errors else f"{where}: invalid value {value!r}")
+        raise ConfigError("; or ".join(errors) if errors else f"{where}: invalid value {value!r}")
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{where}: must be one of {list(args)}, got {value!r}")

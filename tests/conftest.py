@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import pytest
+# The suite runs on the CPU, as CI does, also on a machine with a GPU: its exact comparisons (resume,
+# processes, accumulation) rely on CPU determinism and fp32. CUDA is hidden here, before anything
+# imports torch; tests/test_train_cuda.py runs its checks in subprocesses that see the real devices.
+os.environ.setdefault("ECGPOS_TEST_CUDA_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-from ecgpos.resources import DATA_ENV_VAR, sample_data_root
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from ecgpos.resources import DATA_ENV_VAR, sample_data_root  # noqa: E402
 
 # Tests never use more threads than the 2-core CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -120,3 +120,15 @@ def test_config_differences_ignore_operational_keys() -> None:
     assert config_differences(a, b) == ["optim.lr: 0.001 -> 0.002"]
     assert set(OPERATIONAL_KEYS) <= set(flat_dict(a))
     assert to_dict(a)["optim"]["betas"] == [0.9, 0.95]
+
+
+def test_train_compile_takes_a_bool_or_a_mode_and_is_operational() -> None:
+    assert load_run_config("tiny/stage0").train.compile is False
+    assert load_run_config("tiny/stage0", ["train.compile=true"]).train.compile is True
+    assert load_run_config("tiny/stage0", ["train.compile=off"]).train.compile is False  # YAML reads off as false
+    for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):
+        assert load_run_config("tiny/stage0", [f"train.compile={mode}"]).train.compile == mode
+    with pytest.raises(ConfigError, match="train.compile.*reduce-overhead"):
+        load_run_config("tiny/stage0", ["train.compile=fast"])
+    eager, compiled = load_run_config("tiny/stage0"), load_run_config("tiny/stage0", ["train.compile=true"])
+    assert "train.compile" in OPERATIONAL_KEYS and config_differences(eager, compiled) == []

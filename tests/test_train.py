@@ -176,7 +176,8 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     """2 processes (gloo) x accum 1 and 1 process x accum 2 see the same global batches, masks and lr:
     same losses and parameters."""
     common = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), *FAST, "--set", "optim.steps=4"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT)}
+    # CPU and gloo for both, also on a machine with one GPU (where --multi_gpu would start two ranks on it)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     # `accelerate launch --cpu` runs one process (multi-CPU needs mpirun there); --multi_gpu starts torchrun,
     # and ecgpos picks gloo on hosts without CUDA.
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -328,3 +329,88 @@ def test_existing_run_needs_resume_and_same_config(run0: Path, shards: Path, tmp
     assert main(base + ["--set", "optim.lr=0.01", "--resume", "auto"]) == 2
     assert "optim.lr: 0.001 -> 0.01" in capsys.readouterr().err
     assert (run0 / "metrics.jsonl").read_text() == before
+
+
+def _trainer(shards: Path, run: Path, *extra: str, stage: int = 0, config: Path | None = None):
+    from ecgpos.cli.pretrain import build_parser
+    from ecgpos.pretrain.plan import prepare
+    from ecgpos.pretrain.trainer import Trainer
+
+    args = build_parser().parse_args(["--stage", str(stage), "--config", str(config or TINY0), "--shards",
+                                      str(shards), "--run-dir", str(run), *FAST, *extra])
+    return Trainer(prepare(args))
+
+
+def test_non_finite_step_found_at_a_later_boundary_never_reached_the_weights(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The host reads the flag only at log/checkpoint steps: a NaN at step 3, found at step 4, was
+    skipped on the device (and so was step 4); nothing is saved after it."""
+    sampler = StepBatchSampler(48, 8, 1, 1, 0, seed=0)
+    bad_record = int(sampler.global_batch_indices(2)[0])
+    shards = write_tiny_shards(tmp_path / "nan", n_records=48, records_per_shard=48, nan_records={bad_record})
+    run = tmp_path / "run"
+    trainer = _trainer(shards, run, "--set", "optim.steps=6", "--set", "train.log_every=4",
+                       "--set", "train.checkpoint_every=2", "--set", "train.figure_every=100")
+    assert trainer.run() == 1
+    err = capsys.readouterr().err.strip()
+    assert "non-finite loss" in err and "step 3" in err and "step-0000002" in err
+    assert [s for s, _ in list_checkpoints(run)] == [2]
+    assert not (run / "metrics.jsonl").exists() or not metrics(run)
+    saved = weights(run)
+    live = trainer.acc.unwrap_model(trainer.model).state_dict()
+    assert saved.keys() <= live.keys()
+    for name, tensor in saved.items():
+        assert torch.equal(live[name], tensor), name  # steps 3 and 4 changed nothing
+    steps = {float(s["step"]) for s in trainer.optimizer.optimizer.state.values()}
+    assert steps == {2.0}  # the fused AdamW counted only the two good updates
+    info = json.loads((run / "run_info.json").read_text())
+    assert "step 3" in info["failed"] and info["step"] == 2 and not info["finished"]
+
+
+def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, float]:
+    """Loss (mean over micro-batches) and grad norm of step 1, computed without the trainer."""
+    from ecgpos.pretrain.data import ShardDataset, read_index
+    from ecgpos.pretrain.stages import build_model
+    from ecgpos.pretrain.trainer import step_generator
+
+    index = read_index(shards)
+    data = ShardDataset(index, cfg.preprocess.window, train=True, seed=cfg.train.seed)
+    sampler = StepBatchSampler(len(index), cfg.train.batch_size, micro, 1, 0, seed=cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg).train()
+    losses = []
+    for m, items in enumerate(sampler.micro_batches(0)):
+        x = torch.stack([data[item] for item in items])
+        loss = model(x, generator=step_generator(cfg.train.seed, 0, m))["loss"]
+        (loss / micro).backward()
+        losses.append(float(loss.detach()))
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], float("inf"))
+    return sum(losses) / micro, float(norm)
+
+
+def test_logged_stats_equal_a_direct_computation(shards: Path, tmp_path: Path) -> None:
+    """metrics.jsonl holds what the steps computed: step 1's loss and grad norm recomputed by hand
+    (2 micro-batches), and a 2-step record is the mean of the two 1-step records."""
+    every = tmp_path / "every"
+    accum = ("--set", "train.grad_accum=2", "--set", "optim.steps=2", "--set", "train.figure_every=100")
+    assert pretrain(0, shards, every, *accum) == 0
+    cfg = load_config(RunConfig, every / "config.yaml")
+    loss, norm = _direct_step0(shards, cfg, 2)
+    one, two = metrics(every)
+    assert one["loss"] == pytest.approx(loss, rel=1e-6)
+    assert one["grad_norm"] == pytest.approx(norm, rel=1e-5)
+    pair = tmp_path / "pair"
+    assert pretrain(0, shards, pair, *accum, "--set", "train.log_every=2") == 0
+    (record,) = metrics(pair)
+    assert record["step"] == 2 and record["loss"] == pytest.approx((one["loss"] + two["loss"]) / 2, rel=1e-9)
+    assert record["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-9) and record["samples_per_s"] > 0
+
+
+def test_sparsity_term_is_logged_with_its_share_of_the_loss(run0: Path, shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "sp"
+    assert pretrain(1, shards, run, "--stage0", str(run0), "--set", "optim.steps=4", "--set", "train.log_every=2",
+                    "--set", "push_pull.lambda_sp=0.5", "--set", "train.figure_every=100") == 0
+    records = metrics(run)
+    assert [r["step"] for r in records] == [2, 4]
+    for r in records:
+        assert r["sp_loss"] > 0 and r["loss"] == pytest.approx(r["recon_loss"] + 0.5 * r["sp_loss"], rel=1e-6)

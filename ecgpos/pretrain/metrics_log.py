@@ -2,7 +2,8 @@
 
 Each training record: step (optimizer steps done), epoch (fractional), loss (mean over the steps
 since the previous record and over all processes), lr (of the last update), grad_norm (global,
-before clipping, of the last update), samples_per_s (global, training compute time only), time;
+before clipping, of the last update), samples_per_s (global; wall time of the
+interval's steps, read after the device finished them, periodic work excluded), time;
 plus every scalar the objective reports in its "log" (Stage 1: recon_loss, pp_loss, push_active,
 sp_loss). Validation
 records hold step and val_loss. On resume, records after the checkpoint's step are dropped, so
@@ -37,7 +38,8 @@ def truncate_metrics(path: Path, last_step: int) -> None:
 
 
 class MetricsLog:
-    """Accumulates per-step stats on every process; `flush` (a collective call) writes a record."""
+    """Accumulates per-step stats as device tensors on every process; `flush` (a collective call)
+    reads them once and writes a record."""
 
     def __init__(self, run_dir: Path, is_main: bool, start_step: int, resume: bool) -> None:
         self.path = run_dir / METRICS_FILE
@@ -60,31 +62,49 @@ class MetricsLog:
             self.writer = None
 
     def _reset(self) -> None:
-        self.sums: dict[str, float] = {}
+        self.keys: list[str] = []
+        self.sums: torch.Tensor | None = None  # float64 on the device: per-key sums of the step means
+        self.grad_norm: torch.Tensor | None = None
         self.steps = 0
-        self.seconds = 0.0
-        self.grad_norm = float("nan")
+        self.started = time.perf_counter()
+        self.paused = 0.0
         self.lr = float("nan")
 
-    def add(self, stats: dict[str, float], grad_norm: float, lr: float, seconds: float) -> None:
-        for key, value in stats.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+    def add(self, keys: list[str], stats: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        """One step's means (a (len(keys),) device tensor) and grad norm; nothing waits for the device."""
+        if self.sums is None:
+            self.keys, self.sums = keys, stats.detach().double()
+        else:
+            self.sums += stats.detach().double()
+        self.grad_norm = grad_norm.detach()
         self.steps += 1
-        self.seconds += seconds
-        self.grad_norm, self.lr = grad_norm, lr
+        self.lr = lr
+
+    def restart(self) -> None:
+        """Start the interval's clock now (before the first step: set-up is not training time)."""
+        self.started, self.paused = time.perf_counter(), 0.0
+
+    def pause(self, seconds: float) -> None:
+        """Time spent on periodic work (validation, figures, checkpoints): not training time."""
+        self.paused += seconds
 
     def flush(self, step: int, epoch: float, global_batch: int, acc: Any) -> dict[str, Any] | None:
-        """Average the interval over processes and write it (main process) -> the record or None."""
-        if self.steps == 0:
+        """Average the interval over processes and write it (main process) -> the record or None.
+
+        The one device->host read of the interval happens here; the interval's time is taken after
+        it, so samples_per_s counts the time the device needed, not only the time to queue the work."""
+        if self.steps == 0 or self.sums is None:
             return None
-        keys = sorted(self.sums)  # the same keys on every process: one objective, one config
-        values = torch.tensor([self.sums[k] / self.steps for k in keys] + [self.seconds], dtype=torch.float64,
-                              device=acc.device)
+        local = torch.cat([self.sums / self.steps, self.grad_norm.double().reshape(1)]).tolist()
+        seconds = time.perf_counter() - self.started - self.paused
+        values = torch.tensor([*local[:-1], seconds], dtype=torch.float64, device=acc.device)
         if acc.num_processes > 1:
             values = acc.reduce(values, reduction="mean")
         record: dict[str, Any] = {"step": step, "epoch": round(epoch, 4)}
-        record.update({k: float(v) for k, v in zip(keys, values[:-1].tolist())})
-        record.update(lr=self.lr, grad_norm=self.grad_norm,
+        # sorted keys: the records read the same whatever order the objective returns them in
+        means = dict(zip(self.keys, values[:-1].tolist()))
+        record.update({k: means[k] for k in sorted(means)})
+        record.update(lr=self.lr, grad_norm=local[-1],
                       samples_per_s=global_batch * self.steps / max(float(values[-1]), 1e-9), time=time.time())
         self._reset()
         if self.is_main:

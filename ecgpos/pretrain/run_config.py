@@ -72,6 +72,8 @@ class TrainConfig:
     val_fraction: float = 0.0     # records held out (by record id) for the validation loss
     val_every: int = 5_000
     val_batches: int = 8
+    # torch.compile of the whole model: false (eager, the reference), true (= "default"), or a mode
+    compile: bool | Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
@@ -140,7 +142,8 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stag
 # Keys that only change how a run is operated, not what it computes: they may differ between
 # the run's saved config.yaml and the command line on --resume.
 OPERATIONAL_KEYS = ("train.num_workers", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
-                    "train.figure_every", "train.val_every", "train.val_batches", "train.mixed_precision")
+                    "train.figure_every", "train.val_every", "train.val_batches", "train.mixed_precision",
+                    "train.compile")
 
 
 def flat_dict(cfg: Any) -> dict[str, Any]:

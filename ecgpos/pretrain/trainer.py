@@ -7,15 +7,19 @@
   windows come from the sampler, and the masks (and Stage-1 perturbations) from a generator
   seeded with (seed, step, global micro-batch slice). A resumed run therefore repeats the
   uninterrupted one exactly, and N processes x accum a equals 1 process x accum N*a.
-- A non-finite loss or grad norm on any process stops every process before the optimizer
-  step, so the last checkpoint stays the last good state (exit 1).
-- SIGUSR1/SIGTERM set a flag; at the next step boundary all processes agree (all-reduce), save a
-  checkpoint and exit 0. Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
+- Steady-state steps never wait for the device: batches arrive pinned and are copied with
+  non_blocking, the masks' random numbers are drawn on the device, the stats stay device tensors
+  (MetricsLog) and a non-finite loss or grad norm on any process is decided on the device
+  (NonFiniteGuard: the fused AdamW skips that update and every later one). The host reads flags
+  and stats at log, validation, figure and checkpoint steps; a non-finite step found there stops
+  every process with the last good checkpoint named (exit 1) and nothing is saved after it.
+- SIGUSR1/SIGTERM set a flag; one process acts on it at the next step boundary, several agree
+  (all-reduce) at the next log step; then a checkpoint is saved and the run exits 0. Under
+  `accelerate launch`, SIGTERM to the launcher reaches the workers.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import signal
 import sys
 import threading
@@ -39,11 +43,12 @@ from ecgpos.pretrain.data import (
     split_index,
     train_loader,
 )
+from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.plan import RunPlan
 from ecgpos.pretrain.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.pretrain.schedule import lr_at
-from ecgpos.pretrain.stages import build_model, param_groups, stage0_of
+from ecgpos.pretrain.stages import build_model, build_optimizer, compile_model, stage0_of
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -55,10 +60,13 @@ def resolve_mixed_precision(mode: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def step_generator(seed: int, step: int, slice_index: int, salt: int = 0) -> torch.Generator:
-    """CPU generator for the masks of one micro-batch slice of one step (any device uses it)."""
+def step_generator(seed: int, step: int, slice_index: int, salt: int = 0,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """Generator for the masks of one micro-batch slice of one step, on `device`: the numbers are
+    drawn where the model runs (no copy that waits), and the same seed gives the same run on a
+    given device type (CPU and CUDA streams differ)."""
     value = np.random.SeedSequence([seed, salt, step, slice_index]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(value))
+    return torch.Generator(device=device).manual_seed(int(value))
 
 
 class Trainer:
@@ -90,10 +98,12 @@ class Trainer:
         self.val_set = ShardDataset(val_index, cfg.preprocess.window, train=False) if val_index else None
         torch.manual_seed(cfg.train.seed)  # same initial weights on every process
         model = build_model(cfg, self.plan.stage0)
-        self.optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=lr_at(0, cfg.optim),
-                                           betas=cfg.optim.betas, eps=cfg.optim.eps)
+        self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
+        compile_model(self.acc.unwrap_model(self.model), cfg.train.compile)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
+        self.guard = NonFiniteGuard(self.acc.device, p)
+        self.stat_keys: list[str] | None = None
         self.start_step = 0
         self.resumed = resume_checkpoint(self.acc, self.run_dir) if self.plan.resume else Resumed()
         state = self.resumed.state
@@ -135,38 +145,58 @@ class Trainer:
         self.stop_signal = signum
 
     # -- one optimizer step ------------------------------------------------------------------------
-    def _train_step(self, batches: Any, step: int) -> tuple[dict[str, float], float, bool]:
-        """Forward/backward over grad_accum micro-batches -> (local mean stats, grad norm, finite)."""
+    def _train_step(self, batches: Any, step: int) -> None:
+        """Forward/backward over grad_accum micro-batches and the update; queues work, never waits."""
         cfg, acc = self.cfg, self.acc
         lr = lr_at(step, cfg.optim)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        parts: dict[str, list[torch.Tensor]] = {}
+        parts = []
         for m in range(cfg.train.grad_accum):
-            x = next(batches).to(acc.device, non_blocking=True)
+            x = next(batches).to(acc.device, non_blocking=True)  # pinned by the loader on CUDA
             slice_index = m * acc.num_processes + acc.process_index
             sync = m == cfg.train.grad_accum - 1
             with contextlib.nullcontext() if sync else acc.no_sync(self.model):
-                out = self.model(x, generator=step_generator(cfg.train.seed, step, slice_index))
+                out = self.model(x, generator=step_generator(cfg.train.seed, step, slice_index, device=acc.device))
                 acc.backward(out["loss"] / cfg.train.grad_accum)
             # "loss" and whatever terms the objective reports in "log" go to metrics.jsonl
-            for key, value in {"loss": out["loss"], **out.get("log", {})}.items():
-                parts.setdefault(key, []).append(torch.as_tensor(value, device=acc.device).detach().float())
-        # one device->host copy per step for all stats (not one sync per value)
-        keys = list(parts)
-        values = torch.stack([torch.stack(parts[k]).mean() for k in keys]).tolist()
-        sums = dict(zip(keys, values))
-        finite = all(math.isfinite(v) for v in values)
+            terms = {"loss": out["loss"], **out.get("log", {})}
+            if self.stat_keys is None:
+                self.stat_keys = list(terms)
+            parts.append(torch.stack([torch.as_tensor(terms[k], device=acc.device).detach().float().reshape(())
+                                      for k in self.stat_keys]))
+        stats = torch.stack(parts).mean(0)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        grad_norm = float(acc.clip_grad_norm_(self.trainable, clip))
-        return sums, grad_norm, finite and math.isfinite(grad_norm)
+        # the gradients are already all-reduced (no scaler with bf16), so torch's clipping is Accelerate's
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, clip)
+        self.optimizer.optimizer.found_inf = self.guard.update(step, stats, grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.metrics.add(self.stat_keys, stats, grad_norm, lr)
 
-    def _agree(self, bad: bool) -> tuple[bool, bool]:
-        """(any process non-finite, any process asked to stop), the same on every process."""
-        flags = torch.tensor([float(bad), float(self.stop_signal is not None)], device=self.acc.device)
-        if self.acc.num_processes > 1:
-            flags = self.acc.reduce(flags, reduction="sum")
-        return bool(flags[0] > 0), bool(flags[1] > 0)
+    def _stop_requested(self, log_step: bool) -> bool:
+        """The stop signal, the same on every process: one process acts on it at once; several agree
+        at log steps only (an all-reduce read on the host waits for the device)."""
+        if self.acc.num_processes == 1:
+            return self.stop_signal is not None
+        if not log_step:
+            return False
+        flag = torch.tensor([float(self.stop_signal is not None)], device=self.acc.device)
+        return bool(self.acc.reduce(flag, reduction="sum")[0] > 0)
+
+    def _fail_if_non_finite(self) -> bool:
+        """At a step where the host acts: True (after reporting) when a non-finite step was skipped."""
+        bad = self.guard.check()
+        if bad is None:
+            return False
+        last = newest_checkpoint(self.run_dir)
+        self.step = bad.step - 1  # the weights are those after this step
+        self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {bad.step}")
+        if self.acc.is_main_process:
+            print(f"ecgpos pretrain: error: non-finite loss or gradient at step {bad.step} "
+                  f"(loss {bad.loss}, grad norm {bad.grad_norm}); that update and any after it were skipped. "
+                  f"Last good checkpoint: {last or 'none'}", file=sys.stderr)
+        return True
 
     # -- periodic work -----------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> None:
@@ -191,10 +221,11 @@ class Trainer:
         carving = getattr(self.acc.unwrap_model(model), "push_violations", None)  # Stage 1 only
         for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
             x = x.to(self.acc.device)
-            out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1))
+            out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
-            violated = (carving(x, step_generator(self.cfg.train.seed, 0, k, salt=3)).float().sum()
-                        if carving is not None else torch.zeros((), device=total.device))
+            draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
+            violated = (carving(x, draw).float().sum() if carving is not None
+                        else torch.zeros((), device=total.device))
             total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
         model.train()
         self._keep_stage0_frozen()
@@ -213,7 +244,7 @@ class Trainer:
         model.eval()
         x = self.figure_set[0][None].to(self.acc.device)
         with self.acc.autocast():
-            out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2))
+            out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2, device=self.acc.device))
         model.train()
         self._keep_stage0_frozen()
         folder = self.run_dir / FIGURES_DIR
@@ -273,44 +304,40 @@ class Trainer:
                   f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}")
         bar = tqdm(total=total, initial=self.step, disable=not (acc.is_main_process and sys.stderr.isatty()),
                    dynamic_ncols=True, desc=f"stage {cfg.stage}")
+        self.metrics.restart()
         while self.step < total:
-            started = time.perf_counter()
-            stats, grad_norm, finite = self._train_step(batches, self.step)
-            bad, stop = self._agree(not finite)
-            if bad:
-                last = newest_checkpoint(self.run_dir)
-                self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {self.step + 1}")
-                if acc.is_main_process:
-                    print(f"ecgpos pretrain: error: non-finite loss or gradient at step {self.step + 1} "
-                          f"(loss {stats.get('loss')}, grad norm {grad_norm}); stopped before the update. "
-                          f"Last good checkpoint: {last or 'none'}", file=sys.stderr)
+            self._train_step(batches, self.step)
+            self.step += 1
+            step, last = self.step, self.step == total
+            log_step = step % cfg.train.log_every == 0 or last
+            stop = self._stop_requested(log_step)
+            val = self.val_set is not None and (step % cfg.train.val_every == 0 or last)
+            figure = step % cfg.train.figure_every == 0 or last
+            save = step % cfg.train.checkpoint_every == 0 or last or (stop and not last)
+            # the host waits for the device only here, and never writes anything after a bad step
+            if (log_step or stop or val or figure or save) and self._fail_if_non_finite():
                 bar.close()
                 self.metrics.close()
                 return 1
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.step += 1
-            self.metrics.add(stats, grad_norm, lr_at(self.step - 1, cfg.optim), time.perf_counter() - started)
-            if self.step % cfg.train.log_every == 0 or self.step == total or stop:
-                record = self.metrics.flush(self.step, self.step / self.sampler.steps_per_epoch,
-                                            cfg.train.batch_size, acc)
+            if log_step or stop:
+                record = self.metrics.flush(step, step / self.sampler.steps_per_epoch, cfg.train.batch_size, acc)
                 if record is not None:
                     bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
                     if bar.disable and acc.is_main_process:  # no progress bar: a log line
                         print(self.metrics.describe(record, total), flush=True)
             bar.update(1)
-            if self.val_set is not None and (self.step % cfg.train.val_every == 0 or self.step == total):
-                self._validate(self.step)
-            if self.step % cfg.train.figure_every == 0 or self.step == total:
-                self._figure(self.step)
-            if self.step % cfg.train.checkpoint_every == 0 or self.step == total:
-                self._checkpoint(self.step)
-            if stop and self.step < total:  # a signal during the last step: just finish
-                if self.saved_step != self.step:
-                    self._checkpoint(self.step)
+            started = time.perf_counter()
+            if val:
+                self._validate(step)
+            if figure:
+                self._figure(step)
+            if save:
+                self._checkpoint(step)
+            self.metrics.pause(time.perf_counter() - started)
+            if stop and not last:  # a signal during the last step: just finish
                 name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another process"
-                self._write_run_info(finished=False, stopped=f"{name} at step {self.step}")
-                acc.print(f"ecgpos pretrain: stopped by {name} at step {self.step}; checkpoint saved, "
+                self._write_run_info(finished=False, stopped=f"{name} at step {step}")
+                acc.print(f"ecgpos pretrain: stopped by {name} at step {step}; checkpoint saved, "
                           "continue with --resume auto")
                 bar.close()
                 self.metrics.close()

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU measurements and the test suite on a CUDA machine, in one call of at most ~9 minutes.
+# Needs (carried, git-ignored; built by bench/make_gpu_data.sh): gpu_data/shards and .whl/.
+#   bash bench/gpu_check.sh                      (from the repository root; logs under $OUT or gpu_out/)
+# Every step has its own timeout, cut to what is left of BUDGET seconds, so one hang cannot eat the
+# call; the summary table comes last. Knobs (for a dry run on a CPU): CONFIGS, BATCH, STEPS, WARMUP,
+# E2E_STEPS, WORKERS, BUDGET, PYTEST_EXTRA (more pytest arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+LOG=$OUT/gpu_check.log
+SUMMARY=$OUT/summary.txt
+PY=${PYTHON:-python3}
+CONFIGS=${CONFIGS:-configs/stage0.yaml configs/stage1.yaml}
+BATCH=${BATCH:-64}
+STEPS=${STEPS:-30}
+WARMUP=${WARMUP:-5}
+E2E_STEPS=${E2E_STEPS:-400}
+WORKERS=${WORKERS:-6}
+BUDGET=${BUDGET:-520}
+PYTEST_EXTRA=${PYTEST_EXTRA:--n 12 --dist loadfile}  # pytest-xdist is in the GPU image; a file per worker keeps module fixtures built once
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+: > "$LOG"
+printf '%-34s %5s %6s  %s\n' step rc secs result > "$SUMMARY"
+
+if ls .whl/*.whl > /dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        >> "$LOG" 2>&1 && export PYTHONPATH=$PWD:/tmp/site
+fi
+
+# step NAME CAP_SECONDS RESULT_PATTERN COMMAND...: run with timeout min(CAP, time left); log; one summary row
+step() {
+    local name=$1 cap=$2 pattern=$3; shift 3
+    local left=$((BUDGET - ($(date +%s) - START)))
+    local limit=$((cap < left ? cap : left))
+    if ((limit < 20)); then
+        printf '%-34s %5s %6s  %s\n' "$name" skip 0 "no time left" >> "$SUMMARY"
+        return
+    fi
+    echo "=== $name (timeout ${limit}s): $*" | tee -a "$LOG"
+    local t0=$(date +%s)
+    timeout -k 10 "$limit" "$@" 2>&1 | tee "$OUT/step.tmp" | tee -a "$LOG"
+    local rc=${PIPESTATUS[0]}
+    local result
+    result=$(grep -E "$pattern" "$OUT/step.tmp" | tail -1 | cut -c1-400)
+    printf '%-34s %5s %6s  %s\n' "$name" "$rc" $(($(date +%s) - t0)) "${result:-(see $LOG)}" >> "$SUMMARY"
+    rm -f "$OUT/step.tmp"
+}
+
+step "nvidia-smi" 30 "GPU|torch" bash -c "nvidia-smi -L; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else \"no cuda\")'"
+SHARDS=gpu_data/shards
+for config in $CONFIGS; do
+    name=$(basename "$config" .yaml)
+    e2e=()
+    [ -d "$SHARDS" ] && e2e=(--e2e "$SHARDS" --e2e-steps "$E2E_STEPS" --set "train.num_workers=$WORKERS")
+    step "$name eager b$BATCH +e2e" 150 "^train_step" "$PY" bench/train_step.py --config "$config" --batch "$BATCH" \
+        --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
+done
+bare0=$(grep -E "^train_step stage=0 .*compile=False" "$LOG" | tail -1 | sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
+compiled() {  # compiled() CONFIG [MODE]
+    step "$(basename "$1" .yaml) compile=${2:-true} b$BATCH" 120 "^train_step" "$PY" bench/train_step.py \
+        --config "$1" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --compile ${2:+"$2"}
+}
+read -r -a configs <<< "$CONFIGS"
+compiled "${configs[0]}"
+if [ -d "$SHARDS" ]; then
+    step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \
+        --batch "$BATCH" --batches 60 ${bare0:+--train-samples-per-s "$bare0"}
+fi
+# shellcheck disable=SC2086  # PYTEST_EXTRA is a list of arguments
+step "pytest" 270 "passed|failed|error" "$PY" -m pytest -q -m "not slurm" -x -p no:cacheprovider $PYTEST_EXTRA
+for config in "${configs[@]:1}"; do
+    compiled "$config"
+done
+compiled "${configs[0]}" reduce-overhead
+printf 'total %ss\n' $(($(date +%s) - START)) >> "$SUMMARY"
+echo
+cat "$SUMMARY"

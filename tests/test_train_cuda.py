@@ -1,0 +1,42 @@
+"""The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
+device, and the compiled model follows the eager one. The suite itself hides CUDA (conftest.py), so
+each check runs in a subprocess that sees the machine's devices (tests/cuda_checks.py)."""
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHECKS = Path(__file__).resolve().parent / "cuda_checks.py"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def cuda_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "4"}
+    devices = os.environ.get("ECGPOS_TEST_CUDA_DEVICES", "all")
+    if devices == "all":
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    return env
+
+
+@functools.cache
+def has_cuda() -> bool:
+    code = "import torch; print(torch.cuda.is_available())"
+    done = subprocess.run([sys.executable, "-c", code], env=cuda_env(), capture_output=True, text=True, timeout=120)
+    return done.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("check", ["bf16-learns", "no-sync", "compiled-agrees"])
+def test_on_the_gpu(check: str, tmp_path: Path) -> None:
+    if not has_cuda():
+        pytest.skip("no CUDA device")
+    done = subprocess.run([sys.executable, str(CHECKS), check, str(tmp_path)], env=cuda_env(), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("ok"), done.stdout[-2000:]
