@@ -25,7 +25,7 @@ from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import weights_hash
 from ecgpos.files import atomic_path
-from ecgpos.models.features import record_windows, window_features
+from ecgpos.models.features import record_means, record_windows, window_features
 from probes.datasets import RecordLocator, read_record
 
 CACHE_VERSION = 2  # 2: records are screened as in preprocessing (earlier caches may hold refused records)
@@ -53,13 +53,12 @@ def encoder_source(module: torch.nn.Module, spec: PreprocessSpec, name: str, bat
     key = {"encoder": weights_hash(module)}  # hashed on CPU before moving: the same key on any device
     module.eval().to(device)
 
+    def features(windows: np.ndarray) -> dict[str, np.ndarray]:
+        return {"features": window_features(module, windows, batch_size=batch_size, device=device)}
+
     def embed(records: list[np.ndarray], windows: int) -> np.ndarray:
-        # windows of all records go through the encoder in shared batches, then are averaged per record
-        per_record = [record_windows(pad_to(x, spec.window), spec.window, windows) for x in records]
-        counts = [len(w) for w in per_record]
-        feats = window_features(module, np.concatenate(per_record), batch_size=batch_size, device=device)
-        bounds = np.cumsum([0] + counts)
-        return np.stack([feats[a:b].mean(axis=0) for a, b in zip(bounds[:-1], bounds[1:])])
+        per_record = ((k, record_windows(pad_to(x, spec.window), spec.window, windows)) for k, x in enumerate(records))
+        return np.stack([means["features"] for _, means in record_means(per_record, features, batch_size)])
 
     return FeatureSource(name, key, spec, embed)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to, preprocess_signal
 from ecgpos.errors import EcgposError
-from ecgpos.models.features import record_windows
+from ecgpos.models.features import record_means, record_windows
 from probes.datasets import read_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
 from probes.run import ProbeConfig, record_column, task_locator, task_windows
@@ -171,37 +171,33 @@ def extract(levels: Levels, sel: Selection, located: tuple, nominal: Sequence[st
             module.to(device)
     generator = torch.Generator().manual_seed(CARVING_SEED)
     keys, labels, xs, xhs, violation, failed = [], [], [], [], {}, Counter()
-    pending: list[tuple[str, str, np.ndarray]] = []
 
-    def flush() -> None:
-        w = torch.from_numpy(np.concatenate([p[2] for p in pending])).float().to(device)
-        bounds = np.cumsum([0] + [len(p[2]) for p in pending])
-        x, x_hat = (t.float().cpu().numpy() for t in _level_pair(levels, w, space))
-        hits = None
+    def outputs(windows: np.ndarray) -> dict[str, np.ndarray]:
+        w = torch.from_numpy(windows).float().to(device)
+        x, x_hat = (v.float().cpu().numpy() for v in _level_pair(levels, w, space))
+        out = {"x": x, "x_hat": x_hat}
         if levels.stage1 is not None:
-            hits = levels.stage1.push_violations(w, generator, per_sample_noise=True).float().cpu().numpy()
-        for k, (key, label, _) in enumerate(pending):
-            a, b = bounds[k], bounds[k + 1]
-            keys.append(key)
-            labels.append(label)
-            xs.append(x[a:b].mean(axis=0))
-            xhs.append(x_hat[a:b].mean(axis=0))
-            if hits is not None and label in nominal:
-                violation[key] = float(hits[a:b].mean())
-        pending.clear()
+            out["violation"] = levels.stage1.push_violations(w, generator, per_sample_noise=True).float().cpu().numpy()
+        return out
 
-    for key, label in zip(sel.keys, sel.labels):
-        try:
-            raw = read_record(*locator.locate(key))
-            x = preprocess_signal(raw.signal, raw.fs, raw.leads, spec)
-            pending.append((key, label, record_windows(pad_to(x, spec.window), spec.window, windows)))
-        except EcgposError as err:
-            failed[getattr(err, "reason", "unreadable")] += 1
-            continue
-        if sum(len(p[2]) for p in pending) >= batch_size:
-            flush()
-    if pending:
-        flush()
+    def records() -> Iterator[tuple[tuple[str, str], np.ndarray]]:
+        for key, label in zip(sel.keys, sel.labels):
+            try:
+                raw = read_record(*locator.locate(key))
+                x = preprocess_signal(raw.signal, raw.fs, raw.leads, spec)
+                found = record_windows(pad_to(x, spec.window), spec.window, windows)
+            except EcgposError as err:
+                failed[getattr(err, "reason", "unreadable")] += 1
+                continue
+            yield (key, label), found
+
+    for (key, label), means in record_means(records(), outputs, batch_size):
+        keys.append(key)
+        labels.append(label)
+        xs.append(means["x"])
+        xhs.append(means["x_hat"])
+        if "violation" in means and label in nominal:
+            violation[key] = float(means["violation"])
     width = xs[0].shape[0] if xs else 0
     return Extracted(keys, labels, np.array(xs).reshape(-1, width), np.array(xhs).reshape(-1, width), violation,
                      failed)

@@ -22,6 +22,8 @@ from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
+from ecgpos.export.format import CONFIG_FILE
+from ecgpos.runs.run_folder import RUN_INFO
 from probes.datasets import RecordLocator, read_record
 
 CACHE_VERSION = 1
@@ -44,9 +46,9 @@ def recorded_pretraining(source: str, info: dict) -> list[Path]:
         if path.resolve() in seen:
             continue
         seen.add(path.resolve())
-        run_info = _read_json(path / "run_info.json")
+        run_info = _read_json(path / RUN_INFO)
         folders += list(run_info.get("shards") or [])
-        folders += list(_read_json(path / "config.json").get("training", {}).get("shards") or [])
+        folders += list(_read_json(path / CONFIG_FILE).get("training", {}).get("shards") or [])
         if run_info.get("stage0"):
             todo.append(Path(str(run_info["stage0"])))
     return [Path(f) for f in dict.fromkeys(map(str, folders))]

@@ -1,4 +1,4 @@
-"""YAML -> dataclass configs (ecgpos.config) and the run configs (ecgpos.pretrain.run_config, configs/*.yaml)."""
+"""YAML -> dataclass configs (ecgpos.config) and the run configs (ecgpos.runs.run_config, configs/*.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,8 +8,8 @@ import pytest
 
 from ecgpos.config import apply_overrides, from_dict, load_config, save_config, to_dict
 from ecgpos.errors import ConfigError
-from ecgpos.pretrain.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
 from ecgpos.resources import config_dir
+from ecgpos.runs.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
 
 CONFIG_DIR = config_dir()
 

@@ -23,7 +23,7 @@ from ecgpos.models import (
 )
 from ecgpos.models.masking import gather_tokens, unshuffle_with_mask_tokens
 from ecgpos.objectives import LatentMaskedAutoencoder, MaskedECGAutoencoder, PushPullConfig, perturb, push_pull_loss
-from ecgpos.pretrain.stages import param_groups
+from ecgpos.pretrain.optim import param_groups
 
 torch.set_num_threads(1)
 

@@ -14,8 +14,8 @@ import pytest
 from ecgpos.cli import main
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 from ecgpos.errors import ConfigError
-from ecgpos.pretrain.run_config import load_run_config
 from ecgpos.resources import config_dir, config_path, shipped_configs
+from ecgpos.runs.run_config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"stage0", "stage1", "stmem12", "tiny/stage0", "tiny/stage1"}
@@ -49,7 +49,7 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
                    check=True, capture_output=True, timeout=300)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import json, ecgpos, ecgpos.resources as r; from ecgpos.pretrain.run_config import load_run_config;"
+    code = ("import json, ecgpos, ecgpos.resources as r; from ecgpos.runs.run_config import load_run_config;"
             "print(json.dumps({'module': ecgpos.__file__, 'dir': str(r.config_dir()), 'names': r.shipped_configs(),"
             "'width': load_run_config('stage0').encoder.width}))")
     # the installed copy comes first on the path, and the checkout is not the working folder

@@ -137,7 +137,7 @@ def test_val_push_violation_logged(runs: dict[str, Path]) -> None:
 
 def test_push_violations_match_the_definition(runs: dict[str, Path]) -> None:
     from ecgpos.objectives.push_pull import per_sample_distance, perturb
-    from ecgpos.pretrain.run_folder import load_run_model
+    from ecgpos.runs.run_folder import load_run_model
 
     model = load_run_model(runs["stage1"])[0].eval()
     x = torch.randn(3, 12, model.stage0.cfg.seq_len)

@@ -21,10 +21,10 @@ from ecgpos.config import load_config
 from ecgpos.export.format import weights_hash
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.pretrain.data import StepBatchSampler
-from ecgpos.pretrain.run_config import RunConfig, load_run_config
-from ecgpos.pretrain.run_folder import list_checkpoints, newest_checkpoint
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.resources import config_dir
+from ecgpos.runs.run_config import RunConfig, load_run_config
+from ecgpos.runs.run_folder import list_checkpoints, newest_checkpoint
 
 CONFIG_DIR = config_dir()
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -370,8 +370,8 @@ def test_non_finite_step_found_at_a_later_boundary_never_reached_the_weights(
 def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, float]:
     """Loss (mean over micro-batches) and grad norm of step 1, computed without the trainer."""
     from ecgpos.pretrain.data import ShardDataset, read_index
-    from ecgpos.pretrain.stages import build_model
     from ecgpos.pretrain.trainer import step_generator
+    from ecgpos.runs.stages import build_model
 
     index = read_index(shards)
     data = ShardDataset(index, cfg.preprocess.window, train=True, seed=cfg.train.seed)

@@ -15,7 +15,7 @@ from ecgpos.errors import ConfigError
 from ecgpos.pretrain.checkpoint import prune_checkpoints
 from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start
 from ecgpos.pretrain.figures import plot_reconstruction, plot_training_curves
-from ecgpos.pretrain.run_folder import checkpoint_name, list_checkpoints, newest_checkpoint
+from ecgpos.runs.run_folder import checkpoint_name, list_checkpoints, newest_checkpoint
 
 
 @pytest.fixture(scope="module")

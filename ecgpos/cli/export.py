@@ -22,7 +22,7 @@ from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.inference.scoring import load_recon_models
-from ecgpos.pretrain.run_folder import training_summary
+from ecgpos.runs.run_folder import training_summary
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
     source = open_source(args.input, args.fs, args.leads, models.spec)
-    result = score_records(models, source.records, source.count, args.masks, args.num_windows, args.batch_size,
+    result = score_records(models, source, args.masks, args.num_windows, args.batch_size,
                            args.device, progress=not args.no_progress)
     if not result.ids:
         raise EcgposError(f"none of the {source.count} {source.kind} could be scored ({len(result.skipped)} skipped)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,3 +60,8 @@ def config_sha256(config: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of config's CONFIG_HASH_FIELDS."""
     bound = {key: config.get(key) for key in CONFIG_HASH_FIELDS}
     return hashlib.sha256(json.dumps(bound, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def is_export_dir(path: str | Path) -> bool:
+    """Whether `path` looks like an export folder (it holds config.json); load_encoder checks the rest."""
+    return (Path(path) / CONFIG_FILE).is_file()

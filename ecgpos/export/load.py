@@ -30,6 +30,7 @@ from ecgpos.export.format import (
 )
 from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
+from ecgpos.runs.run_folder import is_run_dir
 
 
 def read_export_config(path: str | Path) -> dict[str, Any]:
@@ -40,7 +41,7 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
         hint = ""
-        if (folder / "run_info.json").is_file() or (folder / "checkpoints").is_dir():
+        if is_run_dir(folder):
             hint = f": it is a training run folder; export it first with `ecgpos export --run-dir {folder} --out DIR`"
         raise EcgposError(f"{folder} is not an ecgpos export folder (no {CONFIG_FILE}){hint}")
     try:

@@ -37,7 +37,7 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_windows, window_features
+from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
 
@@ -164,43 +164,39 @@ def open_source(path: Path, fs: float | None, leads: str | None, spec: Preproces
     raise EcgposError(f"{path}: not a WFDB record, a folder of records or shards, or a .npy file")
 
 
-def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = DEFAULT_NUM_WINDOWS,
-                  batch_size: int = 64, progress: bool = True) -> EmbedResult:
-    """Features (mean over each record's windows) of every good record; bad ones listed with reasons.
-
-    Windows of several records share forward passes (up to batch_size windows each).
-    """
+def source_windows(source: Source, window: int, num_windows: int, skipped: list[tuple[str, str, str]],
+                   prog: str, progress: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+    """(record id, windows) of every good record of `source`; each bad one is appended to `skipped`
+    as (id, reason, detail) and reported on stderr, and the others go on."""
     from tqdm import tqdm
 
-    result = EmbedResult()
-    pending: list[tuple[str, np.ndarray]] = []
-
-    def flush() -> None:
-        if not pending:
-            return
-        feats = window_features(encoder, np.concatenate([w for _, w in pending]), batch_size, encoder.device)
-        start = 0
-        for record_id, windows in pending:
-            result.ids.append(record_id)
-            result.features.append(feats[start:start + len(windows)].mean(axis=0))
-            start += len(windows)
-        pending.clear()
-
-    bar = tqdm(source.records, total=source.count, unit="rec", desc="embed", disable=not progress, file=sys.stderr)
+    bar = tqdm(source.records, total=source.count, unit="rec", desc=prog.split()[-1], disable=not progress,
+               file=sys.stderr)
     for record_id, load in bar:
         try:
-            windows = record_windows(load(), encoder.spec.window, num_windows)
+            windows = record_windows(load(), window, num_windows)
         except (SignalError, EcgposError, OSError) as err:  # OSError: a damaged shard row or file
             reason = getattr(err, "reason", "unreadable")
             detail = getattr(err, "detail", (str(err).splitlines() or [type(err).__name__])[0])
-            result.skipped.append((record_id, reason, detail))
-            bar.write(f"ecgpos embed: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
+            skipped.append((record_id, reason, detail))
+            bar.write(f"{prog}: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
             continue
-        pending.append((record_id, windows))
-        if sum(len(w) for _, w in pending) >= batch_size:
-            flush()
-    flush()
+        yield record_id, windows
     bar.close()
+
+
+def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = DEFAULT_NUM_WINDOWS,
+                  batch_size: int = 64, progress: bool = True) -> EmbedResult:
+    """Features (mean over each record's windows) of every good record; bad ones listed with reasons."""
+    result = EmbedResult()
+    records = source_windows(source, encoder.spec.window, num_windows, result.skipped, "ecgpos embed", progress)
+
+    def features(windows: np.ndarray) -> dict[str, np.ndarray]:
+        return {"features": window_features(encoder, windows, batch_size, encoder.device)}
+
+    for record_id, means in record_means(records, features, batch_size):
+        result.ids.append(record_id)
+        result.features.append(means["features"])
     return result
 
 

@@ -14,10 +14,10 @@ from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
+from ecgpos.export.format import is_export_dir
 from ecgpos.models.factory import random_init
-from ecgpos.pretrain.checkpoint import read_trainer_state
-from ecgpos.pretrain.run_config import load_run_config
-from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+from ecgpos.runs.run_config import load_run_config
+from ecgpos.runs.run_folder import is_run_dir, load_run_model, read_trainer_state
 
 
 @dataclass
@@ -44,7 +44,7 @@ def _arch(module: nn.Module) -> dict:
 
 def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
     """Encoder of a run's newest complete checkpoint: STMEMEncoder (stage 0) or NestedEncoder (stage 1)."""
-    from ecgpos.pretrain.stages import trainable_encoder
+    from ecgpos.runs.stages import trainable_encoder
 
     model, cfg, checkpoint, info = load_run_model(run_dir)
     module = _freeze(trainable_encoder(model))
@@ -87,7 +87,7 @@ def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
     if not path.exists():
         raise EcgposError(f"encoder {path} does not exist (expected a run folder, an export folder or "
                           "random:<config.yaml>)")
-    if (path / "config.json").is_file():
+    if is_export_dir(path):
         return load_export(path)
     if is_run_dir(path):
         return load_run_encoder(path)

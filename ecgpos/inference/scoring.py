@@ -10,8 +10,7 @@ was trained on) or from an export written with `ecgpos export --with-decoders`.
 """
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +19,9 @@ import torch
 from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import EcgposError, SignalError
-from ecgpos.models.features import record_windows
+from ecgpos.errors import EcgposError
+from ecgpos.inference.inputs import Source, source_windows
+from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
 
 LEVELS = ("stage0", "stage1")
@@ -40,15 +40,15 @@ class ReconModels:
 def _stage0_decoder_of_stage1_run(info: dict, want_hash: str | None) -> tuple[nn.Module | None, str | None]:
     """The Stage-0 objective of the Stage-0 run (or export with decoders) a Stage-1 run was trained on."""
     from ecgpos.export.decoders import load_decoders
-    from ecgpos.export.format import weights_hash
+    from ecgpos.export.format import is_export_dir, weights_hash
     from ecgpos.export.load import read_export_config
-    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+    from ecgpos.runs.run_folder import is_run_dir, load_run_model
 
     source = info.get("stage0")
     if not source or not Path(source).exists():
         return None, f"Stage-0 scores unavailable: the Stage-0 source {source!r} of this run is not reachable"
     path = Path(source)
-    if (path / "config.json").is_file():
+    if is_export_dir(path):
         config = read_export_config(path)
         if "stage0" not in (config.get("decoders") or {}):
             return None, f"Stage-0 scores unavailable: Stage 1 was trained on the encoder-only export {path}"
@@ -65,14 +65,15 @@ def _stage0_decoder_of_stage1_run(info: dict, want_hash: str | None) -> tuple[nn
 def load_recon_models(path: str | Path) -> ReconModels:
     """Run folder (Stage 0 or Stage 1) or export with decoders -> the reconstructing levels, frozen."""
     from ecgpos.export.decoders import load_decoders
+    from ecgpos.export.format import is_export_dir
     from ecgpos.export.load import read_export_config
-    from ecgpos.pretrain.run_folder import is_run_dir, load_run_model
+    from ecgpos.runs.run_folder import is_run_dir, load_run_model
 
     path = Path(path)
     if not path.exists():
         raise EcgposError(f"{path} does not exist (expected a run folder or an export with decoders)")
     notes: list[str] = []
-    if (path / "config.json").is_file():
+    if is_export_dir(path):
         config = read_export_config(path)
         levels = load_decoders(path, config)
         spec = PreprocessSpec.from_dict(config["preprocess"])
@@ -127,41 +128,20 @@ class ScoreResult:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
 
 
-def score_records(models: ReconModels, records: Iterator[tuple[str, object]], count: int, masks: int = 8,
-                  num_windows: int = 1, batch_size: int = 64, device: str | torch.device = "cpu",
-                  progress: bool = True, prog: str = "ecgpos score") -> ScoreResult:
-    """Scores of every good record of an `ecgpos embed` source (id, thunk -> preprocessed (12, T));
-    bad records are reported on stderr with their reason and skipped."""
-    from tqdm import tqdm
-
+def score_records(models: ReconModels, source: Source, masks: int = 8, num_windows: int = 1, batch_size: int = 64,
+                  device: str | torch.device = "cpu", progress: bool = True, prog: str = "ecgpos score") -> ScoreResult:
+    """Scores of every good record of an `ecgpos embed` source; bad records are reported on stderr
+    with their reason and skipped."""
     result = ScoreResult(scores={level: [] for level in models.levels})
-    pending: list[tuple[str, np.ndarray]] = []
+    records = source_windows(source, models.spec.window, num_windows, result.skipped, prog, progress)
 
-    def flush() -> None:
-        if not pending:
-            return
-        scores = window_scores(models, np.concatenate([w for _, w in pending]), masks, device, batch_size)
-        bounds = np.cumsum([0] + [len(w) for _, w in pending])
-        for k, (record_id, _) in enumerate(pending):
-            result.ids.append(record_id)
-            for level, values in scores.items():
-                result.scores[level].append(float(values[bounds[k]:bounds[k + 1]].mean()))
-        pending.clear()
+    def scores(windows: np.ndarray) -> dict[str, np.ndarray]:
+        return window_scores(models, windows, masks, device, batch_size)
 
-    bar = tqdm(records, total=count, unit="rec", desc="score", disable=not progress, file=sys.stderr)
-    for record_id, load in bar:
-        try:
-            windows = record_windows(load(), models.spec.window, num_windows)  # type: ignore[operator]
-        except (SignalError, EcgposError) as err:
-            reason, detail = getattr(err, "reason", "unreadable"), getattr(err, "detail", str(err))
-            result.skipped.append((record_id, reason, detail))
-            bar.write(f"{prog}: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
-            continue
-        pending.append((record_id, windows))
-        if sum(len(w) for _, w in pending) >= batch_size:
-            flush()
-    flush()
-    bar.close()
+    for record_id, means in record_means(records, scores, batch_size):
+        result.ids.append(record_id)
+        for level, value in means.items():
+            result.scores[level].append(float(value))
     return result
 
 

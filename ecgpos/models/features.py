@@ -5,7 +5,8 @@ record gets the same features whichever path it takes.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -13,6 +14,7 @@ import torch
 from ecgpos.ecg.signal import preprocess_signal, window_starts
 from ecgpos.ecg.spec import PreprocessSpec
 
+K = TypeVar("K")
 DEFAULT_NUM_WINDOWS = 1  # centre window; probes may ask for more on long records
 
 
@@ -36,6 +38,31 @@ def window_features(module: torch.nn.Module, windows: np.ndarray, batch_size: in
         batch = torch.from_numpy(np.ascontiguousarray(windows[start:start + batch_size], dtype=np.float32))
         out.append(module.forward_features(batch.to(device)).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
+
+
+def record_means(records: Iterable[tuple[K, np.ndarray]], window_fn: Callable[[np.ndarray], dict[str, np.ndarray]],
+                 batch_size: int) -> Iterator[tuple[K, dict[str, np.ndarray]]]:
+    """Per record, the mean over its windows of each output of `window_fn`, in input order.
+
+    records: (key, windows (n_i, leads, window)). The windows of consecutive records are handed to
+    `window_fn` together, about `batch_size` at a time, so records of one window share forward
+    passes; window_fn maps (N, leads, window) to named arrays whose first dimension is N.
+    """
+    pending: list[tuple[K, np.ndarray]] = []
+
+    def flush() -> Iterator[tuple[K, dict[str, np.ndarray]]]:
+        outputs = window_fn(np.concatenate([w for _, w in pending]))
+        bounds = np.cumsum([0] + [len(w) for _, w in pending])
+        for k, (key, _) in enumerate(pending):
+            yield key, {name: values[bounds[k]:bounds[k + 1]].mean(axis=0) for name, values in outputs.items()}
+        pending.clear()
+
+    for key, windows in records:
+        pending.append((key, windows))
+        if sum(len(w) for _, w in pending) >= batch_size:
+            yield from flush()
+    if pending:
+        yield from flush()
 
 
 def embed_signal(module: torch.nn.Module, signal: np.ndarray, fs: float, leads: Sequence[str],

@@ -10,7 +10,6 @@ previous checkpoint. Old checkpoints are deleted only after the new one is in pl
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 import shutil
@@ -24,7 +23,7 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_write_json
-from ecgpos.pretrain.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints
+from ecgpos.runs.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints, read_trainer_state
 
 
 def _b64(data: bytes) -> str:
@@ -100,18 +99,6 @@ def remove_partial(run_dir: str | Path) -> None:
     if root.is_dir():
         for path in root.glob("step-*.tmp"):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
-    """trainer_state.json of a checkpoint folder; EcgposError when missing or unreadable."""
-    path = Path(checkpoint) / STATE_FILE
-    try:
-        state = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise EcgposError(f"{path} is not a readable trainer state: {str(err).splitlines()[0]}") from None
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise EcgposError(f"{path} has no integer 'step'")
-    return state
 
 
 def load_checkpoint(accelerator: Any, checkpoint: str | Path) -> dict[str, Any]:

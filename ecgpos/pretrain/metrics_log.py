@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ecgpos.files import atomic_write_text
-from ecgpos.pretrain.run_folder import METRICS_FILE, TB_DIR
+from ecgpos.runs.run_folder import METRICS_FILE, TB_DIR
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.export.format import weights_hash
-from ecgpos.pretrain.run_config import RunConfig, config_differences, load_run_config
+from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 
 
 @dataclass
@@ -46,36 +46,37 @@ def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
 
 
 def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
-    """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder."""
+    """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder,
+    loaded through the one resolver (ecgpos.inference.resolve)."""
     from ecgpos.config import load_config
-    from ecgpos.pretrain.run_folder import RUN_CONFIG, is_run_dir, load_run_model
-    from ecgpos.pretrain.stages import check_stage0_fits, stage0_config_dict
+    from ecgpos.export.format import is_export_dir
+    from ecgpos.inference.resolve import resolve_encoder
+    from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
+    from ecgpos.runs.stages import check_stage0_fits, stage0_config_dict
 
     if not path.exists():
         raise ConfigError(f"--stage0 {path} does not exist")
-    if (path / "config.json").is_file():
-        from ecgpos.export.load import load_encoder
-
-        exported = load_encoder(path)
-        if exported.arch.get("kind") != "stage0":
-            raise ConfigError(f"--stage0 {path} is an export of a {exported.arch.get('kind')!r} encoder, "
-                              "not of a Stage-0 encoder")
-        encoder, spec, info = exported.encoder, exported.spec, {"kind": "export"}
-    elif is_run_dir(path):
+    if is_run_dir(path):
         run_stage = load_config(RunConfig, path / RUN_CONFIG).stage  # before loading any weights
         if run_stage != 0:
             raise ConfigError(f"--stage0 {path} is a Stage-{run_stage} run, not a Stage-0 run")
-        model, run_cfg, checkpoint, run_info = load_run_model(path)
-        step = int(checkpoint.name.split("-")[1])
-        if not run_info.get("finished") or step < run_cfg.optim.steps:
-            raise ConfigError(f"--stage0 {path} is incomplete (newest checkpoint at step {step} of "
-                              f"{run_cfg.optim.steps}): finish it with --resume auto, or export that "
-                              "checkpoint and pass the export folder")
-        encoder, spec, info = model.encoder, run_cfg.preprocess, {"kind": "run", "checkpoint": str(checkpoint)}
-    else:
+    elif not is_export_dir(path):
         raise ConfigError(f"--stage0 {path} is neither a Stage-0 run folder (config.yaml + checkpoints/) "
                           "nor an export folder (config.json)")
-    cfg.preprocess.check_compatible(spec, f"the Stage-0 encoder {path}")
+    loaded = resolve_encoder(path)
+    if loaded.arch.get("kind") != "stage0":
+        raise ConfigError(f"--stage0 {path} is an export of a {loaded.arch.get('kind')!r} encoder, "
+                          "not of a Stage-0 encoder")
+    if "run_dir" in loaded.info:
+        step, steps = loaded.info["step"], loaded.info["steps"]
+        if not loaded.info["finished"]:
+            raise ConfigError(f"--stage0 {path} is incomplete (newest checkpoint at step {step} of {steps}): "
+                              "finish it with --resume auto, or export that checkpoint and pass the export folder")
+        info = {"kind": "run", "checkpoint": loaded.info["checkpoint"]}
+    else:
+        info = {"kind": "export"}
+    encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its STMEMEncoder
+    cfg.preprocess.check_compatible(loaded.spec, f"the Stage-0 encoder {path}")
     check_stage0_fits(encoder, cfg, f"the Stage-0 encoder {path}")
     encoder.requires_grad_(False)
     encoder.eval()
@@ -86,7 +87,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
     from ecgpos.config import load_config
-    from ecgpos.pretrain.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
+    from ecgpos.runs.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} exists and is not a folder")

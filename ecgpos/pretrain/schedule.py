@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ecgpos.pretrain.run_config import OptimConfig
+from ecgpos.runs.run_config import OptimConfig
 
 
 def lr_at(step: int, optim: OptimConfig) -> float:

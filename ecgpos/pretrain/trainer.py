@@ -45,10 +45,11 @@ from ecgpos.pretrain.data import (
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
+from ecgpos.pretrain.optim import build_optimizer, compile_model
 from ecgpos.pretrain.plan import RunPlan
-from ecgpos.pretrain.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.pretrain.schedule import lr_at
-from ecgpos.pretrain.stages import build_model, build_optimizer, compile_model, stage0_of
+from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
+from ecgpos.runs.stages import build_model, stage0_of
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 

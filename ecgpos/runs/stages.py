@@ -6,7 +6,6 @@ cfg.encoder describes the latent encoder and must have the Stage-0 width and tok
 """
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from ecgpos.config import to_dict
@@ -14,8 +13,7 @@ from ecgpos.errors import ConfigError
 from ecgpos.models.nested import check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
-from ecgpos.pretrain.run_config import RunConfig
-from ecgpos.pretrain.schedule import lr_at
+from ecgpos.runs.run_config import RunConfig
 
 
 def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
@@ -61,34 +59,3 @@ def trainable_encoder(model: nn.Module) -> nn.Module:
 
 def stage0_config_dict(stage0: STMEMEncoder) -> dict:
     return to_dict(stage0.cfg)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups over trainable parameters: no weight decay for biases, norms (ndim < 2) and the
-    learned tokens/embeddings held directly as parameters (names ending in _token or _embed), as in
-    MAE; Linear weights (including the patch embedding's) decay."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        leaf = name.rsplit(".", 1)[-1]
-        (no_decay if p.ndim < 2 or leaf.endswith(("_token", "_embed")) else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
-    """The fused AdamW of both stages (one kernel per step on CUDA and CPU). Being fused, it also
-    honours a `found_inf` flag on the device: the trainer skips a non-finite step without a sync."""
-    return torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=lr_at(0, cfg.optim),
-                             betas=cfg.optim.betas, eps=cfg.optim.eps, fused=True)
-
-
-def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
-    """Compile the whole model in place (`train.compile`: false, true = "default", or a torch.compile
-    mode); false leaves it eager. In place keeps the
-    state-dict keys, so checkpoints of compiled and eager runs are interchangeable. Shapes are static
-    (every lead keeps the same number of patches), so dynamic shapes are off."""
-    if mode is False:
-        return model
-    model.compile(mode=None if mode in (True, "default") else mode, dynamic=False)
-    return model

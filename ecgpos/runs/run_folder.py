@@ -1,6 +1,6 @@
 """A run folder: the name of every file a pretraining run writes, and reading a run back.
 
-    RUN/config.yaml        the resolved run config (ecgpos.pretrain.run_config)
+    RUN/config.yaml        the resolved run config (ecgpos.runs.run_config)
     RUN/spec.json          the preprocessing spec of its shards
     RUN/run_info.json      provenance: versions, shards, Stage-0 source, finished/stopped
     RUN/metrics.jsonl      one record per logged step (ecgpos.pretrain.metrics_log)
@@ -22,7 +22,7 @@ from ecgpos.config import load_config, read_yaml
 from ecgpos.errors import EcgposError
 from ecgpos.files import read_safetensors
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
-from ecgpos.pretrain.run_config import RunConfig
+from ecgpos.runs.run_config import RunConfig
 
 RUN_CONFIG = "config.yaml"
 SPEC_FILE = "spec.json"
@@ -59,6 +59,18 @@ def newest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def read_trainer_state(checkpoint: str | Path) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint folder; EcgposError when missing or unreadable."""
+    path = Path(checkpoint) / STATE_FILE
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise EcgposError(f"{path} is not a readable trainer state: {str(err).splitlines()[0]}") from None
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise EcgposError(f"{path} has no integer 'step'")
+    return state
+
+
 def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / RUN_INFO
     if not path.is_file():
@@ -76,7 +88,7 @@ def is_run_dir(path: str | Path) -> bool:
 
 def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dict]:
     """(training model with the newest complete checkpoint's weights, config, checkpoint, run info)."""
-    from ecgpos.pretrain.stages import build_model
+    from ecgpos.runs.stages import build_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

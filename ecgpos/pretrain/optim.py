@@ -1,0 +1,39 @@
+"""The optimiser of both stages: AdamW groups as in MAE, fused, and the optional whole-model compile."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ecgpos.pretrain.schedule import lr_at
+from ecgpos.runs.run_config import RunConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups over trainable parameters: no weight decay for biases, norms (ndim < 2) and the
+    learned tokens/embeddings held directly as parameters (names ending in _token or _embed), as in
+    MAE; Linear weights (including the patch embedding's) decay."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        (no_decay if p.ndim < 2 or leaf.endswith(("_token", "_embed")) else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
+    """The fused AdamW of both stages (one kernel per step on CUDA and CPU). Being fused, it also
+    honours a `found_inf` flag on the device: the trainer skips a non-finite step without a sync."""
+    return torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=lr_at(0, cfg.optim),
+                             betas=cfg.optim.betas, eps=cfg.optim.eps, fused=True)
+
+
+def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
+    """Compile the whole model in place (`train.compile`: false, true = "default", or a torch.compile
+    mode); false leaves it eager. In place keeps the
+    state-dict keys, so checkpoints of compiled and eager runs are interchangeable. Shapes are static
+    (every lead keeps the same number of patches), so dynamic shapes are off."""
+    if mode is False:
+        return model
+    model.compile(mode=None if mode in (True, "default") else mode, dynamic=False)
+    return model
