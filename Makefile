@@ -33,4 +33,5 @@ clean:
 # contracts (layers, no cycles) checked by import-linter.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports

@@ -10,6 +10,7 @@ The last line is the figure.
     python bench/loader.py --shards DIR [--workers 0 1 2] [--batch 64] [--batches 30]
                            [--train-samples-per-s X]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--window", type=int, default=2250)
-    parser.add_argument("--train-samples-per-s", type=float, default=None,
-                        help="training consumption to compare with (bench/train_step.py, paper config)")
+    parser.add_argument(
+        "--train-samples-per-s",
+        type=float,
+        default=None,
+        help="training consumption to compare with (bench/train_step.py, paper config)",
+    )
     args = parser.parse_args()
     rates = {}
     for workers in args.workers:
@@ -57,9 +62,11 @@ def main() -> None:
     per_worker = rates[best] / max(best, 1)
     ratio = ""
     if args.train_samples_per_s:
-        ratio = (f" train_samples_per_s={args.train_samples_per_s:.0f}"
-                 f" ratio={rates[best] / args.train_samples_per_s:.1f}"
-                 f" workers_needed={args.train_samples_per_s / per_worker:.2f}")
+        ratio = (
+            f" train_samples_per_s={args.train_samples_per_s:.0f}"
+            f" ratio={rates[best] / args.train_samples_per_s:.1f}"
+            f" workers_needed={args.train_samples_per_s / per_worker:.2f}"
+        )
     print(f"loader best_workers={best} samples_per_s={rates[best]:.0f} per_worker={per_worker:.0f}{ratio}")
 
 

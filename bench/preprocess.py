@@ -12,6 +12,7 @@ real pipeline is measured in fresh processes on the corpus and on a corpus --sca
 
 The last line is the ratio (pipeline records/s over baseline records/s), the stricter one in brackets.
 """
+
 from __future__ import annotations
 
 import os
@@ -68,8 +69,9 @@ def ours(src: Path, out: Path, records_per_shard: int = 1000) -> float:
     """`ecgpos preprocess ecg-arrhythmia --subset all` in this process, one worker; returns seconds."""
     from preprocessing.build import BuildRequest, run
 
-    req = BuildRequest(dataset="ecg-arrhythmia", src=src, out=out, spec=DEFAULT_SPEC, subset="all",
-                       records_per_shard=records_per_shard)
+    req = BuildRequest(
+        dataset="ecg-arrhythmia", src=src, out=out, spec=DEFAULT_SPEC, subset="all", records_per_shard=records_per_shard
+    )
     with open(os.devnull, "w") as quiet:
         start = time.perf_counter()
         run(req, quiet)
@@ -88,9 +90,11 @@ def scaled_copy(records: list[Path], dest: Path, scale: int) -> None:
             shutil.copyfile(path.with_suffix(".mat"), folder / f"{new}.mat")
 
 
-_PEAK = ("import resource, sys, json; from pathlib import Path; sys.path.insert(0, {root!r});"
-         "from bench.preprocess import ours; t = ours(Path({src!r}), Path({out!r}), {rps});"
-         "print(json.dumps({{'seconds': t, 'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))")
+_PEAK = (
+    "import resource, sys, json; from pathlib import Path; sys.path.insert(0, {root!r});"
+    "from bench.preprocess import ours; t = ours(Path({src!r}), Path({out!r}), {rps});"
+    "print(json.dumps({{'seconds': t, 'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))"
+)
 
 
 def peak_memory(src: Path, out: Path, records_per_shard: int) -> dict:
@@ -133,10 +137,14 @@ def main() -> None:
     print(f"naive baseline, every step per lead (rdrecord per lead): {rate(t_lead)}")
     print(f"naive baseline, rdrecord once per record, the rest per lead (stricter): {rate(t_record)}")
     print(f"ecgpos preprocess: {rate(t_ours)}")
-    print(f"peak RSS ({rps} records per shard): {small['peak_mb']:.0f} MB for {n} records, "
-          f"{big['peak_mb']:.0f} MB for {n * args.scale} records")
-    print(f"ratio: {t_lead / t_ours:.2f}x records/s of ecgpos preprocess over the naive baseline "
-          f"(over the stricter one: {t_record / t_ours:.2f}x)")
+    print(
+        f"peak RSS ({rps} records per shard): {small['peak_mb']:.0f} MB for {n} records, "
+        f"{big['peak_mb']:.0f} MB for {n * args.scale} records"
+    )
+    print(
+        f"ratio: {t_lead / t_ours:.2f}x records/s of ecgpos preprocess over the naive baseline "
+        f"(over the stricter one: {t_record / t_ours:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

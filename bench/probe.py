@@ -10,6 +10,7 @@ faster of two tries) and extrapolated to the whole protocol (stated in the outpu
 
     python bench/probe.py [--splits DIR] [--epochs 100] [--seeds 5] [--workers 2] [--bootstrap 1000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,22 +73,27 @@ def main() -> None:
     probe_cfg = ProbeConfig(protocol=cfg, fractions=FRACTIONS, seeds=args.seeds)
     jobs = [job for t in tasks.values() for job in make_jobs("random", t, probe_cfg)]
     steps = sum(-(-len(j.arrays[0]) // cfg.batch_size) for j in jobs) * args.epochs * args.seeds
-    print(f"{len(jobs)} probes ({len(merge_jobs(jobs))} layers: tasks on the same rows share one) x {args.seeds} "
-          f"seeds x {args.epochs} epochs = {steps:,} optimiser steps; train rows per task: "
-          + ", ".join(f"{n} {len(d[0])}" for n, d in data.items()))
+    print(
+        f"{len(jobs)} probes ({len(merge_jobs(jobs))} layers: tasks on the same rows share one) x {args.seeds} "
+        f"seeds x {args.epochs} epochs = {steps:,} optimiser steps; train rows per task: "
+        + ", ".join(f"{n} {len(d[0])}" for n, d in data.items())
+    )
     start, cpu0 = time.perf_counter(), _cpu_seconds()
     rows = run_jobs(jobs, workers=args.workers)
     trained = time.perf_counter()
-    add_intervals(rows, collect_scores(rows, {n: (t.keys["test"], t.y["test"]) for n, t in tasks.items()}),
-                  args.bootstrap)
+    add_intervals(
+        rows, collect_scores(rows, {n: (t.keys["test"], t.y["test"]) for n, t in tasks.items()}), args.bootstrap
+    )
     batched, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
     boot = time.perf_counter() - trained
     assert len(rows) == len(jobs) * args.seeds and all(np.isfinite(r["test_auroc"]) for r in rows)
     assert args.bootstrap == 0 or all(r["mean_auroc_low"] <= r["mean_auroc_high"] for r in rows)
-    print(f"batched protocol ({args.workers} single-threaded workers): {batched:.1f} s wall, {cpu:.1f} s CPU "
-          f"(= {cpu / args.workers:.1f} s wall on {args.workers} cores nobody else uses); of which bootstrap "
-          f"({args.bootstrap} resamples, {len(rows)} seed intervals + {len(rows) // args.seeds} seed-mean "
-          f"intervals): {boot:.1f} s")
+    print(
+        f"batched protocol ({args.workers} single-threaded workers): {batched:.1f} s wall, {cpu:.1f} s CPU "
+        f"(= {cpu / args.workers:.1f} s wall on {args.workers} cores nobody else uses); of which bootstrap "
+        f"({args.bootstrap} resamples, {len(rows)} seed intervals + {len(rows) // args.seeds} seed-mean "
+        f"intervals): {boot:.1f} s"
+    )
 
     # plain loop: one epoch per task at 100%, one seed, then scaled to every fraction, seed and epoch
     naive_total = 0.0
@@ -103,13 +109,18 @@ def main() -> None:
         train_steps = sum(-(-len(label_fraction_rows(len(x_tr), f)) // 16) for f in FRACTIONS)
         scaled = epoch_s * train_steps / -(-len(x_tr) // 16) * args.epochs * args.seeds
         naive_total += scaled
-        print(f"  plain loop {name}: {epoch_s:.2f} s per epoch at 100% -> {scaled:.0f} s for all "
-              "fractions/seeds/epochs")
-    print(f"plain one-run-at-a-time DataLoader loop (extrapolated from 1 epoch per task): {naive_total:.0f} s, "
-          f"{naive_total / batched:.1f}x the batched time")
-    print(f"full probe protocol on 2 CPU cores: {batched:.1f} s wall with {args.bootstrap} bootstrap resamples "
-          f"(limit 120 s; {cpu:.1f} s CPU; bootstrap {boot:.1f} s), {naive_total / batched:.1f}x faster than the "
-          "plain loop")
+        print(
+            f"  plain loop {name}: {epoch_s:.2f} s per epoch at 100% -> {scaled:.0f} s for all fractions/seeds/epochs"
+        )
+    print(
+        f"plain one-run-at-a-time DataLoader loop (extrapolated from 1 epoch per task): {naive_total:.0f} s, "
+        f"{naive_total / batched:.1f}x the batched time"
+    )
+    print(
+        f"full probe protocol on 2 CPU cores: {batched:.1f} s wall with {args.bootstrap} bootstrap resamples "
+        f"(limit 120 s; {cpu:.1f} s CPU; bootstrap {boot:.1f} s), {naive_total / batched:.1f}x faster than the "
+        "plain loop"
+    )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ The last line is the figure.
     python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
     python bench/train_step.py --config configs/stage0.yaml --e2e SHARDS [--e2e-steps 300]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,14 +97,27 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
     from ecgpos.pretrain.trainer import Trainer
 
     every = max(args.e2e_steps // 10, 1)
-    overrides = [*cfg_overrides, f"optim.steps={args.e2e_steps}", f"train.batch_size={batch}",
-                 f"train.log_every={every}", f"train.checkpoint_every={args.e2e_steps}",
-                 f"train.figure_every={args.e2e_steps}", "train.grad_accum=1"]
+    overrides = [
+        *cfg_overrides,
+        f"optim.steps={args.e2e_steps}",
+        f"train.batch_size={batch}",
+        f"train.log_every={every}",
+        f"train.checkpoint_every={args.e2e_steps}",
+        f"train.figure_every={args.e2e_steps}",
+        "train.grad_accum=1",
+    ]
     cfg = load_run_config(args.config, overrides)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
-        plan = RunPlan(cfg, list(args.e2e), run, check_shards(cfg, args.e2e), False, stage0,
-                       "random" if stage0 is not None else None)
+        plan = RunPlan(
+            cfg,
+            list(args.e2e),
+            run,
+            check_shards(cfg, args.e2e),
+            False,
+            stage0,
+            "random" if stage0 is not None else None,
+        )
         started = time.perf_counter()
         if Trainer(plan).run() != 0:
             raise EcgposError("the end-to-end run failed")
@@ -113,7 +127,7 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
     if not records:
         raise EcgposError("--e2e-steps too small: no record after the first")
     steps = [r["step"] - p["step"] for p, r in zip([{"step": 0}, *records], records)][1:] or [every]
-    seconds = sum(s * batch / r["samples_per_s"] for s, r in zip(steps, records[-len(steps):]))
+    seconds = sum(s * batch / r["samples_per_s"] for s, r in zip(steps, records[-len(steps) :]))
     print(f"e2e: {args.e2e_steps} steps, {wall:.1f} s wall with start-up, loss {records[-1]['loss']:.4f}")
     return sum(steps) * batch / seconds
 
@@ -127,8 +141,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--compile", nargs="?", const="true", default=None,
-                        help="compile the whole model (train.compile; optional mode, e.g. reduce-overhead)")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="true",
+        default=None,
+        help="compile the whole model (train.compile; optional mode, e.g. reduce-overhead)",
+    )
     parser.add_argument("--e2e", type=Path, nargs="+", metavar="SHARDS", help="also run the real trainer on these")
     parser.add_argument("--e2e-steps", type=int, default=300)
     args = parser.parse_args()
@@ -182,14 +201,19 @@ def main() -> None:
     seconds = timed(step, args.steps, args.warmup, device)
     memory = peak_memory_mb(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
-    print(f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
-          f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
-          f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
-          f"compile {cfg.train.compile}, device {name}, {attention}")
-    print(f"flops: {flops_per_sample / 1e9:.2f} GFLOP per sample (forward + backward, FlopCounterMode); "
-          f"peak {peak / 1e12:.3g} TFLOP/s ({peak_what}, measured)")
+    print(
+        f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
+        f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
+        f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
+        f"compile {cfg.train.compile}, device {name}, {attention}"
+    )
+    print(
+        f"flops: {flops_per_sample / 1e9:.2f} GFLOP per sample (forward + backward, FlopCounterMode); "
+        f"peak {peak / 1e12:.3g} TFLOP/s ({peak_what}, measured)"
+    )
     share = ""
     if cfg.stage == 1:
+
         @torch.no_grad()
         def stage0_forward(i: int) -> None:  # noqa: ARG001
             with autocast if device.type == "cuda" else contextlib.nullcontext():
@@ -203,9 +227,11 @@ def main() -> None:
     if args.e2e:
         e2e_rate = e2e(args, overrides, stage0, batch)
         end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
-    print(f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={cfg.train.compile} "
-          f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
-          f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}")
+    print(
+        f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={cfg.train.compile} "
+        f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
+        f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}"
+    )
 
 
 if __name__ == "__main__":

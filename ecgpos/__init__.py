@@ -1,4 +1,5 @@
 """ecgpos: ECG self-supervised pretraining with nested manifold carving."""
+
 from __future__ import annotations
 
 from typing import Any

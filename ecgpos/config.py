@@ -1,4 +1,5 @@
 """YAML configs mapped onto dataclasses: unknown keys and wrong types are errors, `--set a.b=v` overrides."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -85,8 +86,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
-        raise ConfigError(f"unknown config key(s): {', '.join(prefix + k for k in unknown)} "
-                          f"(known: {', '.join(sorted(fields))})")
+        raise ConfigError(
+            f"unknown config key(s): {', '.join(prefix + k for k in unknown)} (known: {', '.join(sorted(fields))})"
+        )
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
     try:
@@ -97,12 +99,14 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
 
 def to_dict(obj: Any) -> dict[str, Any]:
     """Plain-YAML-safe dict of a dataclass (tuples become lists)."""
+
     def plain(v: Any) -> Any:
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         if isinstance(v, dict):
             return {k: plain(x) for k, x in v.items()}
         return v
+
     return plain(dataclasses.asdict(obj))
 
 

@@ -5,6 +5,7 @@ index.csv, run_info.json, checkpoints' trainer state, metrics.jsonl rewrites, fi
 caches) goes through `atomic_path`: written under a process-unique temporary name beside the target,
 then renamed over it, which POSIX makes atomic within a file system.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ The top-level `configs/` folder is installed as the data-only package `ecgpos.co
 shipped config is found by name (`--config stage0`, `--config tiny/stage1`) from a checkout, an
 editable install and a wheel alike.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,8 +45,7 @@ def config_path(name_or_path: str | Path) -> Path:
     shipped = config_dir() / f"{name}.yaml"
     if not path.is_absolute() and shipped.is_file():
         return shipped
-    raise ConfigError(f"config {name_or_path} is neither a file nor a shipped config "
-                      f"({', '.join(shipped_configs())})")
+    raise ConfigError(f"config {name_or_path} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
 
 
 def sample_data_root() -> Path:

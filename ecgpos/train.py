@@ -1,4 +1,5 @@
 """`python -m ecgpos.train`: the older spelling of `python -m ecgpos.pretrain`, kept for existing job scripts."""
+
 import sys
 
 from ecgpos.cli import run_command

@@ -5,6 +5,7 @@ chunk k is always shard k, whichever process or worker computes it, and `--part 
 takes the chunks with k % N == I. Each record is processed independently in one thread, so the
 bytes written do not depend on --workers or --part (tests compare them).
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -51,17 +52,24 @@ class BuildRequest:
 
     def settings(self) -> dict:
         """What must be equal for two runs to share an output folder (not workers/parts)."""
-        return {"source": self.dataset, "subset": self.subset, "spec": self.spec.to_dict(),
-                "records_per_shard": self.records_per_shard, "pad_short": self.pad_short,
-                "max_dead_leads": self.max_dead_leads, "dead_lead_ptp_mv": DEAD_LEAD_PTP_MV}
+        return {
+            "source": self.dataset,
+            "subset": self.subset,
+            "spec": self.spec.to_dict(),
+            "records_per_shard": self.records_per_shard,
+            "pad_short": self.pad_short,
+            "max_dead_leads": self.max_dead_leads,
+            "dead_lead_ptp_mv": DEAD_LEAD_PTP_MV,
+        }
 
     def sources(self) -> dict:
         """Where the records came from (preprocess.json `sources`): a finished set answers only the same."""
         return {"dataset": self.dataset, "src": str(self.src)}
 
     def policy(self) -> RecordPolicy:
-        return RecordPolicy(expected_fs=SOURCES[self.dataset].FS, pad_short=self.pad_short,
-                            max_dead_leads=self.max_dead_leads)
+        return RecordPolicy(
+            expected_fs=SOURCES[self.dataset].FS, pad_short=self.pad_short, max_dead_leads=self.max_dead_leads
+        )
 
 
 @dataclass
@@ -112,14 +120,17 @@ def _process_batch(refs: list[RecordRef]) -> list[tuple]:
             except Exception as err:
                 prepared.append(err)
     for (i, _, meta), p in zip(valid, prepared):
-        out[i] = _skip(refs[i], p) if isinstance(p, Exception) else \
-            ("ok", refs[i], p.signal.astype(spec.dtype), p.dead, meta)
+        out[i] = (
+            _skip(refs[i], p)
+            if isinstance(p, Exception)
+            else ("ok", refs[i], p.signal.astype(spec.dtype), p.dead, meta)
+        )
     return out
 
 
 def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
     args = (req.dataset, str(req.src), req.spec, req.policy())
-    batches = [refs[i:i + BATCH] for i in range(0, len(refs), BATCH)]
+    batches = [refs[i : i + BATCH] for i in range(0, len(refs), BATCH)]
     if req.workers <= 1:
         _init_worker(*args)
         for batch in batches:
@@ -133,6 +144,7 @@ def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
 
 
 # --- progress ---------------------------------------------------------------------------------
+
 
 class Progress:
     """A tqdm bar on a terminal; otherwise one plain line per finished shard."""
@@ -153,8 +165,12 @@ class Progress:
     def chunk_done(self, chunk: int, stored: int, skipped: int) -> None:
         if self.bar is None:
             rate = self.done / max(time.monotonic() - self.start, 1e-9)
-            print(f"ecgpos preprocess: chunk {chunk}: stored {stored}, skipped {skipped} "
-                  f"({self.done}/{self.total} records, {rate:.0f} rec/s)", file=self.stream, flush=True)
+            print(
+                f"ecgpos preprocess: chunk {chunk}: stored {stored}, skipped {skipped} "
+                f"({self.done}/{self.total} records, {rate:.0f} rec/s)",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -163,6 +179,7 @@ class Progress:
 
 # --- the run ----------------------------------------------------------------------------------
 
+
 def _counted(items: Iterable[tuple], progress: Progress) -> Iterator[tuple]:
     for item in items:
         progress.update()
@@ -170,11 +187,12 @@ def _counted(items: Iterable[tuple], progress: Progress) -> Iterator[tuple]:
 
 
 def _chunks(refs: list[RecordRef], size: int) -> list[list[RecordRef]]:
-    return [refs[i:i + size] for i in range(0, len(refs), size)]
+    return [refs[i : i + size] for i in range(0, len(refs), size)]
 
 
-def _write_chunk(req: BuildRequest, chunk: int, results: Iterable[tuple],
-                 index_columns: tuple[str, ...]) -> tuple[int, int]:
+def _write_chunk(
+    req: BuildRequest, chunk: int, results: Iterable[tuple], index_columns: tuple[str, ...]
+) -> tuple[int, int]:
     """Write chunk `chunk`'s shard (if any record was stored), then its sidecar; returns (stored, skipped)."""
     signals, ids, index_rows, skipped_rows, found = [], [], [], [], 0
     name = shard_name(chunk)
@@ -186,24 +204,40 @@ def _write_chunk(req: BuildRequest, chunk: int, results: Iterable[tuple],
         found += 1
         if result[0] == "ok":
             _, ref, signal, dead, meta = result
-            index_rows.append({"shard": name, "row": len(signals), "source": req.dataset,
-                               "record_id": ref.record_id, "patient_id": meta.get("patient_id", ""),
-                               "age": meta.get("age", ""), "sex": meta.get("sex", ""),
-                               "length": int(signal.shape[-1]), "dead_leads": " ".join(dead),
-                               "fingerprint": fingerprint(signal, req.spec.fs, req.spec.window, req.spec.dtype),
-                               **{c: meta.get(c, "") for c in index_columns}})
+            index_rows.append(
+                {
+                    "shard": name,
+                    "row": len(signals),
+                    "source": req.dataset,
+                    "record_id": ref.record_id,
+                    "patient_id": meta.get("patient_id", ""),
+                    "age": meta.get("age", ""),
+                    "sex": meta.get("sex", ""),
+                    "length": int(signal.shape[-1]),
+                    "dead_leads": " ".join(dead),
+                    "fingerprint": fingerprint(signal, req.spec.fs, req.spec.window, req.spec.dtype),
+                    **{c: meta.get(c, "") for c in index_columns},
+                }
+            )
             signals.append(signal)
             ids.append(ref.record_id)
         else:
             _, ref, reason, detail = result
-            skipped_rows.append({"source": req.dataset, "record_id": ref.record_id, "reason": reason,
-                                 "detail": detail})
+            skipped_rows.append({"source": req.dataset, "record_id": ref.record_id, "reason": reason, "detail": detail})
     if signals:
         write_shard(req.out / name, signals, ids, req.spec, attrs={"source": req.dataset, "chunk": chunk})
     # The sidecar comes last: its presence marks the chunk (and its shard) as complete.
-    manifest.write_json(sidecar, {
-        "chunk": chunk, "shard": name if signals else None, "found": found,
-        "index": index_rows, "skipped": skipped_rows}, compact=True)
+    manifest.write_json(
+        sidecar,
+        {
+            "chunk": chunk,
+            "shard": name if signals else None,
+            "found": found,
+            "index": index_rows,
+            "skipped": skipped_rows,
+        },
+        compact=True,
+    )
     return len(index_rows), len(skipped_rows)
 
 
@@ -247,21 +281,34 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         raise EcgposError(f"--src {req.src} is not a folder")
     refs, notes = source.find_records(req.src, req.subset)
     if not refs:
-        hint = f" ({notes['outside_subset']} records outside subset {req.subset!r}: try --subset all)" \
-            if notes.get("outside_subset") else ""
+        hint = (
+            f" ({notes['outside_subset']} records outside subset {req.subset!r}: try --subset all)"
+            if notes.get("outside_subset")
+            else ""
+        )
         raise EcgposError(f"no {req.dataset} records found under {req.src}{hint}")
     chunks = _chunks(refs, req.records_per_shard)
     check_output_folder(req.out)
     plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes, req.sources())
     if notes.get("not_a_record"):
-        print(f"ecgpos preprocess: {notes['not_a_record']} .hea/.mat files under {req.src} are not {req.dataset} "
-              "records (name not JSnnnnn): not counted as found (preprocess.json counts.not_a_record)",
-              file=stream, flush=True)
-    todo = [k for k in range(len(chunks)) if k % req.num_parts == req.part
-            and not manifest.sidecar_path(req.out, k).exists()]
+        print(
+            f"ecgpos preprocess: {notes['not_a_record']} .hea/.mat files under {req.src} are not {req.dataset} "
+            "records (name not JSnnnnn): not counted as found (preprocess.json counts.not_a_record)",
+            file=stream,
+            flush=True,
+        )
+    todo = [
+        k
+        for k in range(len(chunks))
+        if k % req.num_parts == req.part and not manifest.sidecar_path(req.out, k).exists()
+    ]
     progress = Progress(sum(len(chunks[k]) for k in todo), stream)
-    print(f"ecgpos preprocess: found {len(refs)} records in {len(chunks)} chunks; part {req.part}/{req.num_parts} "
-          f"has {len(todo)} chunks to do", file=stream, flush=True)
+    print(
+        f"ecgpos preprocess: found {len(refs)} records in {len(chunks)} chunks; part {req.part}/{req.num_parts} "
+        f"has {len(todo)} chunks to do",
+        file=stream,
+        flush=True,
+    )
     stored = skipped = 0
     results = _results(req, [ref for k in todo for ref in chunks[k]])
     try:
@@ -274,12 +321,17 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         progress.close()
     if manifest.missing_chunks(req.out, len(chunks)):
         pending = len(manifest.missing_chunks(req.out, len(chunks)))
-        return Summary(stored, skipped, stored + skipped, False,
-                       f" in part {req.part}/{req.num_parts} ({len(todo)} chunks); "
-                       f"{pending} chunks of other parts pending")
+        return Summary(
+            stored,
+            skipped,
+            stored + skipped,
+            False,
+            f" in part {req.part}/{req.num_parts} ({len(todo)} chunks); {pending} chunks of other parts pending",
+        )
     counts = manifest.merge(req.out, plan, source.INDEX_COLUMNS)
-    return Summary(counts["stored"], counts["skipped"], counts["found"], True,
-                   f" ({counts['shards']} shards in {req.out})")
+    return Summary(
+        counts["stored"], counts["skipped"], counts["found"], True, f" ({counts['shards']} shards in {req.out})"
+    )
 
 
 def check(out: Path) -> Summary:
@@ -299,5 +351,6 @@ def check(out: Path) -> Summary:
         check_shard_contents(path)
     if not done:  # a finished set is only read
         manifest.merge(out, plan, source.INDEX_COLUMNS, write=True)
-    return Summary(counts["stored"], counts["skipped"], counts["found"], True,
-                   f" ({counts['shards']} shards in {out}; complete)")
+    return Summary(
+        counts["stored"], counts["skipped"], counts["found"], True, f" ({counts['shards']} shards in {out}; complete)"
+    )

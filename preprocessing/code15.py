@@ -6,6 +6,7 @@ filtering never sees the padding. The last row of every part is exam_id 0 with a
 a padding row, not an exam, so it is not counted as found (preprocess.json reports how many).
 Records are ordered by (part number, row): each shard then reads one part sequentially.
 """
+
 from __future__ import annotations
 
 import re
@@ -86,8 +87,11 @@ def _table(src: Path) -> pd.DataFrame:
 
 def _row_meta(row: pd.Series) -> dict[str, str]:
     """index.csv fields of one exams.csv row: patient_id, age, sex (M/F), the labels as 0/1."""
-    meta = {"patient_id": _text(row.get("patient_id")), "age": _text(row.get("age")),
-            "sex": {"1": "M", "0": "F"}.get(_bool01(row.get("is_male")), "")}
+    meta = {
+        "patient_id": _text(row.get("patient_id")),
+        "age": _text(row.get("age")),
+        "sex": {"1": "M", "0": "F"}.get(_bool01(row.get("is_male")), ""),
+    }
     meta.update({name: _bool01(row.get(name)) for name in INDEX_COLUMNS})
     return meta
 
@@ -113,8 +117,9 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
         except Exception as err:  # h5py raises OSError/KeyError/ValueError for damaged files
             detail = f"{path.name}: {type(err).__name__}: {err}".splitlines()[0]
             listed = sorted(int(eid) for eid in trace_file.index[trace_file == path.name])
-            refs += [RecordRef(str(eid), path.name, problem=("unreadable_part", detail))
-                     for eid in listed] or [RecordRef(path.name, path.name, problem=("unreadable_part", detail))]
+            refs += [RecordRef(str(eid), path.name, problem=("unreadable_part", detail)) for eid in listed] or [
+                RecordRef(path.name, path.name, problem=("unreadable_part", detail))
+            ]
             continue
         for row, exam_id in enumerate(exam_ids.tolist()):
             if exam_id == 0:

@@ -4,6 +4,7 @@ Bucket folders hold 100 existing records and ids have gaps, so folders cannot be
 ids: the tree under --src is walked. JS00001..JS10646 are Chapman-Shaoxing, JS10647..JS45551
 Ningbo (the paper's pretraining pool). 500 Hz, 10 s, 12 leads, `#Age/#Sex/#Dx` header comments.
 """
+
 from __future__ import annotations
 
 import os
@@ -72,8 +73,12 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
     if raw is None:  # a header outside the fast path: let wfdb read it
         raw = read_wfdb_record(base)
     fields = raw.header_fields()
-    meta = {"patient_id": "", "age": _age(fields.get("Age", "")), "sex": _sex(fields.get("Sex", "")),
-            "dx": fields.get("Dx", "")}
+    meta = {
+        "patient_id": "",
+        "age": _age(fields.get("Age", "")),
+        "sex": _sex(fields.get("Sex", "")),
+        "dx": fields.get("Dx", ""),
+    }
     return LoadedRecord(signal=raw.signal, fs=raw.fs, leads=raw.leads, meta=meta)
 
 

@@ -7,6 +7,7 @@ chunks, and any process that finds every sidecar present merges them into index.
 and, last, preprocess.json (whose presence means "finished"). The plan (`chunks/plan.json`) pins
 the settings and the record list, so runs with other settings cannot mix into the same folder.
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,8 +28,7 @@ from preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1
 # fingerprint: ecgpos.fingerprint of the stored window (what the probes' pretraining-leakage guard compares)
-INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads",
-              "fingerprint")
+INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads", "fingerprint")
 SKIPPED_COLUMNS = ("source", "record_id", "reason", "detail")
 
 
@@ -69,8 +69,10 @@ def check_settings(found: dict, wanted: dict, out: Path) -> None:
     """Refuse to resume or reuse a folder written with other settings."""
     diffs = [f"{k}: {found.get(k)!r} != {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
     if diffs:
-        raise ConfigError(f"{out} holds a preprocessing run with other settings ({'; '.join(diffs)}); "
-                          "use a new --out or the same options")
+        raise ConfigError(
+            f"{out} holds a preprocessing run with other settings ({'; '.join(diffs)}); "
+            "use a new --out or the same options"
+        )
 
 
 def check_sources(found: dict | None, wanted: dict, out: Path) -> None:
@@ -79,15 +81,23 @@ def check_sources(found: dict | None, wanted: dict, out: Path) -> None:
         return
     diffs = [f"{k}: {found.get(k)!r} != {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
     if diffs:
-        raise ConfigError(f"{out} holds a preprocessing run of other sources ({'; '.join(diffs)}); "
-                          "use a new --out or the same --src")
+        raise ConfigError(
+            f"{out} holds a preprocessing run of other sources ({'; '.join(diffs)}); use a new --out or the same --src"
+        )
 
 
-def write_or_check_plan(out: Path, settings: dict, refs: Sequence[RecordRef], num_chunks: int,
-                        notes: dict, sources: dict | None = None) -> dict:
+def write_or_check_plan(
+    out: Path, settings: dict, refs: Sequence[RecordRef], num_chunks: int, notes: dict, sources: dict | None = None
+) -> dict:
     """Create chunks/plan.json, or check that an existing one describes the same run."""
-    plan = {"settings": settings, "found": len(refs), "num_chunks": num_chunks,
-            "records_sha256": records_digest(refs), "notes": notes, "sources": sources}
+    plan = {
+        "settings": settings,
+        "found": len(refs),
+        "num_chunks": num_chunks,
+        "records_sha256": records_digest(refs),
+        "notes": notes,
+        "sources": sources,
+    }
     path = chunk_dir(out) / "plan.json"
     if path.exists():
         old = read_json(path)
@@ -95,8 +105,10 @@ def write_or_check_plan(out: Path, settings: dict, refs: Sequence[RecordRef], nu
         if sources is not None:
             check_sources(old.get("sources"), sources, out)
         if old.get("records_sha256") != plan["records_sha256"]:
-            raise ConfigError(f"{out} was started on a different set of input records "
-                              f"({old.get('found')} then, {len(refs)} now); use a new --out")
+            raise ConfigError(
+                f"{out} was started on a different set of input records "
+                f"({old.get('found')} then, {len(refs)} now); use a new --out"
+            )
         return old
     chunk_dir(out).mkdir(parents=True, exist_ok=True)
     write_json(path, plan)
@@ -131,8 +143,10 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
     missing = missing_chunks(out, plan["num_chunks"])
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-        raise EcgposError(f"{len(missing)} of {plan['num_chunks']} chunks not done yet (chunk {shown}); "
-                          "rerun the command (or the --part that owns them: part = chunk % num-parts)")
+        raise EcgposError(
+            f"{len(missing)} of {plan['num_chunks']} chunks not done yet (chunk {shown}); "
+            "rerun the command (or the --part that owns them: part = chunk % num-parts)"
+        )
     index_rows, skipped_rows, shards = [], [], []
     for k in range(plan["num_chunks"]):
         side = read_json(sidecar_path(out, k))
@@ -144,18 +158,25 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
                 with h5py.File(shard, "r") as f:
                     ids = list(f["record_id"].asstr()[:])
             except (OSError, KeyError) as err:
-                raise EcgposError(f"{shard.name}: unreadable ({err}); "
-                                  f"delete {sidecar_path(out, k).name} and rerun") from None
+                raise EcgposError(
+                    f"{shard.name}: unreadable ({err}); delete {sidecar_path(out, k).name} and rerun"
+                ) from None
             if ids != [row["record_id"] for row in side["index"]]:
-                raise EcgposError(f"{shard.name} does not hold the records its sidecar lists; "
-                                  f"delete {sidecar_path(out, k).name} and rerun")
+                raise EcgposError(
+                    f"{shard.name} does not hold the records its sidecar lists; "
+                    f"delete {sidecar_path(out, k).name} and rerun"
+                )
             shards.append(shard.name)
         index_rows += side["index"]
         skipped_rows += side["skipped"]
-    counts = {"found": len(index_rows) + len(skipped_rows), "stored": len(index_rows),
-              "skipped": len(skipped_rows), "shards": len(shards),
-              "skipped_by_reason": dict(sorted(Counter(r["reason"] for r in skipped_rows).items())),
-              **plan.get("notes", {})}
+    counts = {
+        "found": len(index_rows) + len(skipped_rows),
+        "stored": len(index_rows),
+        "skipped": len(skipped_rows),
+        "shards": len(shards),
+        "skipped_by_reason": dict(sorted(Counter(r["reason"] for r in skipped_rows).items())),
+        **plan.get("notes", {}),
+    }
     if counts["found"] != plan["found"]:
         raise EcgposError(f"chunks account for {counts['found']} records, the plan found {plan['found']}")
     if not write:
@@ -163,8 +184,17 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
     atomic_write_bytes(out / "index.csv", _csv_bytes((*INDEX_BASE, *index_columns), index_rows))
     atomic_write_bytes(out / "skipped.csv", _csv_bytes(SKIPPED_COLUMNS, skipped_rows))
     settings = plan["settings"]
-    write_json(out / "preprocess.json", {"version": __version__, "format": FORMAT_VERSION,
-                                         "source": settings["source"], "spec": settings["spec"],
-                                         "settings": settings, "sources": plan.get("sources"),
-                                         "counts": counts, "shards": shards})
+    write_json(
+        out / "preprocess.json",
+        {
+            "version": __version__,
+            "format": FORMAT_VERSION,
+            "source": settings["source"],
+            "spec": settings["spec"],
+            "settings": settings,
+            "sources": plan.get("sources"),
+            "counts": counts,
+            "shards": shards,
+        },
+    )
     return counts

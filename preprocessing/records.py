@@ -9,6 +9,7 @@ unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, dup
 unknown_lead, units, sampling_rate, unexpected_fs, empty, non_finite, all_zero, flat, dead_leads,
 too_short, missing_metadata, unreadable_part, duplicate_record (and `shape` for arrays given to `embed`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -74,14 +75,18 @@ def prepare_many(records: list[Validated], spec: PreprocessSpec) -> list[Prepare
     while start < len(records):
         first = records[start]
         stop = start + 1
-        while (stop < len(records) and records[stop].fs == first.fs
-               and records[stop].signal.shape == first.signal.shape):
+        while stop < len(records) and records[stop].fs == first.fs and records[stop].signal.shape == first.signal.shape:
             stop += 1
         run = records[start:stop]
         x = np.stack([r.signal for r in run]) if len(run) > 1 else run[0].signal[None]
         y = preprocess_batch(x, first.fs, spec, np.stack([r.dead for r in run]))
         for r, signal in zip(run, y):
-            out.append(Prepared(signal=signal, length=int(signal.shape[-1]),
-                                dead=[CANONICAL_LEADS[i] for i in np.flatnonzero(r.dead)]))
+            out.append(
+                Prepared(
+                    signal=signal,
+                    length=int(signal.shape[-1]),
+                    dead=[CANONICAL_LEADS[i] for i in np.flatnonzero(r.dead)],
+                )
+            )
         start = stop
     return out

@@ -13,6 +13,7 @@ distinct score, the drawn negatives below it (a cumulative sum) plus half the ti
 per class and a few (B, N) array passes give all B resamples at once; `macro_auroc_reference` is
 the plain per-resample scikit-learn loop that tests compare against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,9 @@ def _draw(groups: list[np.ndarray], n: int, count: int, rng: np.random.Generator
     return out
 
 
-def stratified_indices(labels: np.ndarray, n_boot: int, seed: int = SEED, min_stratum: int = MIN_STRATUM,
-                       max_redraws: int = 100) -> np.ndarray:
+def stratified_indices(
+    labels: np.ndarray, n_boot: int, seed: int = SEED, min_stratum: int = MIN_STRATUM, max_redraws: int = 100
+) -> np.ndarray:
     """(n_boot, N) row indices, stratified by label pattern (rare patterns pooled); a resample that
     leaves a scorable class without positives or negatives is drawn again."""
     labels = np.asarray(labels).reshape(len(labels), -1)
@@ -55,7 +57,7 @@ def stratified_indices(labels: np.ndarray, n_boot: int, seed: int = SEED, min_st
     scorable = (positives > 0) & (positives < len(labels))
     out = _draw(groups, len(labels), n_boot, rng)
     for _ in range(max_redraws):
-        drawn = labels[out][:, :, scorable].sum(axis=1)                 # (B, scorable classes)
+        drawn = labels[out][:, :, scorable].sum(axis=1)  # (B, scorable classes)
         bad = np.flatnonzero(((drawn == 0) | (drawn == len(labels))).any(axis=1))
         if not len(bad):
             break
@@ -80,8 +82,8 @@ def _auroc_weighted(score: np.ndarray, positive: np.ndarray, weights: np.ndarray
         return _auroc_weighted_ties(s, pos_sorted, weights[order])
     # no positive ties a negative: U = sum over positives of (weight x drawn negatives below it)
     pos_at = np.flatnonzero(pos_sorted)
-    neg_w = weights[order[~pos_sorted]]                      # (Q, B), ascending score
-    rank = pos_at - np.arange(len(pos_at))                   # negatives ranked below each positive
+    neg_w = weights[order[~pos_sorted]]  # (Q, B), ascending score
+    rank = pos_at - np.arange(len(pos_at))  # negatives ranked below each positive
     # drawn negatives below each positive: segment sums between consecutive positives, then a running
     # sum over the positives (row by row: numpy's cumsum along axis 0 is several times slower)
     edges, first = np.unique(rank, return_index=True)
@@ -95,8 +97,8 @@ def _auroc_weighted(score: np.ndarray, positive: np.ndarray, weights: np.ndarray
             total += segments[k]
             k += 1
         running[g] = total
-    below = running[np.searchsorted(edges, rank)]            # (P, B)
-    pos_w = weights[order[pos_at]]                           # (P, B)
+    below = running[np.searchsorted(edges, rank)]  # (P, B)
+    pos_w = weights[order[pos_at]]  # (P, B)
     u = (pos_w * below).sum(axis=0)
     negatives = neg_w.sum(axis=0, dtype=np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -107,7 +109,7 @@ def _auroc_weighted_ties(s: np.ndarray, pos_sorted: np.ndarray, w: np.ndarray) -
     """The general case (ties between positives and negatives count one half), inputs sorted by score."""
     starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])  # first position of each distinct score
     w = w.astype(np.float64)
-    pos = np.add.reduceat(w * pos_sorted[:, None], starts, axis=0)   # (G, B) drawn positives per score
+    pos = np.add.reduceat(w * pos_sorted[:, None], starts, axis=0)  # (G, B) drawn positives per score
     neg = np.add.reduceat(w * ~pos_sorted[:, None], starts, axis=0)  # (G, B) drawn negatives per score
     below = np.cumsum(neg, axis=0) - neg
     u = (pos * (below + 0.5 * neg)).sum(axis=0)
@@ -167,16 +169,21 @@ class Intervals:
     resamples: np.ndarray  # (S, B) macro-AUROC of every seed and resample
 
 
-def seed_intervals(scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED,
-                   level: float = LEVEL) -> Intervals:
+def seed_intervals(
+    scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED, level: float = LEVEL
+) -> Intervals:
     """Intervals of scores (S, N, C) against labels (N, C): per seed, and of each resample's seed mean."""
     resamples = macro_auroc_resamples(scores, labels, stratified_indices(labels, n_boot, seed))
-    return Intervals([percentile_interval(r, level) for r in resamples],
-                     percentile_interval(resamples.mean(axis=0), level), resamples)
+    return Intervals(
+        [percentile_interval(r, level) for r in resamples],
+        percentile_interval(resamples.mean(axis=0), level),
+        resamples,
+    )
 
 
-def paired_difference(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n_boot: int,
-                      seed: int = SEED, level: float = LEVEL) -> tuple[float, float, float]:
+def paired_difference(
+    scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED, level: float = LEVEL
+) -> tuple[float, float, float]:
     """(difference, low, high) of seed-mean macro-AUROC, A minus B, on the same resamples for both.
 
     scores_a (Sa, N, C), scores_b (Sb, N, C) on the same test records in the same order.
@@ -184,6 +191,8 @@ def paired_difference(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.nda
     indices = stratified_indices(labels, n_boot, seed)
     a = macro_auroc_resamples(scores_a, labels, indices).mean(axis=0)
     b = macro_auroc_resamples(scores_b, labels, indices).mean(axis=0)
-    point = float(macro_auroc_resamples(scores_a, labels, np.arange(len(labels))[None]).mean()
-                  - macro_auroc_resamples(scores_b, labels, np.arange(len(labels))[None]).mean())
+    point = float(
+        macro_auroc_resamples(scores_a, labels, np.arange(len(labels))[None]).mean()
+        - macro_auroc_resamples(scores_b, labels, np.arange(len(labels))[None]).mean()
+    )
     return (point, *percentile_interval(a - b, level))

@@ -1,4 +1,5 @@
 """`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."""
+
 from __future__ import annotations
 
 import argparse
@@ -69,11 +70,15 @@ difference to them."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ecgpos probe", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ecgpos probe", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--encoder", help="run folder, export folder or random:<config.yaml>")
-    p.add_argument("--task", default="all", help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, "
-                   "all, custom:<dir>, or a comma-separated list")
+    p.add_argument(
+        "--task",
+        default="all",
+        help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, all, custom:<dir>, or a comma-separated list",
+    )
     p.add_argument("--data-root", type=Path, help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
     p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
@@ -81,27 +86,50 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
     p.add_argument("--out", type=Path, help="output folder")
     p.add_argument("--cache-dir", type=Path, help="feature cache folder")
-    p.add_argument("--random-baseline", action="store_true",
-                   help="also probe a random-init encoder of the same architecture")
-    p.add_argument("--raw-baseline", action="store_true",
-                   help="also probe raw-signal features (preprocessed, downsampled, flattened)")
+    p.add_argument(
+        "--random-baseline", action="store_true", help="also probe a random-init encoder of the same architecture"
+    )
+    p.add_argument(
+        "--raw-baseline",
+        action="store_true",
+        help="also probe raw-signal features (preprocessed, downsampled, flattened)",
+    )
     p.add_argument("--require-complete", action="store_true", help="error if any split record is missing")
     p.add_argument("--records100", action="store_true", help="PTB-XL at 100 Hz (records100/) instead of records500/")
     p.add_argument("--workers", type=int, help="probe training processes (default 2)")
     p.add_argument("--name", help="row label of the encoder in the tables")
     p.add_argument("--device", help="feature extraction device (default auto: cuda when available)")
     p.add_argument("--config", type=Path, help="YAML with ProbeConfig keys")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10",
+    )
     p.add_argument("--compare", nargs="+", type=Path, metavar="DIR", help="merge result folders instead of probing")
-    p.add_argument("--bootstrap", type=int, default=DEFAULT_RESAMPLES, metavar="N",
-                   help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off)")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_RESAMPLES,
+        metavar="N",
+        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off)",
+    )
     p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
     p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
-    p.add_argument("--pretraining-index", nargs="+", type=Path, metavar="SHARDS",
-                   help="shard folders the encoder was pretrained on (default: those its run or export records)")
-    p.add_argument("--exclude-overlap", action="store_true",
-                   help="drop probe records that match pretraining records from every split")
+    p.add_argument(
+        "--pretraining-index",
+        nargs="+",
+        type=Path,
+        metavar="SHARDS",
+        help="shard folders the encoder was pretrained on (default: those its run or export records)",
+    )
+    p.add_argument(
+        "--exclude-overlap",
+        action="store_true",
+        help="drop probe records that match pretraining records from every split",
+    )
     return p
 
 
@@ -168,9 +196,11 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     guarded = [t.name for t in tasks if t.name in GUARDED_TASKS]
     if not folders:
         if guarded and not args.encoder.startswith("random:"):
-            raise EcgposError(f"--task {guarded[0]} draws its records from ecg-arrhythmia, which the encoder may "
-                              "have been pretrained on: give --pretraining-index SHARDS (the encoder records no "
-                              "pretraining shards)")
+            raise EcgposError(
+                f"--task {guarded[0]} draws its records from ecg-arrhythmia, which the encoder may "
+                "have been pretrained on: give --pretraining-index SHARDS (the encoder records no "
+                "pretraining shards)"
+            )
         if args.exclude_overlap:
             raise EcgposError("--exclude-overlap needs --pretraining-index (the encoder records no pretraining shards)")
         return [], ""
@@ -179,8 +209,14 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     for task in tasks:
         column = record_column(task, cfg)
         splits = {s: read_split(task, args.splits, s, column).records for s in SPLITS}
-        overlap = task_overlap(task.name, splits, task_locator(task, args.data_root or Path(".")), index, cache_dir,
-                               dataset_key(task, args.data_root or Path("."), cfg))
+        overlap = task_overlap(
+            task.name,
+            splits,
+            task_locator(task, args.data_root or Path(".")),
+            index,
+            cache_dir,
+            dataset_key(task, args.data_root or Path("."), cfg),
+        )
         overlaps.append(overlap)
         print(f"leakage guard: {overlap.line(args.exclude_overlap)}")
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
@@ -214,8 +250,10 @@ def main(argv: list[str]) -> int:
             if args.require_complete:
                 missing = missing_records(task, table, args.data_root or Path("."))
                 if missing:
-                    raise EcgposError(missing_report(task.name, split, missing, len(table.records))
-                                      .replace(", excluded", "") + " (--require-complete)")
+                    raise EcgposError(
+                        missing_report(task.name, split, missing, len(table.records)).replace(", excluded", "")
+                        + " (--require-complete)"
+                    )
 
     enc = load_probe_encoder(args.encoder)
     label = args.name or enc.label
@@ -237,10 +275,22 @@ def main(argv: list[str]) -> int:
     for source in sources:
         print(f"features: {source.name}")
         for task in tasks:
-            data, stats = prepare_task(task, source, args.data_root or Path("."), args.splits, cache_dir, cfg,
-                                       args.require_complete, log=log, exclude=exclude.get(task.name, frozenset()))
-            extraction[f"{source.name} / {task.name}"] = {"extracted": stats.extracted, "cached": stats.cached,
-                                                           "failed": stats.failed}
+            data, stats = prepare_task(
+                task,
+                source,
+                args.data_root or Path("."),
+                args.splits,
+                cache_dir,
+                cfg,
+                args.require_complete,
+                log=log,
+                exclude=exclude.get(task.name, frozenset()),
+            )
+            extraction[f"{source.name} / {task.name}"] = {
+                "extracted": stats.extracted,
+                "cached": stats.cached,
+                "failed": stats.failed,
+            }
             tests[task.name] = (data.keys.get("test", []), data.y["test"])
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
@@ -256,14 +306,26 @@ def main(argv: list[str]) -> int:
         write_overlap(overlaps, args.out)
     sections = [guard_section] if guard_section else []
     sections += _reference_section(args, frame)
-    text = write_outputs(frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")],
-                         sections=sections)
-    info = {"encoder": args.encoder, "label": label, "source": enc.source, "spec": enc.spec.to_dict(),
-            "tasks": names, "config": to_dict(cfg), "cache_dir": str(cache_dir), "extraction": extraction,
-            "bootstrap": args.bootstrap,
-            "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
-            "seconds": {"total": round(time.time() - started, 2), "training": round(t_boot - t_train, 2),
-                        "bootstrap": round(boot_seconds, 2)}}
+    text = write_outputs(
+        frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")], sections=sections
+    )
+    info = {
+        "encoder": args.encoder,
+        "label": label,
+        "source": enc.source,
+        "spec": enc.spec.to_dict(),
+        "tasks": names,
+        "config": to_dict(cfg),
+        "cache_dir": str(cache_dir),
+        "extraction": extraction,
+        "bootstrap": args.bootstrap,
+        "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
+        "seconds": {
+            "total": round(time.time() - started, 2),
+            "training": round(t_boot - t_train, 2),
+            "bootstrap": round(boot_seconds, 2),
+        },
+    }
     (args.out / "probe.json").write_text(json.dumps(info, indent=2, default=str))
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)

@@ -10,6 +10,7 @@ Layouts under --data-root:
   in #Dx) and the final CinC WFDB form (SNOMED codes in #Dx). A record held in several forms is
   read from the original one (float64 source values, the other two are rounded to 1 uV).
 """
+
 from __future__ import annotations
 
 import os
@@ -61,12 +62,20 @@ def read_cpsc_original(path: Path) -> RawRecord:
         data = np.asarray(ecg.data, dtype=np.float64)
         sex, age = str(ecg.sex), str(ecg.age)
     except Exception as err:  # scipy raises several types for truncated or foreign .mat files
-        raise SignalError("unreadable", f"{path.stem}: not a CPSC2018 ECG struct ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        raise SignalError(
+            "unreadable",
+            f"{path.stem}: not a CPSC2018 ECG struct ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})",
+        ) from None
     if data.ndim != 2 or data.shape[0] != len(CANONICAL_LEADS):
         raise SignalError("unreadable", f"{path.stem}: ECG.data has shape {data.shape}, expected (12, N)")
-    return RawRecord(record_id=path.stem, signal=data.astype(np.float32), fs=CPSC_FS, leads=list(CANONICAL_LEADS),
-                     comments=[f"Age: {age}", f"Sex: {sex}"])
+    return RawRecord(
+        record_id=path.stem,
+        signal=data.astype(np.float32),
+        fs=CPSC_FS,
+        leads=list(CANONICAL_LEADS),
+        comments=[f"Age: {age}", f"Sex: {sex}"],
+    )
 
 
 @dataclass

@@ -1,4 +1,5 @@
 """The encoder under probe: resolved through ecgpos.inference.resolve, plus a random-init twin for the baseline."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -7,6 +7,7 @@ dataset name and data root, settings = the preprocessing spec and the window cou
 are stored per record key (the split CSV's record column), so the four PTB-XL tasks and their
 three splits share one extraction and a second run with the same encoder extracts nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,9 @@ class FeatureSource:
     embed: Callable[[list[np.ndarray], int], np.ndarray]  # preprocessed (12, T) records, windows -> (n, D)
 
 
-def encoder_source(module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64,
-                   device: str = "cpu") -> FeatureSource:
+def encoder_source(
+    module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64, device: str = "cpu"
+) -> FeatureSource:
     """Features = mean of `forward_features` over each record's windows (ecgpos.models.features)."""
     key = {"encoder": weights_hash(module)}  # hashed on CPU before moving: the same key on any device
     module.eval().to(device)
@@ -90,8 +92,13 @@ class FeatureStats:
 
 
 def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: int) -> Path:
-    key = {"version": CACHE_VERSION, "source": source.key, "dataset": dataset, "spec": source.spec.to_dict(),
-           "windows": windows}
+    key = {
+        "version": CACHE_VERSION,
+        "source": source.key,
+        "dataset": dataset,
+        "spec": source.spec.to_dict(),
+        "windows": windows,
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     return cache_dir / f"{dataset.split(':')[0].replace('/', '_')}-{digest}.npz"
 
@@ -113,9 +120,16 @@ def _save_cache(path: Path, store: dict[str, np.ndarray]) -> None:
         np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
 
 
-def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], locator: RecordLocator,
-                     cache_dir: Path, windows: int, chunk: int = 32,
-                     log: Callable[[str], None] = lambda s: None) -> tuple[dict[str, np.ndarray], FeatureStats]:
+def extract_features(
+    source: FeatureSource,
+    dataset: str,
+    keys: Sequence[str],
+    locator: RecordLocator,
+    cache_dir: Path,
+    windows: int,
+    chunk: int = 32,
+    log: Callable[[str], None] = lambda s: None,
+) -> tuple[dict[str, np.ndarray], FeatureStats]:
     """Features of the located records `keys` (record key -> (D,)), from the cache where present.
 
     Records that fail to read or are refused by the screening (PROBE_POLICY) are left out and
@@ -130,7 +144,7 @@ def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], l
         log(f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached) with {source.name}")
     for start in range(0, len(todo), chunk):
         names, signals = [], []
-        for key in todo[start:start + chunk]:
+        for key in todo[start : start + chunk]:
             found = locator.locate(key)
             if found is None:
                 stats.failed[key] = "missing"
@@ -152,8 +166,11 @@ def extract_features(source: FeatureSource, dataset: str, keys: Sequence[str], l
         if signals and (start // chunk) % 50 == 49:  # an interrupted full-size run keeps most of its work
             _save_cache(path, store)
     if stats.padded:
-        log(f"  {len(stats.padded)} records shorter than the {source.spec.window}-sample window zero-padded: "
-            + ", ".join(stats.padded[:5]) + (" ..." if len(stats.padded) > 5 else ""))
+        log(
+            f"  {len(stats.padded)} records shorter than the {source.spec.window}-sample window zero-padded: "
+            + ", ".join(stats.padded[:5])
+            + (" ..." if len(stats.padded) > 5 else "")
+        )
     if stats.extracted:
         _save_cache(path, store)
     return {k: store[k] for k in keys if k in store}, stats

@@ -14,6 +14,7 @@ of the nominal x samples (EPS added to the std), the same map for x and x_hat. I
 and for every scalar Q the relative change Delta Q = 100 (Q_xhat - Q_x) / (Q_x + EPS) [%].
 PoS predicts Delta S > 0 and Delta rho, Delta IC, Delta d_samp, Delta d_pool < 0.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -58,22 +59,29 @@ def mean_pairwise_distance(mus: np.ndarray) -> float:
     return float(np.linalg.norm(mus[i] - mus[j], axis=1).mean())
 
 
-def level_metrics(z: np.ndarray, labels: np.ndarray, nominal: Sequence[str],
-                  anomalous: Sequence[str]) -> dict[str, float]:
+def level_metrics(
+    z: np.ndarray, labels: np.ndarray, nominal: Sequence[str], anomalous: Sequence[str]
+) -> dict[str, float]:
     """The seven metrics of one (already standardised) space z (N, D); labels (N,) class names."""
     labels = np.asarray(labels)
     mus, radii = centres_radii(z, labels, nominal)
     d_inter, r_mean = mean_pairwise_distance(mus), float(radii.mean())
     is_anomaly = np.isin(labels, list(anomalous))
     a = z[is_anomaly]
-    distances = np.linalg.norm(a[:, None, :] - mus[None, :, :], axis=2)   # (A, K)
+    distances = np.linalg.norm(a[:, None, :] - mus[None, :, :], axis=2)  # (A, K)
     nearest = distances.argmin(axis=1)
     d = distances[np.arange(len(a)), nearest]
     a_labels = labels[is_anomaly]
     per_class = [np.median(d[a_labels == b]) for b in anomalous if np.any(a_labels == b)]
-    return {"D_inter": d_inter, "R": r_mean, "S": d_inter / (r_mean + EPS),
-            "rho": float(np.median(d / (radii[nearest] + EPS))), "d_samp": float(np.median(d)),
-            "d_pool": float(np.median(per_class)), "IC": float(np.median(d / (d_inter + EPS)))}
+    return {
+        "D_inter": d_inter,
+        "R": r_mean,
+        "S": d_inter / (r_mean + EPS),
+        "rho": float(np.median(d / (radii[nearest] + EPS))),
+        "d_samp": float(np.median(d)),
+        "d_pool": float(np.median(per_class)),
+        "IC": float(np.median(d / (d_inter + EPS))),
+    }
 
 
 def relative_change(q_x: float, q_x_hat: float) -> float:
@@ -93,13 +101,14 @@ class GeometryResult:
 
     def rows(self) -> list[dict[str, float | str]]:
         """metrics.csv rows: metric, x, x_hat, delta_pct."""
-        return [{"metric": m, "x": self.x[m], "x_hat": self.x_hat[m], "delta_pct": self.delta_pct[m]}
-                for m in METRICS]
+        return [{"metric": m, "x": self.x[m], "x_hat": self.x_hat[m], "delta_pct": self.delta_pct[m]} for m in METRICS]
 
     def predictions(self) -> list[tuple[str, str, float, bool]]:
         """(metric, prediction, Delta %, holds) for each PoS prediction."""
-        return [(m, text, self.delta_pct[m], bool(np.sign(self.delta_pct[m]) == sign))
-                for m, (sign, text) in PREDICTIONS.items()]
+        return [
+            (m, text, self.delta_pct[m], bool(np.sign(self.delta_pct[m]) == sign))
+            for m, (sign, text) in PREDICTIONS.items()
+        ]
 
 
 def check_classes(labels: np.ndarray, nominal: Sequence[str], anomalous: Sequence[str]) -> str | None:
@@ -107,15 +116,18 @@ def check_classes(labels: np.ndarray, nominal: Sequence[str], anomalous: Sequenc
     nominal classes with records, the proximity terms at least one anomalous record."""
     present = [c for c in nominal if np.any(labels == c)]
     if len(present) < 2:
-        return (f"needs at least two nominal classes with records, found {len(present)} "
-                f"({', '.join(f'{c}: {int(np.sum(labels == c))}' for c in nominal)})")
+        return (
+            f"needs at least two nominal classes with records, found {len(present)} "
+            f"({', '.join(f'{c}: {int(np.sum(labels == c))}' for c in nominal)})"
+        )
     if not np.any(np.isin(labels, list(anomalous))):
         return f"needs at least one anomalous record ({', '.join(anomalous)}: none found)"
     return None
 
 
-def geometry(x: np.ndarray, x_hat: np.ndarray, labels: Sequence[str], nominal: Sequence[str],
-             anomalous: Sequence[str]) -> GeometryResult:
+def geometry(
+    x: np.ndarray, x_hat: np.ndarray, labels: Sequence[str], nominal: Sequence[str], anomalous: Sequence[str]
+) -> GeometryResult:
     """Standardise both levels on nominal x, compute the metrics in each and their relative change.
 
     Nominal classes without records are dropped (their centre is undefined); raises ValueError when
@@ -132,8 +144,13 @@ def geometry(x: np.ndarray, x_hat: np.ndarray, labels: Sequence[str], nominal: S
     return GeometryResult(mx, mh, {m: relative_change(mx[m], mh[m]) for m in METRICS}, z_x, z_x_hat)
 
 
-def plot_geometry(result: GeometryResult, labels: Sequence[str], nominal: Sequence[str], path: Path,
-                  titles: tuple[str, str] = ("x", "x_hat")) -> Path:
+def plot_geometry(
+    result: GeometryResult,
+    labels: Sequence[str],
+    nominal: Sequence[str],
+    path: Path,
+    titles: tuple[str, str] = ("x", "x_hat"),
+) -> Path:
     """Both standardised spaces side by side on one 2-D PCA projection fitted on the nominal x."""
     import matplotlib
 
@@ -153,8 +170,14 @@ def plot_geometry(result: GeometryResult, labels: Sequence[str], nominal: Sequen
             ax.scatter(points[sel, 0], points[sel, 1], s=10, alpha=0.6, color=colours(k % 10), label=c)
         for k, b in enumerate(sorted(set(labels[~is_nominal]))):
             sel = labels == b
-            ax.scatter(points[sel, 0], points[sel, 1], s=28, marker="x", color=f"C{(k + len(nominal)) % 10}",
-                       label=f"{b} (anomalous)")
+            ax.scatter(
+                points[sel, 0],
+                points[sel, 1],
+                s=28,
+                marker="x",
+                color=f"C{(k + len(nominal)) % 10}",
+                label=f"{b} (anomalous)",
+            )
         ax.set_title(title)
         ax.set_xlabel("PC 1 (fitted on nominal x)")
     axes[0].set_ylabel("PC 2")

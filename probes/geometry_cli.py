@@ -17,6 +17,7 @@ split) whose perturbed Stage-1 input still violates the Push margin, alpha d(x~,
 the run's push-pull perturbation (its defaults when the run trained without push-pull).
 Writes OUT/metrics.csv, OUT/features.npz, OUT/summary.md, OUT/geometry.png.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,11 +44,13 @@ CARVING_SEED = 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ecgpos geometry", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="ecgpos geometry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--encoder", required=True, help="nested (Stage-1) run folder or export folder")
-    p.add_argument("--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018 "
-                   "or custom:<dir>")
+    p.add_argument(
+        "--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018 or custom:<dir>"
+    )
     p.add_argument("--data-root", type=Path, default=Path("."), help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
     p.add_argument("--nominal", required=True, help="comma-separated nominal classes (at least two)")
@@ -81,8 +84,14 @@ class Selection:
     excluded: Counter = field(default_factory=Counter)  # reason -> count
 
 
-def select_records(task_name: str, splits_root: Path | None, data_root: Path, splits: Sequence[str],
-                   nominal: Sequence[str], anomalous: Sequence[str]) -> tuple[Selection, object]:
+def select_records(
+    task_name: str,
+    splits_root: Path | None,
+    data_root: Path,
+    splits: Sequence[str],
+    nominal: Sequence[str],
+    anomalous: Sequence[str],
+) -> tuple[Selection, object]:
     """Records carrying exactly one chosen label, located under the data root; (selection, locator)."""
     task = resolve_task(task_name)
     chosen = list(nominal) + list(anomalous)
@@ -128,10 +137,11 @@ def load_levels(path: str) -> Levels:
     from ecgpos.inference.scoring import load_recon_models
 
     loaded = resolve_encoder(path)
-    module = getattr(loaded.module, "encoder", loaded.module)   # an export wraps its encoder
+    module = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
     if not hasattr(module, "stage1"):
-        raise EcgposError(f"{path} is a Stage-0 encoder: geometry compares two levels and needs a nested "
-                          "(Stage-1) run or export")
+        raise EcgposError(
+            f"{path} is a Stage-0 encoder: geometry compares two levels and needs a nested (Stage-1) run or export"
+        )
     stage1, note = None, ""
     try:
         stage1 = load_recon_models(path).levels.get("stage1")
@@ -161,8 +171,9 @@ class Extracted:
     failed: Counter
 
 
-def extract(levels: Levels, sel: Selection, located: tuple, nominal: Sequence[str], space: str,
-            device: str, batch_size: int) -> Extracted:
+def extract(
+    levels: Levels, sel: Selection, located: tuple, nominal: Sequence[str], space: str, device: str, batch_size: int
+) -> Extracted:
     """x, x_hat (mean over each record's windows) and the nominal records' push-margin violations."""
     task, locator = located
     spec, windows = levels.spec, task_windows(ProbeConfig(), task.dataset)
@@ -199,39 +210,55 @@ def extract(levels: Levels, sel: Selection, located: tuple, nominal: Sequence[st
         if "violation" in means and label in nominal:
             violation[key] = float(means["violation"])
     width = xs[0].shape[0] if xs else 0
-    return Extracted(keys, labels, np.array(xs).reshape(-1, width), np.array(xhs).reshape(-1, width), violation,
-                     failed)
+    return Extracted(keys, labels, np.array(xs).reshape(-1, width), np.array(xhs).reshape(-1, width), violation, failed)
 
 
 def carving_line(levels: Levels, violation: dict[str, float]) -> str:
     if levels.stage1 is None:
-        return ("Carving criterion: not available, the encoder has no Stage-1 decoder "
-                f"({levels.note or 'export it with --with-decoders'}).")
+        return (
+            "Carving criterion: not available, the encoder has no Stage-1 decoder "
+            f"({levels.note or 'export it with --with-decoders'})."
+        )
     pp = levels.stage1.push_pull
     which = "the run's push-pull settings" if pp.enabled else "the default push-pull settings (the run trained without)"
     from ecgpos.objectives.push_pull import PushPullConfig
 
     used = pp if pp.enabled else PushPullConfig()
-    return (f"Carving criterion (Stage-1 level): {np.mean(list(violation.values())):.3f} of {len(violation)} "
-            f"held-out nominal records violate the Push margin alpha d(x~, x) > d(x^, x~) "
-            f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
-            "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
-            "perturbation; a high fraction suggests the range needs further carving.")
+    return (
+        f"Carving criterion (Stage-1 level): {np.mean(list(violation.values())):.3f} of {len(violation)} "
+        f"held-out nominal records violate the Push margin alpha d(x~, x) > d(x^, x~) "
+        f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
+        "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
+        "perturbation; a high fraction suggests the range needs further carving."
+    )
 
 
-def summary_markdown(args: argparse.Namespace, res: GeometryResult, data: Extracted, sel: Selection,
-                     carving: str, nominal: Sequence[str]) -> str:
+def summary_markdown(
+    args: argparse.Namespace, res: GeometryResult, data: Extracted, sel: Selection, carving: str, nominal: Sequence[str]
+) -> str:
     counts = Counter(data.labels)
     excluded = sel.excluded + Counter({f"unreadable ({k})": v for k, v in data.failed.items()})
-    lines = [f"# PoS representation dynamics: {args.encoder}", "",
-             f"Task {args.task}, split(s) {args.split}, space `{args.space}` (x = Stage 0, x_hat = Stage 1).",
-             "Records: " + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
-             + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "") + ".", "",
-             "| metric | x | x_hat | Delta % |", "|---|---|---|---|"]
+    lines = [
+        f"# PoS representation dynamics: {args.encoder}",
+        "",
+        f"Task {args.task}, split(s) {args.split}, space `{args.space}` (x = Stage 0, x_hat = Stage 1).",
+        "Records: "
+        + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
+        + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "")
+        + ".",
+        "",
+        "| metric | x | x_hat | Delta % |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {r['metric']} | {r['x']:.4g} | {r['x_hat']:.4g} | {r['delta_pct']:+.2f} |" for r in res.rows()]
     preds = res.predictions()
-    lines += ["", f"PoS predictions ({sum(p[3] for p in preds)} of {len(preds)} hold here):", "",
-              "| prediction | Delta % | holds |", "|---|---|---|"]
+    lines += [
+        "",
+        f"PoS predictions ({sum(p[3] for p in preds)} of {len(preds)} hold here):",
+        "",
+        "| prediction | Delta % | holds |",
+        "|---|---|---|",
+    ]
     lines += [f"| {text} | {delta:+.2f} | {'yes' if holds else 'no'} |" for _, text, delta, holds in preds]
     return "\n".join(lines + ["", carving, ""])
 
@@ -241,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     nominal, anomalous = _names(args.nominal), _names(args.anomalous)
     args.anomalous_list = anomalous
     if len(nominal) < 2:
-        raise EcgposError(f"--nominal needs at least two classes (the separation terms need pairs), "
-                          f"got {args.nominal!r}")
+        raise EcgposError(
+            f"--nominal needs at least two classes (the separation terms need pairs), got {args.nominal!r}"
+        )
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
@@ -264,12 +292,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
         writer.writeheader()
         writer.writerows(res.rows())
-    np.savez(args.out / "features.npz", x=data.x, x_hat=data.x_hat, labels=np.array(data.labels, dtype=str),
-             record_ids=np.array(data.keys, dtype=str))
+    np.savez(
+        args.out / "features.npz",
+        x=data.x,
+        x_hat=data.x_hat,
+        labels=np.array(data.labels, dtype=str),
+        record_ids=np.array(data.keys, dtype=str),
+    )
     text = summary_markdown(args, res, data, sel, carving_line(levels, data.violation), present)
     (args.out / "summary.md").write_text(text)
-    plot_geometry(res, data.labels, present, args.out / "geometry.png",
-                  (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"))
+    plot_geometry(
+        res,
+        data.labels,
+        present,
+        args.out / "geometry.png",
+        (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"),
+    )
     print(text, end="")
     files = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
     print(f"wrote {', '.join(str(args.out / f) for f in files)}")

@@ -4,6 +4,7 @@ A probe folder keeps every seed's test logits in `test_scores.npz` (with the tes
 labels), so `--compare` can redo the bootstrap on the same resamples for two encoders: the paired
 difference of their seed-mean macro-AUROC and its interval.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,17 @@ def collect_scores(rows: list[dict], tests: dict[str, tuple[list[str], np.ndarra
     for (encoder, task, fraction), part in groups.items():
         part.sort(key=lambda r: r["seed"])
         keys, labels = tests[task]
-        out.append(ScoreSet(encoder, task, float(fraction), [int(r["seed"]) for r in part], list(keys),
-                            np.asarray(labels, dtype=np.uint8), np.stack([r["scores"] for r in part])))
+        out.append(
+            ScoreSet(
+                encoder,
+                task,
+                float(fraction),
+                [int(r["seed"]) for r in part],
+                list(keys),
+                np.asarray(labels, dtype=np.uint8),
+                np.stack([r["scores"] for r in part]),
+            )
+        )
     return out
 
 
@@ -64,8 +74,9 @@ def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level
         if hit and int(row["seed"]) in hit[0]:
             low, high = hit[1].seeds[hit[0].index(int(row["seed"]))]
             mlow, mhigh = hit[1].mean
-        row.update(test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh,
-                   bootstrap=n_boot)
+        row.update(
+            test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh, bootstrap=n_boot
+        )
 
 
 def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
@@ -77,8 +88,9 @@ def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
             tasks[s.task] = len(tasks)
             arrays[f"keys_{tasks[s.task]}"] = np.array(s.keys, dtype=str)
             arrays[f"labels_{tasks[s.task]}"] = s.labels
-        index.append({"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds,
-                      "test": tasks[s.task]})
+        index.append(
+            {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tasks[s.task]}
+        )
     np.savez_compressed(out / SCORES_FILE, index=np.array(json.dumps(index)), **arrays)
 
 
@@ -89,9 +101,18 @@ def load_scores(folder: Path, renames: dict[str, str] | None = None) -> list[Sco
         return []
     with np.load(path, allow_pickle=False) as data:
         index = json.loads(str(data["index"]))
-        return [ScoreSet((renames or {}).get(e["encoder"], e["encoder"]), e["task"], float(e["fraction"]), e["seeds"],
-                         data[f"keys_{e['test']}"].tolist(), data[f"labels_{e['test']}"], data[f"scores_{i}"])
-                for i, e in enumerate(index)]
+        return [
+            ScoreSet(
+                (renames or {}).get(e["encoder"], e["encoder"]),
+                e["task"],
+                float(e["fraction"]),
+                e["seeds"],
+                data[f"keys_{e['test']}"].tolist(),
+                data[f"labels_{e['test']}"],
+                data[f"scores_{i}"],
+            )
+            for i, e in enumerate(index)
+        ]
 
 
 def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -104,14 +125,15 @@ def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return a.scores[:, rows_a], b.scores[:, rows_b], a.labels[rows_a]
 
 
-def paired_differences(sets: Sequence[ScoreSet], encoders: Sequence[str], n_boot: int,
-                       level: float = LEVEL) -> pd.DataFrame:
+def paired_differences(
+    sets: Sequence[ScoreSet], encoders: Sequence[str], n_boot: int, level: float = LEVEL
+) -> pd.DataFrame:
     """For each pair of encoders (later minus earlier, in `encoders` order) and each (task, fraction)
     both have: the seed-mean macro-AUROC difference and its paired bootstrap interval."""
     by_key = {(s.encoder, s.task, s.fraction): s for s in sets}
     rows = []
     for i, first in enumerate(encoders):
-        for second in encoders[i + 1:]:
+        for second in encoders[i + 1 :]:
             for (enc, task, fraction), a in by_key.items():
                 b = by_key.get((first, task, fraction))
                 if enc != second or b is None:
@@ -120,34 +142,55 @@ def paired_differences(sets: Sequence[ScoreSet], encoders: Sequence[str], n_boot
                 if aligned is None:
                     continue
                 diff, low, high = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
-                rows.append({"encoder": second, "baseline": first, "task": task, "fraction": fraction,
-                             "difference": diff, "low": low, "high": high, "n_test": len(aligned[2]),
-                             "bootstrap": n_boot})
-    return pd.DataFrame(rows, columns=["encoder", "baseline", "task", "fraction", "difference", "low", "high",
-                                       "n_test", "bootstrap"])
+                rows.append(
+                    {
+                        "encoder": second,
+                        "baseline": first,
+                        "task": task,
+                        "fraction": fraction,
+                        "difference": diff,
+                        "low": low,
+                        "high": high,
+                        "n_test": len(aligned[2]),
+                        "bootstrap": n_boot,
+                    }
+                )
+    return pd.DataFrame(
+        rows, columns=["encoder", "baseline", "task", "fraction", "difference", "low", "high", "n_test", "bootstrap"]
+    )
 
 
 def differences_markdown(diffs: pd.DataFrame) -> str:
     """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task."""
     from probes.tasks import TASKS
 
-    lines = ["## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)", "",
-             "Both encoders scored on the same bootstrap resamples of the test records they share: an interval "
-             "that excludes 0 is a difference the test set supports at the 95 % level.", ""]
+    lines = [
+        "## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)",
+        "",
+        "Both encoders scored on the same bootstrap resamples of the test records they share: an interval "
+        "that excludes 0 is a difference the test set supports at the 95 % level.",
+        "",
+    ]
     if diffs.empty:
         return "\n".join(lines + ["No pair of encoders has stored test scores on a common task (test_scores.npz)."])
     tasks = [t for t in TASKS if t in set(diffs["task"])] + sorted(set(diffs["task"]) - set(TASKS))
     for fraction in sorted(set(diffs["fraction"])):
         part = diffs[diffs["fraction"] == fraction]
-        lines += [f"### {fraction * 100:g}% of the training labels", "",
-                  "| Pair | " + " | ".join(TASKS[t].label if t in TASKS else t for t in tasks) + " |",
-                  "|---|" + "---|" * len(tasks)]
+        lines += [
+            f"### {fraction * 100:g}% of the training labels",
+            "",
+            "| Pair | " + " | ".join(TASKS[t].label if t in TASKS else t for t in tasks) + " |",
+            "|---|" + "---|" * len(tasks),
+        ]
         for (enc, base), pair in part.groupby(["encoder", "baseline"], sort=False):
             cells = []
             for t in tasks:
                 hit = pair[pair["task"] == t]
-                cells.append("—" if hit.empty else (f"{hit['difference'].iloc[0]:+.4f} [{hit['low'].iloc[0]:+.4f}, "
-                                                     f"{hit['high'].iloc[0]:+.4f}]"))
+                cells.append(
+                    "—"
+                    if hit.empty
+                    else (f"{hit['difference'].iloc[0]:+.4f} [{hit['low'].iloc[0]:+.4f}, {hit['high'].iloc[0]:+.4f}]")
+                )
             lines.append(f"| {enc} − {base} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ with the shards' spec, against those of the pretraining shards: read from their 
 (`fingerprint` column, written by `ecgpos preprocess`) or, for older shards without it, computed
 from the stored signals. Probe-record fingerprints are cached beside the feature cache.
 """
+
 from __future__ import annotations
 
 import csv
@@ -93,8 +94,10 @@ def load_pretraining(folders: Sequence[Path], log: Callable[[str], None] = print
         if prints is None:
             prints = {rid: fingerprint(x, spec.fs, spec.window, spec.dtype) for rid, x in iter_shard_records(folder)}
             index.computed += len(prints)
-            log(f"leakage guard: {folder} has no fingerprints in index.csv; fingerprinted its {len(prints)} "
-                "records from the shards")
+            log(
+                f"leakage guard: {folder} has no fingerprints in index.csv; fingerprinted its {len(prints)} "
+                "records from the shards"
+            )
         target.extend((f"{folder.name}:{rid}", fp) for rid, fp in prints.items())
     return index
 
@@ -104,8 +107,9 @@ def _cache_path(cache_dir: Path, dataset_key: str, spec: PreprocessSpec) -> Path
     return cache_dir / f"fingerprints-{dataset_key.split(':')[0]}-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def probe_fingerprints(keys: Sequence[str], locator: RecordLocator, spec: PreprocessSpec, cache_dir: Path,
-                       dataset_key: str) -> dict[str, str]:
+def probe_fingerprints(
+    keys: Sequence[str], locator: RecordLocator, spec: PreprocessSpec, cache_dir: Path, dataset_key: str
+) -> dict[str, str]:
     """Fingerprint (under `spec`) of every readable record among `keys`; cached per dataset and spec."""
     path = _cache_path(cache_dir, dataset_key, spec)
     try:
@@ -119,8 +123,9 @@ def probe_fingerprints(keys: Sequence[str], locator: RecordLocator, spec: Prepro
             continue
         try:
             raw = read_record(*found)
-            store[key] = fingerprint(preprocess_signal(raw.signal, raw.fs, raw.leads, spec), spec.fs, spec.window,
-                                     spec.dtype)
+            store[key] = fingerprint(
+                preprocess_signal(raw.signal, raw.fs, raw.leads, spec), spec.fs, spec.window, spec.dtype
+            )
         except EcgposError:  # unreadable records are reported by feature extraction
             continue
     if todo:
@@ -148,22 +153,33 @@ class Overlap:
         if not total:
             return f"{self.task}: no overlap (0 of {self.checked} located records match a pretraining record)"
         per_split = ", ".join(f"{s} {len(v)}" for s, v in self.matches.items() if v)
-        examples = "; ".join(f"{k} = {name} ({bits} bits)" for k, name, bits in
-                             [m for found in self.matches.values() for m in found][:3])
-        verdict = ("excluded from the probe (--exclude-overlap)" if excluded else
-                   "kept: these results include records the encoder was pretrained on")
-        return (f"{self.task}: {total} of {self.checked} located records match pretraining records ({per_split}); "
-                f"e.g. {examples}; {verdict}")
+        examples = "; ".join(
+            f"{k} = {name} ({bits} bits)" for k, name, bits in [m for found in self.matches.values() for m in found][:3]
+        )
+        verdict = (
+            "excluded from the probe (--exclude-overlap)"
+            if excluded
+            else "kept: these results include records the encoder was pretrained on"
+        )
+        return (
+            f"{self.task}: {total} of {self.checked} located records match pretraining records ({per_split}); "
+            f"e.g. {examples}; {verdict}"
+        )
 
 
-def task_overlap(task: str, splits: dict[str, Sequence[str]], locator: RecordLocator, index: PretrainingIndex,
-                 cache_dir: Path, dataset_key: str) -> Overlap:
+def task_overlap(
+    task: str,
+    splits: dict[str, Sequence[str]],
+    locator: RecordLocator,
+    index: PretrainingIndex,
+    cache_dir: Path,
+    dataset_key: str,
+) -> Overlap:
     """Match every located record of the task's splits against the pretraining fingerprints."""
     matches: dict[str, list[tuple[str, str, int]]] = {s: [] for s in splits}
     checked: set[str] = set()
     for spec, prints in index.by_spec.items():
-        ours = probe_fingerprints([k for keys in splits.values() for k in keys], locator, spec, cache_dir,
-                                  dataset_key)
+        ours = probe_fingerprints([k for keys in splits.values() for k in keys], locator, spec, cache_dir, dataset_key)
         checked |= set(ours)
         for split, keys in splits.items():
             done = {m[0] for m in matches[split]}
@@ -178,9 +194,13 @@ def task_overlap(task: str, splits: dict[str, Sequence[str]], locator: RecordLoc
 
 def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], excluded: bool) -> str:
     """The summary.md section of the guard's report."""
-    lines = ["## Pretraining overlap (leakage guard)", "",
-             f"Probe records compared by content fingerprint (at most {MAX_DISTANCE} of 540 bits apart) with the "
-             f"{len(index)} records of {', '.join(map(str, index.folders))}.", ""]
+    lines = [
+        "## Pretraining overlap (leakage guard)",
+        "",
+        f"Probe records compared by content fingerprint (at most {MAX_DISTANCE} of 540 bits apart) with the "
+        f"{len(index)} records of {', '.join(map(str, index.folders))}.",
+        "",
+    ]
     lines += [f"- {o.line(excluded)}" for o in overlaps]
     return "\n".join(lines)
 

@@ -12,6 +12,7 @@ Adam are written out by hand (no autograd, no optimizer objects): at 16 rows a s
 overhead, not arithmetic, is the cost. `reference_run` is the plain one-run-at-a-time
 DataLoader + nn.Linear + torch.optim.Adam loop that tests and the benchmark compare against.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -41,7 +42,7 @@ class ProtocolConfig:
 def lr_at_epoch(cfg: ProtocolConfig, epoch: int) -> float:
     """Learning rate of 0-based `epoch` (MultiStepLR stepped once per epoch)."""
     drops = sum(1 for e in cfg.lr_drop_epochs if epoch >= e)
-    return cfg.lr * cfg.lr_drop_factor ** drops
+    return cfg.lr * cfg.lr_drop_factor**drops
 
 
 def label_fraction_rows(n_rows: int, fraction: float) -> np.ndarray:
@@ -108,9 +109,18 @@ def _valid_classes(y: np.ndarray) -> np.ndarray:
     return (pos > 0) & (pos < len(y))
 
 
-def _epoch(xt: torch.Tensor, yt: torch.Tensor, perms: torch.Tensor, params: torch.Tensor, exp_avg: torch.Tensor,
-           exp_avg_sq: torch.Tensor, step: torch.Tensor, lr: float, col_scale: torch.Tensor,
-           cfg: ProtocolConfig) -> torch.Tensor:
+def _epoch(
+    xt: torch.Tensor,
+    yt: torch.Tensor,
+    perms: torch.Tensor,
+    params: torch.Tensor,
+    exp_avg: torch.Tensor,
+    exp_avg_sq: torch.Tensor,
+    step: torch.Tensor,
+    lr: float,
+    col_scale: torch.Tensor,
+    cfg: ProtocolConfig,
+) -> torch.Tensor:
     """One epoch of every seed: xt (N, D+1), yt (N, C), perms (S, N), params/Adam state (S, D+1, C).
 
     col_scale (C,): 1 / (classes of the column's task), so each task's loss is its own BCE mean.
@@ -121,27 +131,47 @@ def _epoch(xt: torch.Tensor, yt: torch.Tensor, perms: torch.Tensor, params: torc
     # batch-major layout: batch i of every seed is one contiguous (S*b,) index block, its labels (S, b, C)
     blocks = []
     if full:
-        blocks.append((perms[:, :full * bsz].reshape(num_seeds, full, bsz).transpose(0, 1).reshape(full, -1), bsz))
+        blocks.append((perms[:, : full * bsz].reshape(num_seeds, full, bsz).transpose(0, 1).reshape(full, -1), bsz))
     if n % bsz:
-        blocks.append((perms[:, full * bsz:].reshape(1, -1), n % bsz))
+        blocks.append((perms[:, full * bsz :].reshape(1, -1), n % bsz))
     for index, b in blocks:
         labels = yt.index_select(0, index.reshape(-1)).view(len(index), num_seeds, b, n_cls)
         scale = col_scale / b  # BCE mean over the b*C elements of a batch
         for i in range(len(index)):
-            xb = xt.index_select(0, index[i]).view(num_seeds, b, -1)               # (S, b, D+1)
+            xb = xt.index_select(0, index[i]).view(num_seeds, b, -1)  # (S, b, D+1)
             grad_z = torch.bmm(xb, params).sigmoid_().sub_(labels[i]).mul_(scale)  # dLoss/dz, (S, b, C)
-            grad = torch.bmm(xb.transpose(1, 2), grad_z)                          # (S, D+1, C)
+            grad = torch.bmm(xb.transpose(1, 2), grad_z)  # (S, D+1, C)
             step += 1
             # torch.optim.Adam(fused=True)'s kernel: L2 weight decay added to the gradient, bias-corrected
-            torch._fused_adam_([params], [grad], [exp_avg], [exp_avg_sq], [], [step], amsgrad=False, lr=lr,
-                               beta1=cfg.betas[0], beta2=cfg.betas[1], weight_decay=cfg.weight_decay,
-                               eps=cfg.eps, maximize=False)
+            torch._fused_adam_(
+                [params],
+                [grad],
+                [exp_avg],
+                [exp_avg_sq],
+                [],
+                [step],
+                amsgrad=False,
+                lr=lr,
+                beta1=cfg.betas[0],
+                beta2=cfg.betas[1],
+                weight_decay=cfg.weight_decay,
+                eps=cfg.eps,
+                maximize=False,
+            )
     return step
 
 
-def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                x_test: np.ndarray, y_test: np.ndarray, seeds: Sequence[int], class_names: Sequence[str],
-                cfg: ProtocolConfig = ProtocolConfig()) -> ProbeOutcome:
+def train_probe(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    seeds: Sequence[int],
+    class_names: Sequence[str],
+    cfg: ProtocolConfig = ProtocolConfig(),
+) -> ProbeOutcome:
     """Train one linear probe per seed on (N, D) features / (N, C) 0/1 labels, all seeds batched.
 
     Selection: each seed keeps the parameters of its epoch with the highest validation macro-AUROC
@@ -151,9 +181,17 @@ def train_probe(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_v
     return train_probe_groups(x_train, y_train, x_val, y_val, x_test, y_test, seeds, [list(class_names)], cfg)[0]
 
 
-def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                       x_test: np.ndarray, y_test: np.ndarray, seeds: Sequence[int],
-                       groups: Sequence[Sequence[str]], cfg: ProtocolConfig = ProtocolConfig()) -> list[ProbeOutcome]:
+def train_probe_groups(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    x_test: np.ndarray,
+    y_test: np.ndarray,
+    seeds: Sequence[int],
+    groups: Sequence[Sequence[str]],
+    cfg: ProtocolConfig = ProtocolConfig(),
+) -> list[ProbeOutcome]:
     """Several tasks on the same rows (e.g. PTB-XL super and sub) as one layer: labels (N, sum C_g),
     columns grouped task by task. Exactly the separate runs: a seed's permutations depend only on
     (seed, N), each task's columns get its own init, loss mean and best-epoch selection, and BCE and
@@ -165,8 +203,8 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
     n_cls, num_seeds, n_groups = int(bounds[-1]), len(seeds), len(groups)
     if n == 0:
         raise ValueError("no training rows")
-    xt = _with_ones(x_train)                                         # (N, D+1)
-    yt = torch.as_tensor(np.asarray(y_train, dtype=np.float32))      # (N, C)
+    xt = _with_ones(x_train)  # (N, D+1)
+    yt = torch.as_tensor(np.asarray(y_train, dtype=np.float32))  # (N, C)
     xv = _with_ones(x_val)
     yv = np.asarray(y_val, dtype=np.float64)
     valid_val = _valid_classes(yv)
@@ -176,8 +214,8 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
     for i, seed in enumerate(seeds):
         for g, k in enumerate(sizes):
             w, b = init_linear(seed, dim, k)
-            params[i, :dim, bounds[g]:bounds[g + 1]] = w.T
-            params[i, dim, bounds[g]:bounds[g + 1]] = b
+            params[i, :dim, bounds[g] : bounds[g + 1]] = w.T
+            params[i, dim, bounds[g] : bounds[g + 1]] = b
     exp_avg = torch.zeros_like(params)
     exp_avg_sq = torch.zeros_like(params)
     best = params.clone()
@@ -199,14 +237,14 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
             cols = np.tile(valid_val, num_seeds)
             per_class[:, valid_val] = auroc_columns(scores[:, cols].numpy(), yv_tiled[:, cols]).reshape(num_seeds, -1)
         for g in range(n_groups):
-            part = per_class[:, bounds[g]:bounds[g + 1]]
-            ok = valid_val[bounds[g]:bounds[g + 1]]
+            part = per_class[:, bounds[g] : bounds[g + 1]]
+            ok = valid_val[bounds[g] : bounds[g + 1]]
             macro = part[:, ok].mean(axis=1) if ok.any() else np.full(num_seeds, np.nan)
             curves[:, g, epoch] = macro
             # first epoch with the highest value wins; NaN (nothing scorable) never wins, epoch 0 is kept
             take = (np.nan_to_num(macro, nan=-np.inf) > best_val[:, g]) | (epoch == 0)
             for i in np.flatnonzero(take):
-                best[i, :, bounds[g]:bounds[g + 1]] = params[i, :, bounds[g]:bounds[g + 1]]
+                best[i, :, bounds[g] : bounds[g + 1]] = params[i, :, bounds[g] : bounds[g + 1]]
                 best_val[i, g] = np.nan_to_num(macro[i], nan=-np.inf)
                 best_epoch[i, g] = epoch
     test_logits = torch.matmul(_with_ones(x_test), best)  # (S, Nt, C) float32
@@ -218,19 +256,39 @@ def train_probe_groups(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarr
         results = []
         for i, seed in enumerate(seeds):
             macro_test, per_class_test = macro_auroc_sklearn(y_test[:, cols], test_scores[i][:, cols], names)
-            results.append(SeedResult(seed=int(seed), best_epoch=int(best_epoch[i, g]),
-                                      val_auroc=float(curves[i, g, best_epoch[i, g]]), test_auroc=macro_test,
-                                      test_per_class=per_class_test, val_curve=curves[i, g].tolist()))
-        outcomes.append(ProbeOutcome(results, [c for c, ok in zip(names, valid_val[cols]) if not ok],
-                                     [c for c, ok in zip(names, _valid_classes(y_test[:, cols])) if not ok],
-                                     lrs, best[:, :, cols].clone(), params[:, :, cols].clone(),
-                                     test_logits[:, :, cols].numpy().copy()))
+            results.append(
+                SeedResult(
+                    seed=int(seed),
+                    best_epoch=int(best_epoch[i, g]),
+                    val_auroc=float(curves[i, g, best_epoch[i, g]]),
+                    test_auroc=macro_test,
+                    test_per_class=per_class_test,
+                    val_curve=curves[i, g].tolist(),
+                )
+            )
+        outcomes.append(
+            ProbeOutcome(
+                results,
+                [c for c, ok in zip(names, valid_val[cols]) if not ok],
+                [c for c, ok in zip(names, _valid_classes(y_test[:, cols])) if not ok],
+                lrs,
+                best[:, :, cols].clone(),
+                params[:, :, cols].clone(),
+                test_logits[:, :, cols].numpy().copy(),
+            )
+        )
     return outcomes
 
 
-def reference_run(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y_val: np.ndarray,
-                  seed: int, cfg: ProtocolConfig = ProtocolConfig(),
-                  permutations: torch.Tensor | None = None) -> tuple[torch.nn.Linear, list[float], list[float]]:
+def reference_run(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    seed: int,
+    cfg: ProtocolConfig = ProtocolConfig(),
+    permutations: torch.Tensor | None = None,
+) -> tuple[torch.nn.Linear, list[float], list[float]]:
     """The plain protocol for one seed: DataLoader, nn.Linear, BCEWithLogitsLoss, Adam, MultiStepLR.
 
     Uses the same init and (if given) the same per-epoch row order as `train_probe`'s seed, so the
@@ -244,8 +302,7 @@ def reference_run(x_train: np.ndarray, y_train: np.ndarray, x_val: np.ndarray, y
     with torch.no_grad():
         layer.weight.copy_(w)
         layer.bias.copy_(b)
-    opt = torch.optim.Adam(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
-                           eps=cfg.eps)
+    opt = torch.optim.Adam(layer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps)
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=list(cfg.lr_drop_epochs), gamma=cfg.lr_drop_factor)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     data = TensorDataset(torch.as_tensor(x_train, dtype=torch.float32), torch.as_tensor(y_train, dtype=torch.float32))

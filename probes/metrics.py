@@ -1,4 +1,5 @@
 """AUROC: a vectorised rank formula for per-epoch selection, scikit-learn for reported test numbers."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,8 +31,9 @@ def auroc_columns(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.where((pos > 0) & (neg > 0), auc, np.nan)
 
 
-def macro_auroc_sklearn(labels: np.ndarray, scores: np.ndarray,
-                        class_names: Sequence[str]) -> tuple[float, dict[str, float]]:
+def macro_auroc_sklearn(
+    labels: np.ndarray, scores: np.ndarray, class_names: Sequence[str]
+) -> tuple[float, dict[str, float]]:
     """Macro-AUROC over the classes that have both a positive and a negative in `labels` (N, C).
 
     Returns (macro, {class: AUROC}); left-out classes are absent from the dict and the macro is NaN

@@ -4,6 +4,7 @@ A reference file (probes/reference/paper.csv) starts with `#` lines naming its s
 per published model: `model` and one column per task (full-label test macro-AUROC). Published rows
 are labelled "(published)" everywhere they appear, so nobody mistakes them for runs of this project.
 """
+
 from __future__ import annotations
 
 import re
@@ -54,12 +55,20 @@ def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str
     ours = frame[frame["fraction"].astype(float) == 1.0]
     tasks = [t for t in TASKS if t in reference.columns]
     head = "| Encoder | " + " | ".join(TASKS[t].label for t in tasks) + " |"
-    lines = ["## Published results beside ours (100 % of the training labels)", "",
-             f"Rows marked (published) are copied from the paper, not run here. Source: {source}", "",
-             head, "|---|" + "---|" * len(tasks)]
+    lines = [
+        "## Published results beside ours (100 % of the training labels)",
+        "",
+        f"Rows marked (published) are copied from the paper, not run here. Source: {source}",
+        "",
+        head,
+        "|---|" + "---|" * len(tasks),
+    ]
     for model, row in reference.iterrows():
-        lines.append(f"| {model} (published) | " + " | ".join(
-            f"{row[t]:.4f}" if np.isfinite(row[t]) else "—" for t in tasks) + " |")
+        lines.append(
+            f"| {model} (published) | "
+            + " | ".join(f"{row[t]:.4f}" if np.isfinite(row[t]) else "—" for t in tasks)
+            + " |"
+        )
     diffs = []
     for enc in dict.fromkeys(ours["encoder"]):
         match = counterpart(str(enc), list(reference.index))
@@ -82,8 +91,11 @@ def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str
         lines.append(f"| {enc} (ours) | " + " | ".join(cells) + " |")
         diffs.append(f"| {enc} − {match} (published) | " + " | ".join(deltas) + " |")
     lines += diffs
-    lines += ["", "A difference row is our seed mean minus the published number, with our 95 % bootstrap interval "
-              "shifted by the same amount: an interval that excludes 0 means the published number lies outside "
-              "our interval. An encoder is compared with the published row of the same name (stage0 ~ Stage 0, "
-              f"stage1 ~ Stage 1), otherwise with {COUNTERPART}."]
+    lines += [
+        "",
+        "A difference row is our seed mean minus the published number, with our 95 % bootstrap interval "
+        "shifted by the same amount: an interval that excludes 0 means the published number lies outside "
+        "our interval. An encoder is compared with the published row of the same name (stage0 ~ Stage 0, "
+        f"stage1 ~ Stage 1), otherwise with {COUNTERPART}.",
+    ]
     return "\n".join(lines)

@@ -1,4 +1,5 @@
 """Probe outputs: results.csv (one row per seed), summary.md (the paper's table), a bar chart; --compare."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,8 +12,23 @@ from ecgpos.errors import EcgposError
 from probes.intervals import INTERVAL_COLUMNS
 from probes.tasks import TASKS
 
-RESULT_COLUMNS = ["encoder", "task", "fraction", "seed", "best_epoch", "val_auroc", "test_auroc", *INTERVAL_COLUMNS,
-                  "n_train", "n_val", "n_test", "excluded_val", "excluded_test", "test_auroc_per_class", "note"]
+RESULT_COLUMNS = [
+    "encoder",
+    "task",
+    "fraction",
+    "seed",
+    "best_epoch",
+    "val_auroc",
+    "test_auroc",
+    *INTERVAL_COLUMNS,
+    "n_train",
+    "n_val",
+    "n_test",
+    "excluded_val",
+    "excluded_test",
+    "test_auroc_per_class",
+    "note",
+]
 
 
 def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
@@ -89,14 +105,19 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     """summary.md: one table per label fraction, extra `sections` (markdown), then which classes were left
     out and other notes."""
     seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
-    parts = ["# Linear-probe test macro-AUROC", "",
-             f"Mean ± std over {seeds.min()}{'' if seeds.min() == seeds.max() else f'-{seeds.max()}'} seed(s) "
-             "of the test macro-AUROC at the epoch with the best validation macro-AUROC."]
+    parts = [
+        "# Linear-probe test macro-AUROC",
+        "",
+        f"Mean ± std over {seeds.min()}{'' if seeds.min() == seeds.max() else f'-{seeds.max()}'} seed(s) "
+        "of the test macro-AUROC at the epoch with the best validation macro-AUROC.",
+    ]
     if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():
         resamples = int(frame["bootstrap"].astype(float).max())
-        parts[-1] += (f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
-                      "resamples of the test records within each label pattern, rare patterns pooled; "
-                      "each resample's AUROC is averaged over the seeds). Per-seed intervals are in results.csv.")
+        parts[-1] += (
+            f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
+            "resamples of the test records within each label pattern, rare patterns pooled; "
+            "each resample's AUROC is averaged over the seeds). Per-seed intervals are in results.csv."
+        )
     parts.append("")
     for fraction, table in summary_tables(frame).items():
         parts += [f"## {_fraction_label(fraction)} of the training labels", "", _markdown(table), ""]
@@ -111,8 +132,13 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
                     text = f"{what}: {value}" if what else value
                     left_out.setdefault(f"{task}, {text}", []).append(_fraction_label(fraction))
     if left_out:
-        parts += ["## Classes left out of the macro-AUROC (no positive or no negative in that split) and other "
-                  "notes per task", "", *[f"- {key} ({', '.join(fr)} labels)" for key, fr in left_out.items()], ""]
+        parts += [
+            "## Classes left out of the macro-AUROC (no positive or no negative in that split) and other "
+            "notes per task",
+            "",
+            *[f"- {key} ({', '.join(fr)} labels)" for key, fr in left_out.items()],
+            "",
+        ]
     if notes:
         parts += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     return "\n".join(parts)
@@ -122,6 +148,7 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
     """Grouped bars: tasks on x, one bar per encoder, one panel per fraction. Error bars: the seed mean's
     95 % bootstrap interval (std over seeds when there was no bootstrap)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -143,8 +170,14 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
                     errs[:, i] = max(0.0, means[i] - low), max(0.0, high - means[i])
                 elif s.notna().sum() > 1:
                     errs[:, i] = s.std(ddof=0)
-            ax.bar(np.arange(len(tasks)) + (k - (len(encoders) - 1) / 2) * width, means, width, yerr=errs,
-                   label=enc, capsize=2)
+            ax.bar(
+                np.arange(len(tasks)) + (k - (len(encoders) - 1) / 2) * width,
+                means,
+                width,
+                yerr=errs,
+                label=enc,
+                capsize=2,
+            )
         ax.set_xticks(np.arange(len(tasks)), [_task_label(t) for t in tasks], rotation=30)
         finite = part["test_auroc"].astype(float)
         ax.set_ylim(min(0.4, float(np.nanmin(finite)) - 0.05) if finite.notna().any() else 0.4, 1.0)
@@ -177,8 +210,9 @@ def _free_label(enc: str, folder: Path, keys: set[tuple], taken: set[tuple]) -> 
         candidates, k = [f"{enc} [{folder.name}] {k}"], k + 1
 
 
-def merge_results(folders: Sequence[Path], notes: list[str] | None = None,
-                  renamed: dict[Path, dict[str, str]] | None = None) -> pd.DataFrame:
+def merge_results(
+    folders: Sequence[Path], notes: list[str] | None = None, renamed: dict[Path, dict[str, str]] | None = None
+) -> pd.DataFrame:
     """Concatenate several results.csv (a folder given twice is read once).
 
     An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction):
@@ -197,8 +231,10 @@ def merge_results(folders: Sequence[Path], notes: list[str] | None = None,
                 renames[enc] = _free_label(str(enc), folder, keys, taken)
                 clash = sorted({f"{t} {_fraction_label(fr)}" for _, t, fr in keys & taken})
                 if notes is not None:
-                    notes.append(f"{renames[enc]}: rows of {folder / 'results.csv'} labelled {enc!r}, renamed "
-                                 f"because an earlier folder has the same encoder label for {', '.join(clash)}")
+                    notes.append(
+                        f"{renames[enc]}: rows of {folder / 'results.csv'} labelled {enc!r}, renamed "
+                        f"because an earlier folder has the same encoder label for {', '.join(clash)}"
+                    )
             label = renames.get(enc, enc)
             taken |= {(label, task, fraction) for _, task, fraction in keys}
         frames.append(frame.replace({"encoder": renames}))

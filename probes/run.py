@@ -4,6 +4,7 @@ Probe jobs (one per source x task x fraction, all seeds inside) run in `workers`
 torch thread each: a 16-row linear step is too small for intra-op threads to pay off, so two
 single-threaded processes use two cores best.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,7 +72,8 @@ def extraction_device(cfg: ProbeConfig) -> str:
 
 def task_windows(cfg: ProbeConfig, dataset: str) -> int:
     return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018, "csn": cfg.windows_csn}.get(
-        dataset, cfg.windows_custom)
+        dataset, cfg.windows_custom
+    )
 
 
 def dataset_key(task: TaskDef, data_root: Path, cfg: ProbeConfig) -> str:
@@ -112,10 +114,17 @@ def missing_report(task: str, split: str, ids: Sequence[str], total: int, first:
     return f"{task} {split}: {len(ids)} of {total} records not found under the data root, excluded ({shown})"
 
 
-def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_root: Path | None,
-                 cache_dir: Path, cfg: ProbeConfig, require_complete: bool = False,
-                 log: Callable[[str], None] = print,
-                 exclude: frozenset[str] | set[str] = frozenset()) -> tuple[TaskData, FeatureStats]:
+def prepare_task(
+    task: TaskDef,
+    source: FeatureSource,
+    data_root: Path,
+    splits_root: Path | None,
+    cache_dir: Path,
+    cfg: ProbeConfig,
+    require_complete: bool = False,
+    log: Callable[[str], None] = print,
+    exclude: frozenset[str] | set[str] = frozenset(),
+) -> tuple[TaskData, FeatureStats]:
     """Read the three splits, locate records, get features; report (or, if required, refuse) gaps.
     Records in `exclude` (pretraining overlap) are left out of every split."""
     column = record_column(task, cfg)
@@ -131,25 +140,39 @@ def prepare_task(task: TaskDef, source: FeatureSource, data_root: Path, splits_r
     for split, table in tables.items():
         dropped = [k for k in table.records if k in exclude]
         if dropped:
-            log(f"{task.name} {split}: {len(dropped)} of {len(table.records)} records overlap the pretraining "
-                "data, excluded (--exclude-overlap)")
+            log(
+                f"{task.name} {split}: {len(dropped)} of {len(table.records)} records overlap the pretraining "
+                "data, excluded (--exclude-overlap)"
+            )
     wanted = [k for t in tables.values() for k in t.records]
     missing_set = {k for ids in missing.values() for k in ids} | set(exclude)
-    feats, stats = extract_features(source, dataset_key(task, data_root, cfg),
-                                    [k for k in wanted if k not in missing_set], locator, cache_dir,
-                                    task_windows(cfg, task.dataset), log=log)
+    feats, stats = extract_features(
+        source,
+        dataset_key(task, data_root, cfg),
+        [k for k in wanted if k not in missing_set],
+        locator,
+        cache_dir,
+        task_windows(cfg, task.dataset),
+        log=log,
+    )
     failed = {k: v for k, v in stats.failed.items() if k not in missing_set}
     if failed:
         ids = sorted(failed)
-        log(f"{task.name}: {len(ids)} records failed to read and are excluded: "
-            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5]) + (" ..." if len(ids) > 5 else ""))
+        log(
+            f"{task.name}: {len(ids)} records failed to read and are excluded: "
+            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
+            + (" ..." if len(ids) > 5 else "")
+        )
     x, y, keys, positions = {}, {}, {}, np.zeros(0, int)
     for split, table in tables.items():
         keep = np.array([k in feats for k in table.records], dtype=bool)
         keys[split] = [k for k, ok in zip(table.records, keep) if ok]
         dim = len(next(iter(feats.values()))) if feats else 0
-        x[split] = (np.stack([feats[k] for k, ok in zip(table.records, keep) if ok]) if keep.any()
-                    else np.zeros((0, dim), np.float32))
+        x[split] = (
+            np.stack([feats[k] for k, ok in zip(table.records, keep) if ok])
+            if keep.any()
+            else np.zeros((0, dim), np.float32)
+        )
         y[split] = table.labels[keep]
         if split == "train":
             positions = np.flatnonzero(keep)
@@ -187,23 +210,54 @@ def run_job(job: Job) -> list[dict]:
     row also holds `scores`, its seed's (n_test, classes) test logits, for the bootstrap."""
     torch.set_num_threads(1)
     x_tr, y_tr, x_va, y_va, x_te, y_te = job.arrays
-    base = {"encoder": job.source, "fraction": job.fraction, "n_train": len(x_tr), "n_val": len(x_va),
-            "n_test": len(x_te)}
+    base = {
+        "encoder": job.source,
+        "fraction": job.fraction,
+        "n_train": len(x_tr),
+        "n_val": len(x_va),
+        "n_test": len(x_te),
+    }
     if len(x_tr) == 0 or len(x_va) == 0 or len(x_te) == 0:
         note = "no " + "/".join(s for s, a in (("train", x_tr), ("val", x_va), ("test", x_te)) if len(a) == 0) + " rows"
-        return [dict(base, task=t, seed=s, best_epoch=np.nan, val_auroc=np.nan, test_auroc=np.nan, excluded_val="",
-                     excluded_test="", test_auroc_per_class="{}", note=note) for t in job.tasks for s in job.seeds]
+        return [
+            dict(
+                base,
+                task=t,
+                seed=s,
+                best_epoch=np.nan,
+                val_auroc=np.nan,
+                test_auroc=np.nan,
+                excluded_val="",
+                excluded_test="",
+                test_auroc_per_class="{}",
+                note=note,
+            )
+            for t in job.tasks
+            for s in job.seeds
+        ]
     outs = train_probe_groups(x_tr, y_tr, x_va, y_va, x_te, y_te, job.seeds, job.groups, job.protocol)
     positives = np.asarray(y_tr).sum(axis=0)
     rows, start = [], 0
     for task, classes, out in zip(job.tasks, job.groups, outs):
-        absent = [c for c, k in zip(classes, positives[start:start + len(classes)]) if k == 0]
+        absent = [c for c, k in zip(classes, positives[start : start + len(classes)]) if k == 0]
         start += len(classes)
         note = f"no positive training example: {' '.join(absent)}" if absent else ""
-        rows += [dict(base, task=task, seed=r.seed, best_epoch=r.best_epoch + 1, val_auroc=r.val_auroc,
-                      test_auroc=r.test_auroc, excluded_val=" ".join(out.excluded_val),
-                      excluded_test=" ".join(out.excluded_test), test_auroc_per_class=json.dumps(r.test_per_class),
-                      note=note, scores=out.test_scores[i]) for i, r in enumerate(out.seeds)]
+        rows += [
+            dict(
+                base,
+                task=task,
+                seed=r.seed,
+                best_epoch=r.best_epoch + 1,
+                val_auroc=r.val_auroc,
+                test_auroc=r.test_auroc,
+                excluded_val=" ".join(out.excluded_val),
+                excluded_test=" ".join(out.excluded_test),
+                test_auroc_per_class=json.dumps(r.test_per_class),
+                note=note,
+                scores=out.test_scores[i],
+            )
+            for i, r in enumerate(out.seeds)
+        ]
     return rows
 
 
@@ -220,11 +274,27 @@ def make_jobs(source: str, data: TaskData, cfg: ProbeConfig) -> list[Job]:
     jobs = []
     for fraction in cfg.fractions:
         rows = fraction_rows(data, fraction)
-        arrays = (data.x["train"][rows], data.y["train"][rows], data.x["val"], data.y["val"],
-                  data.x["test"], data.y["test"])
+        arrays = (
+            data.x["train"][rows],
+            data.y["train"][rows],
+            data.x["val"],
+            data.y["val"],
+            data.x["test"],
+            data.y["test"],
+        )
         key = _rows_key([data.keys["train"][i] for i in rows], data.keys["val"], data.keys["test"]) if data.keys else ""
-        jobs.append(Job(source, [data.task.name], [list(data.task.classes)], fraction, arrays,
-                        list(range(cfg.seeds)), cfg.protocol, key))
+        jobs.append(
+            Job(
+                source,
+                [data.task.name],
+                [list(data.task.classes)],
+                fraction,
+                arrays,
+                list(range(cfg.seeds)),
+                cfg.protocol,
+                key,
+            )
+        )
     return jobs
 
 
@@ -242,8 +312,14 @@ def merge_jobs(jobs: Sequence[Job]) -> list[Job]:
         into = merged[key]
         x_tr, y_tr, x_va, y_va, x_te, y_te = into.arrays
         _, y2_tr, _, y2_va, _, y2_te = job.arrays
-        into.arrays = (x_tr, np.concatenate([y_tr, y2_tr], 1), x_va, np.concatenate([y_va, y2_va], 1), x_te,
-                       np.concatenate([y_te, y2_te], 1))
+        into.arrays = (
+            x_tr,
+            np.concatenate([y_tr, y2_tr], 1),
+            x_va,
+            np.concatenate([y_va, y2_va], 1),
+            x_te,
+            np.concatenate([y_te, y2_te], 1),
+        )
         into.tasks = into.tasks + job.tasks
         into.groups = into.groups + job.groups
     return out
@@ -284,5 +360,6 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> list[dict]:
 
 def sort_rows(rows: Sequence[dict], sources: Sequence[str], tasks: Sequence[str]) -> list[dict]:
     """results.csv order: source, task (as asked), fraction, seed."""
-    return sorted(rows, key=lambda r: (list(sources).index(r["encoder"]), list(tasks).index(r["task"]),
-                                       r["fraction"], r["seed"]))
+    return sorted(
+        rows, key=lambda r: (list(sources).index(r["encoder"]), list(tasks).index(r["task"]), r["fraction"], r["seed"])
+    )

@@ -6,6 +6,7 @@ holding train.csv, val.csv and test.csv with a `record` column (a WFDB record pa
 that folder or absolute) and, after it, one 0/1 column per class (the same columns in all three);
 the demo uses it on synthetic records.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,27 +44,53 @@ def _ptbxl(name: str, folder: str, label: str, classes: str) -> TaskDef:
     return TaskDef(name, "ptbxl", files, "filename_hr", tuple(classes.split()), label, meta)
 
 
-TASKS: dict[str, TaskDef] = {t.name: t for t in (
-    _ptbxl("ptbxl-super", "super_class", "Super", "HYP NORM MI CD STTC"),
-    _ptbxl("ptbxl-sub", "sub_class", "Sub",
-           "AMI LAFB/LPFB LVH STTC IMI SEHYP CRBBB WPW LAO/LAE NORM AVB RAO/RAE ISC LMI ISCI ISCA NST CLBBB "
-           "ILBBB IRBBB PMI RVH IVCD"),
-    _ptbxl("ptbxl-form", "form", "Form",
-           "PAC DIG HVOLT STD LPR QWAVE VCLVH NDT TAB LOWT ABQRS LNGQT PRC(S) NT STE NST PVC INVT LVOLT"),
-    _ptbxl("ptbxl-rhythm", "rhythm", "Rhythm", "SVARR BIGU STACH SARRH SBRAD TRIGU AFIB SR SVTAC PSVT AFLT PACE"),
-    TaskDef("cpsc2018", "cpsc2018", {s: f"icbeb/icbeb_{s}.csv" for s in SPLITS}, "filename",
-            ("AFIB", "VPC", "NORM", "1AVB", "CRBBB", "STE", "PAC", "CLBBB", "STD"), "CPSC2018",
-            ("patient_id", "ecg_id", "filename", "validation", "age", "sex", "scp_codes")),
-)}
+TASKS: dict[str, TaskDef] = {
+    t.name: t
+    for t in (
+        _ptbxl("ptbxl-super", "super_class", "Super", "HYP NORM MI CD STTC"),
+        _ptbxl(
+            "ptbxl-sub",
+            "sub_class",
+            "Sub",
+            "AMI LAFB/LPFB LVH STTC IMI SEHYP CRBBB WPW LAO/LAE NORM AVB RAO/RAE ISC LMI ISCI ISCA NST CLBBB "
+            "ILBBB IRBBB PMI RVH IVCD",
+        ),
+        _ptbxl(
+            "ptbxl-form",
+            "form",
+            "Form",
+            "PAC DIG HVOLT STD LPR QWAVE VCLVH NDT TAB LOWT ABQRS LNGQT PRC(S) NT STE NST PVC INVT LVOLT",
+        ),
+        _ptbxl("ptbxl-rhythm", "rhythm", "Rhythm", "SVARR BIGU STACH SARRH SBRAD TRIGU AFIB SR SVTAC PSVT AFLT PACE"),
+        TaskDef(
+            "cpsc2018",
+            "cpsc2018",
+            {s: f"icbeb/icbeb_{s}.csv" for s in SPLITS},
+            "filename",
+            ("AFIB", "VPC", "NORM", "1AVB", "CRBBB", "STE", "PAC", "CLBBB", "STD"),
+            "CPSC2018",
+            ("patient_id", "ecg_id", "filename", "validation", "age", "sex", "scp_codes"),
+        ),
+    )
+}
 PAPER_TASKS = tuple(TASKS)
 
 # MERL's third downstream set, Chapman-Shaoxing-Ningbo: records of the ecg-arrhythmia database (which the
 # paper pretrains on), so it runs only with the pretraining-leakage guard. `ecg_path` is
 # /chapman/WFDBRecords/NN/NNN/JSxxxxx.mat; the class columns are MERL's, in their file order.
-CSN_CLASSES = ("AQW UW SR WPW 2AVB AT VB ARS STTC SA STE VPB TWO STTU ALS APB 2AVB1 PRIE CCR CR AF AVB QTIE LBBB "
-               "VEB SVT RBBB 1AVB STDD MI AFIB TWC PWC ERV RVH LVH ST JEB")
-TASKS["csn"] = TaskDef("csn", "csn", {s: f"chapman/chapman_{s}.csv" for s in SPLITS}, "ecg_path",
-                       tuple(CSN_CLASSES.split()), "CSN", ("ecg_path", "age", "diagnose"))
+CSN_CLASSES = (
+    "AQW UW SR WPW 2AVB AT VB ARS STTC SA STE VPB TWO STTU ALS APB 2AVB1 PRIE CCR CR AF AVB QTIE LBBB "
+    "VEB SVT RBBB 1AVB STDD MI AFIB TWC PWC ERV RVH LVH ST JEB"
+)
+TASKS["csn"] = TaskDef(
+    "csn",
+    "csn",
+    {s: f"chapman/chapman_{s}.csv" for s in SPLITS},
+    "ecg_path",
+    tuple(CSN_CLASSES.split()),
+    "CSN",
+    ("ecg_path", "age", "diagnose"),
+)
 GUARDED_TASKS = ("csn",)  # never probed without the leakage guard
 
 
@@ -86,7 +113,7 @@ def _custom_task(folder: Path) -> TaskDef:
     header = list(pd.read_csv(path, nrows=0).columns)
     if "record" not in header:
         raise EcgposError(f"{path}: no 'record' column (columns: {', '.join(header)})")
-    classes = tuple(header[header.index("record") + 1:])
+    classes = tuple(header[header.index("record") + 1 :])
     if not classes:
         raise EcgposError(f"{path}: no class columns after 'record'")
     files = {s: str((folder / f"{s}.csv").resolve()) for s in SPLITS}
@@ -117,8 +144,7 @@ def read_split(task: TaskDef, splits_root: Path | None, split: str, record_colum
     rel = task.files[split]
     path = Path(rel) if Path(rel).is_absolute() else Path(splits_root or ".") / rel
     if not path.is_file():
-        raise EcgposError(f"task {task.name}: split file {path} not found "
-                          f"(--splits must hold the MERL split folders)")
+        raise EcgposError(f"task {task.name}: split file {path} not found (--splits must hold the MERL split folders)")
     try:
         frame = pd.read_csv(path, dtype={record_column or task.record_column: str})
     except Exception as err:  # pandas raises many types for malformed files
@@ -130,10 +156,17 @@ def read_split(task: TaskDef, splits_root: Path | None, split: str, record_colum
     missing = [c for c in task.classes if c not in frame.columns]
     extra = [c for c in frame.columns if c not in task.classes and c not in task.meta]
     if missing or extra:
-        detail = "; ".join(x for x in (f"missing {', '.join(missing)}" if missing else "",
-                                       f"unexpected {', '.join(map(str, extra))}" if extra else "") if x)
-        raise EcgposError(f"{path}: class columns do not match task {task.name} ({detail}; expected "
-                          f"{' '.join(task.classes)})")
+        detail = "; ".join(
+            x
+            for x in (
+                f"missing {', '.join(missing)}" if missing else "",
+                f"unexpected {', '.join(map(str, extra))}" if extra else "",
+            )
+            if x
+        )
+        raise EcgposError(
+            f"{path}: class columns do not match task {task.name} ({detail}; expected {' '.join(task.classes)})"
+        )
     labels = frame[list(task.classes)]
     bad = ~labels.isin([0, 1]).all()
     if bad.any():

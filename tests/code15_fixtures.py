@@ -7,6 +7,7 @@ death, timey, normal_ecg, trace_file) and `exams_partN.hdf5` with `tracings` (N,
 float32 mV at 400 Hz (lead order DI, DII, DIII, AVR, AVL, AVF, V1..V6) and `exam_id` (N,);
 shorter exams zero-padded symmetrically; the last row of every part is exam_id 0, all zeros.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Shared fixtures: the real sample data (one place), and artefacts built once per session."""
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,19 @@ def arrhythmia_shards(shared_data: Path, tmp_path_factory: pytest.TempPathFactor
     from ecgpos.cli import main
 
     out = tmp_path_factory.mktemp("arrhythmia-shards")
-    rc = main(["preprocess", "ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"),
-               "--subset", "all", "--out", str(out), "--records-per-shard", "64"])
+    rc = main(
+        [
+            "preprocess",
+            "ecg-arrhythmia",
+            "--src",
+            str(shared_data / "ecg-arrhythmia"),
+            "--subset",
+            "all",
+            "--out",
+            str(out),
+            "--records-per-shard",
+            "64",
+        ]
+    )
     assert rc == 0
     return out

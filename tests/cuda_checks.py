@@ -4,6 +4,7 @@
 
 Each check raises (exit 1) on failure and prints one line starting with "ok" on success.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,16 +24,38 @@ from ecgpos.pretrain.plan import prepare  # noqa: E402
 from ecgpos.pretrain.trainer import Trainer  # noqa: E402
 from ecgpos.resources import config_path  # noqa: E402
 
-FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", "train.log_every=1",
-        "--set", "train.figure_every=1000", "--set", "train.checkpoint_every=1000"]
+FAST = [
+    "--set",
+    "train.batch_size=8",
+    "--set",
+    "train.num_workers=0",
+    "--set",
+    "train.log_every=1",
+    "--set",
+    "train.figure_every=1000",
+    "--set",
+    "train.checkpoint_every=1000",
+]
 
 
 def trainer(work: Path, name: str, *extra: str) -> Trainer:
     shards = work / "shards"
     if not shards.is_dir():
         write_tiny_shards(shards, n_records=48, records_per_shard=24)
-    args = build_parser().parse_args(["--stage", "0", "--config", str(config_path("tiny/stage0")), "--shards",
-                                      str(shards), "--run-dir", str(work / name), *FAST, *extra])
+    args = build_parser().parse_args(
+        [
+            "--stage",
+            "0",
+            "--config",
+            str(config_path("tiny/stage0")),
+            "--shards",
+            str(shards),
+            "--run-dir",
+            str(work / name),
+            *FAST,
+            *extra,
+        ]
+    )
     return Trainer(prepare(args))
 
 

@@ -4,6 +4,7 @@ Signals are cheap ECG-like waveforms: a periodic train of Gaussian "QRS" and "T"
 with a per-record heart rate, per-lead gain and noise, standardised per lead, stored as float16
 like `ecgpos preprocess` writes them. Lengths vary, so readers must use `lengths`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,16 @@ def ecg_like(length: int, fs: int, rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def write_tiny_shards(folder: Path, n_records: int = 48, records_per_shard: int = 20, seed: int = 0,
-                      spec: PreprocessSpec = DEFAULT_SPEC, min_length: int | None = None,
-                      max_length: int | None = None, nan_records: set[int] | None = None) -> Path:
+def write_tiny_shards(
+    folder: Path,
+    n_records: int = 48,
+    records_per_shard: int = 20,
+    seed: int = 0,
+    spec: PreprocessSpec = DEFAULT_SPEC,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    nan_records: set[int] | None = None,
+) -> Path:
     """Write shard-*.h5, index.csv and preprocess.json into `folder`; returns it.
 
     nan_records: record numbers (0-based, over the whole set) whose signal is all NaN (bad-data tests).
@@ -48,13 +56,25 @@ def write_tiny_shards(folder: Path, n_records: int = 48, records_per_shard: int 
         signals = [ecg_like(int(rng.integers(lo, hi + 1)), spec.fs, rng) for _ in ids]
         signals = [np.full_like(s, np.nan) if first + k in (nan_records or ()) else s for k, s in enumerate(signals)]
         write_shard(folder / shard_name(chunk), signals, ids, spec, {"source": "tiny", "chunk": chunk})
-        rows += [{"shard": shard_name(chunk), "row": r, "source": "tiny", "record_id": rid, "patient_id": rid,
-                  "age": "", "sex": "", "length": s.shape[-1], "labels": ""}
-                 for r, (rid, s) in enumerate(zip(ids, signals))]
+        rows += [
+            {
+                "shard": shard_name(chunk),
+                "row": r,
+                "source": "tiny",
+                "record_id": rid,
+                "patient_id": rid,
+                "age": "",
+                "sex": "",
+                "length": s.shape[-1],
+                "labels": "",
+            }
+            for r, (rid, s) in enumerate(zip(ids, signals))
+        ]
     with open(folder / "index.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (folder / "preprocess.json").write_text(json.dumps({"spec": spec.to_dict(), "source": "tiny",
-                                                        "counts": {"written": n_records}, "version": "test"}))
+    (folder / "preprocess.json").write_text(
+        json.dumps({"spec": spec.to_dict(), "source": "tiny", "counts": {"written": n_records}, "version": "test"})
+    )
     return folder

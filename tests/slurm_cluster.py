@@ -12,6 +12,7 @@ Manual use (leaves the cluster up until Ctrl-C):  python tests/slurm_cluster.py 
 Needs the Debian packages slurm-wlm and munge (slurm/ci/install.sh installs them as root) and root, because
 slurmd must be able to start jobs as the submitting user.
 """
+
 from __future__ import annotations
 
 import os
@@ -159,11 +160,17 @@ class SlurmCluster:
             self._start_munge()
             hw = node_hardware()
             self.conf = self.root / "slurm.conf"
-            self.conf.write_text(render_conf(self.root, self.node, hw, (_free_port(), _free_port()),
-                                             self.root / "munge" / "munge.socket"))
+            self.conf.write_text(
+                render_conf(
+                    self.root, self.node, hw, (_free_port(), _free_port()), self.root / "munge" / "munge.socket"
+                )
+            )
             sbin = "/usr/sbin:/sbin"
-            self.env = {**os.environ, "SLURM_CONF": str(self.conf),
-                        "PATH": os.environ.get("PATH", "/usr/bin:/bin") + ":" + sbin}
+            self.env = {
+                **os.environ,
+                "SLURM_CONF": str(self.conf),
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin") + ":" + sbin,
+            }
             # -D: stay in the foreground so we own the process; -c / -c: ignore any old state
             self._spawn("slurmctld", [_which("slurmctld"), "-D", "-c", "-f", str(self.conf)])
             self._spawn("slurmd", [_which("slurmd"), "-D", "-c", "-f", str(self.conf), "-N", self.node])
@@ -176,8 +183,9 @@ class SlurmCluster:
     def stop(self) -> None:
         """Cancel every job, stop slurmd, slurmctld and munged (in that order), remove the folder."""
         if self.env and self._alive("slurmctld"):
-            subprocess.run(["scancel", "--full", "--user", str(os.geteuid())], env=self.env,
-                           capture_output=True, timeout=30)
+            subprocess.run(
+                ["scancel", "--full", "--user", str(os.geteuid())], env=self.env, capture_output=True, timeout=30
+            )
             self._wait_no_running_jobs(timeout=30)
         for _name, proc in reversed(self._procs):
             if proc.poll() is None:
@@ -213,9 +221,19 @@ class SlurmCluster:
         if not key.exists():
             key.write_bytes(os.urandom(1024))
             os.chmod(key, 0o600)
-        self._spawn("munged", [_which("munged"), "--foreground", "--force", f"--socket={mdir / 'munge.socket'}",
-                               f"--key-file={key}", f"--log-file={self.root / 'log' / 'munged.log'}",
-                               f"--pid-file={mdir / 'munged.pid'}", f"--seed-file={mdir / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            [
+                _which("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={mdir / 'munge.socket'}",
+                f"--key-file={key}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--pid-file={mdir / 'munged.pid'}",
+                f"--seed-file={mdir / 'munged.seed'}",
+            ],
+        )
         deadline = time.monotonic() + 15
         while not (mdir / "munge.socket").exists():
             self._check_alive("munged")
@@ -226,8 +244,9 @@ class SlurmCluster:
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = open(self.root / "log" / f"{name}.stdout", "wb")
         # own session: a Ctrl-C in the terminal must not reach the daemons before stop() does
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         out.close()
         self._procs.append((name, proc))
 
@@ -246,14 +265,16 @@ class SlurmCluster:
         while time.monotonic() < deadline:
             for name in DAEMONS:
                 self._check_alive(name)
-            proc = subprocess.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"], env=self.env,
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                ["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"], env=self.env, capture_output=True, text=True
+            )
             state = proc.stdout.strip()
             if proc.returncode == 0 and state == "idle":
                 return
             time.sleep(0.5)
-        raise ClusterError(f"node {self.node} not idle after {self.start_timeout:.0f}s (state {state!r})\n"
-                           + self.log_tail())
+        raise ClusterError(
+            f"node {self.node} not idle after {self.start_timeout:.0f}s (state {state!r})\n" + self.log_tail()
+        )
 
     def _wait_no_running_jobs(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -270,6 +291,7 @@ def _main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description="Bring up a one-node Slurm cluster until Ctrl-C.")
     p.add_argument("--dir", type=Path, help="folder for state/logs (kept); default: a temporary folder (removed)")
     args = p.parse_args(argv)
+
     def _interrupt(signum, frame):
         raise KeyboardInterrupt
 
@@ -277,8 +299,11 @@ def _main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     with SlurmCluster(args.dir) as cluster:
-        print(f"Slurm is up ({cluster.node}). In another shell:\n  export SLURM_CONF={cluster.conf}\n"
-              f"Logs: {cluster.root}/log   Ctrl-C or SIGTERM stops the cluster.", flush=True)
+        print(
+            f"Slurm is up ({cluster.node}). In another shell:\n  export SLURM_CONF={cluster.conf}\n"
+            f"Logs: {cluster.root}/log   Ctrl-C or SIGTERM stops the cluster.",
+            flush=True,
+        )
         try:
             signal.pause()
         except KeyboardInterrupt:

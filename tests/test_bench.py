@@ -1,4 +1,5 @@
 """The benchmarks still run and still print their figure last (smallest sizes; nothing is timed here)."""
+
 from __future__ import annotations
 
 import re
@@ -13,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench_process(script: str, *args: str) -> subprocess.CompletedProcess:
     """Run bench/<script> in a fresh process."""
-    return subprocess.run([sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def run_bench(script: str, *args: str) -> list[str]:
@@ -44,16 +46,36 @@ def test_probe_bench_prints_its_figure_last() -> None:
 
 @pytest.mark.slow
 def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
-    lines = run_bench("train_step.py", "--config", str(ROOT / "configs/tiny/stage1.yaml"), "--steps", "2",
-                      "--warmup", "1", "--threads", "1")
+    lines = run_bench(
+        "train_step.py",
+        "--config",
+        str(ROOT / "configs/tiny/stage1.yaml"),
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--threads",
+        "1",
+    )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
     assert fields["stage"] == "1" and float(fields["samples_per_s"]) > 0
     assert 0 < float(fields["stage0_forward_share"]) < 1
 
 
 def test_loader_bench_prints_samples_per_s_last(arrhythmia_shards: Path) -> None:
-    lines = run_bench("loader.py", "--shards", str(arrhythmia_shards), "--workers", "0", "--batch", "8",
-                      "--batches", "3", "--train-samples-per-s", "100")
+    lines = run_bench(
+        "loader.py",
+        "--shards",
+        str(arrhythmia_shards),
+        "--workers",
+        "0",
+        "--batch",
+        "8",
+        "--batches",
+        "3",
+        "--train-samples-per-s",
+        "100",
+    )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
     assert float(fields["samples_per_s"]) > 0
     assert float(fields["ratio"]) == pytest.approx(float(fields["samples_per_s"]) / 100, rel=0.01, abs=0.05)

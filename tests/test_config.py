@@ -1,4 +1,5 @@
 """YAML -> dataclass configs (ecgpos.config) and the run configs (ecgpos.runs.run_config, configs/*.yaml)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,24 +81,27 @@ def test_tiny_configs_are_small_versions() -> None:
     assert t1.stage == 1 and t1.encoder.width == t0.encoder.width and t0.optim.steps == 200
 
 
-@pytest.mark.parametrize("override, message", [
-    ("mask_ratio=1.0", "mask_ratio must lie in"),
-    ("mask_ratio=0.0", "mask_ratio must lie in"),
-    ("mask_ratio=0.99", "keeps 0 of 30"),
-    ("stage=2", "stage must be 0 or 1"),
-    ("encoder.patch_size=80", "not a multiple"),
-    ("encoder.seq_len=1500", "must equal preprocess.window"),
-    ("encoder.heads=5", "not divisible"),
-    ("optim.lr=0", "optim.lr must be > 0"),
-    ("optim.min_lr=1.0", "optim.min_lr must lie in"),
-    ("optim.steps=0", "optim.steps must be >= 1"),
-    ("optim.betas=[0.9, 1.0]", "optim.betas"),
-    ("train.batch_size=10", "not a multiple of train.grad_accum"),
-    ("train.val_fraction=1.0", "val_fraction"),
-    ("train.mixed_precision=fp16", "must be one of"),
-    ("push_pull.enabled=true", "Stage-1 objective"),
-    ("preprocess.standardise=global", "standardise"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("mask_ratio=1.0", "mask_ratio must lie in"),
+        ("mask_ratio=0.0", "mask_ratio must lie in"),
+        ("mask_ratio=0.99", "keeps 0 of 30"),
+        ("stage=2", "stage must be 0 or 1"),
+        ("encoder.patch_size=80", "not a multiple"),
+        ("encoder.seq_len=1500", "must equal preprocess.window"),
+        ("encoder.heads=5", "not divisible"),
+        ("optim.lr=0", "optim.lr must be > 0"),
+        ("optim.min_lr=1.0", "optim.min_lr must lie in"),
+        ("optim.steps=0", "optim.steps must be >= 1"),
+        ("optim.betas=[0.9, 1.0]", "optim.betas"),
+        ("train.batch_size=10", "not a multiple of train.grad_accum"),
+        ("train.val_fraction=1.0", "val_fraction"),
+        ("train.mixed_precision=fp16", "must be one of"),
+        ("push_pull.enabled=true", "Stage-1 objective"),
+        ("preprocess.standardise=global", "standardise"),
+    ],
+)
 def test_impossible_values_are_one_line_config_errors(override: str, message: str) -> None:
     overrides = [override] + (["train.grad_accum=4"] if override.startswith("train.batch_size") else [])
     with pytest.raises(ConfigError, match=message) as err:
@@ -115,8 +119,9 @@ def test_stage_flag_against_config(tmp_path: Path) -> None:
 
 def test_config_differences_ignore_operational_keys() -> None:
     a = load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml")
-    b = load_run_config(CONFIG_DIR / "tiny" / "stage0.yaml", ["train.num_workers=0", "train.log_every=1",
-                                                              "optim.lr=0.002"])
+    b = load_run_config(
+        CONFIG_DIR / "tiny" / "stage0.yaml", ["train.num_workers=0", "train.log_every=1", "optim.lr=0.002"]
+    )
     assert config_differences(a, b) == ["optim.lr: 0.001 -> 0.002"]
     assert set(OPERATIONAL_KEYS) <= set(flat_dict(a))
     assert to_dict(a)["optim"]["betas"] == [0.9, 0.95]

@@ -1,4 +1,5 @@
 """`ecgpos demo --quick` end to end: the README's main job, on the synthetic corpus."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,12 @@ from ecgpos.demo.demo import PROBE_TASK, QUICK
 @pytest.mark.slow
 def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     # The real readers ran on the real layouts: every simulated record is accounted for.

@@ -1,4 +1,5 @@
 """Export, load_encoder, ONNX, `ecgpos embed` and `ecgpos verify` on tiny real Stage-0/Stage-1 runs."""
+
 from __future__ import annotations
 
 import csv
@@ -45,9 +46,25 @@ def _tiny_run(request: pytest.FixtureRequest, name: str, build) -> Path:  # noqa
 def stage0_run(request, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # noqa: ANN001
     def build() -> Path:
         run = tmp_path_factory.mktemp("export-stage0") / "run"
-        assert main(["pretrain", "--stage", "0", "--config", str(CONFIG_DIR / "tiny" / "stage0.yaml"),
-                     "--shards", str(arrhythmia_shards), "--run-dir", str(run), *FAST]) == 0
+        assert (
+            main(
+                [
+                    "pretrain",
+                    "--stage",
+                    "0",
+                    "--config",
+                    str(CONFIG_DIR / "tiny" / "stage0.yaml"),
+                    "--shards",
+                    str(arrhythmia_shards),
+                    "--run-dir",
+                    str(run),
+                    *FAST,
+                ]
+            )
+            == 0
+        )
         return run
+
     return _tiny_run(request, "tiny_stage0_run", build)
 
 
@@ -55,10 +72,27 @@ def stage0_run(request, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # n
 def stage1_run(request, stage0_run: Path, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # noqa: ANN001
     def build() -> Path:
         run = tmp_path_factory.mktemp("export-stage1") / "run"
-        assert main(["pretrain", "--stage", "1", "--config", str(CONFIG_DIR / "tiny" / "stage1.yaml"),
-                     "--shards", str(arrhythmia_shards), "--stage0", str(stage0_run), "--run-dir", str(run),
-                     *FAST]) == 0
+        assert (
+            main(
+                [
+                    "pretrain",
+                    "--stage",
+                    "1",
+                    "--config",
+                    str(CONFIG_DIR / "tiny" / "stage1.yaml"),
+                    "--shards",
+                    str(arrhythmia_shards),
+                    "--stage0",
+                    str(stage0_run),
+                    "--run-dir",
+                    str(run),
+                    *FAST,
+                ]
+            )
+            == 0
+        )
         return run
+
     return _tiny_run(request, "tiny_stage1_run", build)
 
 
@@ -73,8 +107,10 @@ def probe_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def export0(stage0_run: Path, probe_dir: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("exports") / "stage0"
-    assert main(["export", "--run-dir", str(stage0_run), "--out", str(out), "--onnx",
-                 "--probe-results", str(probe_dir)]) == 0
+    assert (
+        main(["export", "--run-dir", str(stage0_run), "--out", str(out), "--onnx", "--probe-results", str(probe_dir)])
+        == 0
+    )
     return out
 
 
@@ -88,12 +124,17 @@ def export1(stage1_run: Path, tmp_path_factory) -> Path:
 def _fresh_process_features(export: Path, inputs: np.ndarray, tmp_path: Path) -> np.ndarray:
     """forward_features of `export` computed by a new Python process (nothing shared in memory)."""
     np.save(tmp_path / "x.npy", inputs)
-    code = ("import sys, numpy as np, torch; torch.set_num_threads(1); import ecgpos\n"
-            "enc = ecgpos.load_encoder(sys.argv[1]); assert not enc.training\n"
-            "with torch.no_grad(): f = enc.forward_features(torch.from_numpy(np.load(sys.argv[2])))\n"
-            "np.save(sys.argv[3], f.numpy())\n")
-    subprocess.run([sys.executable, "-c", code, str(export), str(tmp_path / "x.npy"), str(tmp_path / "f.npy")],
-                   check=True, timeout=120)
+    code = (
+        "import sys, numpy as np, torch; torch.set_num_threads(1); import ecgpos\n"
+        "enc = ecgpos.load_encoder(sys.argv[1]); assert not enc.training\n"
+        "with torch.no_grad(): f = enc.forward_features(torch.from_numpy(np.load(sys.argv[2])))\n"
+        "np.save(sys.argv[3], f.numpy())\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(export), str(tmp_path / "x.npy"), str(tmp_path / "f.npy")],
+        check=True,
+        timeout=120,
+    )
     return np.load(tmp_path / "f.npy")
 
 
@@ -109,8 +150,9 @@ def test_export_reloads_in_fresh_process_with_checkpoint_features(which: str, re
     loaded = load_run_encoder(run)
     assert config["preprocess"] == loaded.spec.to_dict()
     rng = np.random.default_rng(3)
-    inputs = np.concatenate([make_inputs(loaded.spec, 2),
-                             rng.standard_normal((2, 12, loaded.spec.window)).astype(np.float32)])
+    inputs = np.concatenate(
+        [make_inputs(loaded.spec, 2), rng.standard_normal((2, 12, loaded.spec.window)).astype(np.float32)]
+    )
     with torch.no_grad():
         want = loaded.module.float().cpu().forward_features(torch.from_numpy(inputs)).numpy()
     got = _fresh_process_features(export, inputs, tmp_path)
@@ -158,12 +200,13 @@ def _shard_row(shards: Path, record_id: str) -> np.ndarray:
             ids = [x.decode() if isinstance(x, bytes) else str(x) for x in handle["record_id"][:]]
             if record_id in ids:
                 row = ids.index(record_id)
-                return np.asarray(handle["signals"][row, :, :int(handle["lengths"][row])], dtype=np.float32)
+                return np.asarray(handle["signals"][row, :, : int(handle["lengths"][row])], dtype=np.float32)
     raise AssertionError(f"{record_id} not in {shards}")
 
 
-def test_embed_of_real_record_equals_its_shard_row(export0: Path, arrhythmia_shards: Path,
-                                                   shared_data: Path, tmp_path: Path) -> None:
+def test_embed_of_real_record_equals_its_shard_row(
+    export0: Path, arrhythmia_shards: Path, shared_data: Path, tmp_path: Path
+) -> None:
     """`embed` of a raw 500 Hz record vs forward_features of its shard row (same centre window).
 
     With float32 shards (`--dtype float32`) the two must be equal. The default float16 shards
@@ -181,20 +224,35 @@ def test_embed_of_real_record_equals_its_shard_row(export0: Path, arrhythmia_sha
 
     def features(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
-            return encoder.forward_features(torch.from_numpy(x[None, :, start:start + window])).numpy()[0]
+            return encoder.forward_features(torch.from_numpy(x[None, :, start : start + window])).numpy()[0]
 
     src = tmp_path / "src" / "WFDBRecords" / "01" / "010"  # a one-record corpus in the real layout
     src.mkdir(parents=True)
     for suffix in (".hea", ".mat"):
         (src / f"JS00001{suffix}").symlink_to(record.with_suffix(suffix))
-    assert main(["preprocess", "ecg-arrhythmia", "--src", str(tmp_path / "src"), "--subset", "all",
-                 "--out", str(tmp_path / "f32"), "--dtype", "float32"]) == 0
+    assert (
+        main(
+            [
+                "preprocess",
+                "ecg-arrhythmia",
+                "--src",
+                str(tmp_path / "src"),
+                "--subset",
+                "all",
+                "--out",
+                str(tmp_path / "f32"),
+                "--dtype",
+                "float32",
+            ]
+        )
+        == 0
+    )
     stored32 = _shard_row(tmp_path / "f32", "JS00001")
     assert np.abs(encoder.embed(raw.signal, raw.fs, raw.leads) - features(stored32)).max() <= 1e-6
 
     x = preprocess_signal(raw.signal, raw.fs, raw.leads, encoder.spec)
     assert x.shape == stored.shape
-    np.testing.assert_allclose(stored, x, rtol=2.0 ** -10, atol=2.0 ** -24)  # one float16 ulp
+    np.testing.assert_allclose(stored, x, rtol=2.0**-10, atol=2.0**-24)  # one float16 ulp
     embedded = encoder.embed(raw.signal, raw.fs, raw.leads)
     assert np.abs(embedded - features(x)).max() <= 1e-6  # embed = centre window of the preprocessing
     shard_dtype = read_shard_spec(arrhythmia_shards).dtype
@@ -202,8 +260,12 @@ def test_embed_of_real_record_equals_its_shard_row(export0: Path, arrhythmia_sha
     assert np.abs(embedded - features(stored)).max() <= 2 * rounding_effect + 1e-6
     # `ecgpos embed` on the shard folder: stored rows, same centre window, same features
     out = tmp_path / "shard-feats.npz"
-    assert main(["embed", "--encoder", str(export0), "--input", str(arrhythmia_shards), "--out", str(out),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            ["embed", "--encoder", str(export0), "--input", str(arrhythmia_shards), "--out", str(out), "--no-progress"]
+        )
+        == 0
+    )
     data = np.load(out)
     ids = list(data["record_id"])
     rows = 0
@@ -228,8 +290,9 @@ def test_lead_order_and_names_do_not_change_features(export0: Path, shared_data:
     assert np.abs(encoder.embed(swapped, raw.fs, raw.leads) - reference).max() > 1e-4
 
 
-def test_verify_passes_then_fails_on_tampered_weights(export0: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture) -> None:
+def test_verify_passes_then_fails_on_tampered_weights(
+    export0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert main(["verify", str(export0)]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("PASS")
     tampered = tmp_path / "tampered"
@@ -260,9 +323,11 @@ def _rewrite(export: Path, dest: Path, edit) -> Path:  # noqa: ANN001
 
 def test_weights_that_do_not_fit_the_config_fail_loudly(export0: Path, tmp_path: Path) -> None:
     first = sorted(read_weights(export0 / WEIGHTS_FILE))[0]
-    cases = {"missing": (lambda s: s.pop(first), first),
-             "unexpected": (lambda s: s.__setitem__("extra.weight", torch.zeros(3)), "extra.weight"),
-             "shape": (lambda s: s.__setitem__(first, torch.zeros(*s[first].shape, 2)), first)}
+    cases = {
+        "missing": (lambda s: s.pop(first), first),
+        "unexpected": (lambda s: s.__setitem__("extra.weight", torch.zeros(3)), "extra.weight"),
+        "shape": (lambda s: s.__setitem__(first, torch.zeros(*s[first].shape, 2)), first),
+    }
     for name, (edit, key) in cases.items():
         broken = _rewrite(export0, tmp_path / name, edit)
         with pytest.raises(EcgposError) as err:
@@ -278,8 +343,9 @@ def test_weights_that_do_not_fit_the_config_fail_loudly(export0: Path, tmp_path:
         load_encoder(wrong_arch)
 
 
-def test_folder_that_is_not_an_export(stage0_run: Path, export0: Path, tmp_path: Path,
-                                      capsys: pytest.CaptureFixture) -> None:
+def test_folder_that_is_not_an_export(
+    stage0_run: Path, export0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     with pytest.raises(EcgposError, match="not an ecgpos export folder"):
         load_encoder(tmp_path)
     with pytest.raises(EcgposError, match="training run folder"):
@@ -299,25 +365,43 @@ def test_folder_that_is_not_an_export(stage0_run: Path, export0: Path, tmp_path:
 
 
 def _write_record(folder: Path, name: str, signal: np.ndarray, fs: float, leads: list[str]) -> None:
-    wfdb.wrsamp(name, fs=fs, units=["mV"] * len(leads), sig_name=leads, p_signal=signal.T.astype(np.float64),
-                fmt=["16"] * len(leads), adc_gain=[1000.0] * len(leads), baseline=[0] * len(leads),
-                write_dir=str(folder))
+    wfdb.wrsamp(
+        name,
+        fs=fs,
+        units=["mV"] * len(leads),
+        sig_name=leads,
+        p_signal=signal.T.astype(np.float64),
+        fmt=["16"] * len(leads),
+        adc_gain=[1000.0] * len(leads),
+        baseline=[0] * len(leads),
+        write_dir=str(folder),
+    )
 
 
-def test_bad_records_are_reported_and_others_embedded(export0: Path, shared_data: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture) -> None:
+def test_bad_records_are_reported_and_others_embedded(
+    export0: Path, shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     raw = read_wfdb_record(shared_data / "ptbxl" / "records500" / "00000" / "00002_hr")
     folder = tmp_path / "records"
     (folder / "sub").mkdir(parents=True)
     nan = raw.signal.copy()
     nan[3, 100] = np.nan
-    cases = {"good": (raw.signal, 500, PTBXL_LEADS), "sub/good2": (raw.signal[:, :4600], 500, PTBXL_LEADS),
-             "eight": (raw.signal[:8], 500, PTBXL_LEADS[:8]),
-             "unknown": (raw.signal, 500, PTBXL_LEADS[:11] + ["X7"]),
-             "oddrate": (raw.signal, 1009, PTBXL_LEADS), "short": (raw.signal[:, :2000], 500, PTBXL_LEADS),
-             "nan": (nan, 500, PTBXL_LEADS)}
-    reasons = {"eight": "missing_lead", "unknown": "unknown_lead", "oddrate": "sampling_rate",
-               "short": "too_short", "nan": "non_finite"}
+    cases = {
+        "good": (raw.signal, 500, PTBXL_LEADS),
+        "sub/good2": (raw.signal[:, :4600], 500, PTBXL_LEADS),
+        "eight": (raw.signal[:8], 500, PTBXL_LEADS[:8]),
+        "unknown": (raw.signal, 500, PTBXL_LEADS[:11] + ["X7"]),
+        "oddrate": (raw.signal, 1009, PTBXL_LEADS),
+        "short": (raw.signal[:, :2000], 500, PTBXL_LEADS),
+        "nan": (nan, 500, PTBXL_LEADS),
+    }
+    reasons = {
+        "eight": "missing_lead",
+        "unknown": "unknown_lead",
+        "oddrate": "sampling_rate",
+        "short": "too_short",
+        "nan": "non_finite",
+    }
     for record_id, (signal, fs, leads) in cases.items():
         _write_record(folder / Path(record_id).parent, Path(record_id).name, signal, fs, leads)
     encoder = load_encoder(export0)
@@ -336,37 +420,95 @@ def test_bad_records_are_reported_and_others_embedded(export0: Path, shared_data
         ids = [x.decode() for x in handle["record_id"][:]]
         assert ids == ["good", "sub/good2"] and handle["features"].shape == (2, encoder.width)
         np.testing.assert_allclose(handle["features"][0], encoder.embed(raw.signal, 500, PTBXL_LEADS), atol=1e-6)
-    assert main(["embed", "--encoder", str(export0), "--input", str(folder), "--out", str(tmp_path / "f.csv"),
-                 "--strict", "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "embed",
+                "--encoder",
+                str(export0),
+                "--input",
+                str(folder),
+                "--out",
+                str(tmp_path / "f.csv"),
+                "--strict",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
 
 
-def test_npy_input_with_fs_and_leads(export0: Path, shared_data: Path, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture) -> None:
+def test_npy_input_with_fs_and_leads(
+    export0: Path, shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     raw = read_wfdb_record(shared_data / "ptbxl" / "records500" / "00000" / "00003_hr")
     bad = raw.signal.copy()
     bad[0, :10] = np.nan
     batch = np.stack([raw.signal, raw.signal[::-1], bad])  # rows 0, 1 differ by lead order; row 2 has NaN
     np.save(tmp_path / "batch.npy", batch)
     leads = ",".join(PTBXL_LEADS)
-    assert main(["embed", "--encoder", str(export0), "--input", str(tmp_path / "batch.npy"), "--out",
-                 str(tmp_path / "f.npy"), "--fs", "500", "--leads", leads, "--num-windows", "2",
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "embed",
+                "--encoder",
+                str(export0),
+                "--input",
+                str(tmp_path / "batch.npy"),
+                "--out",
+                str(tmp_path / "f.npy"),
+                "--fs",
+                "500",
+                "--leads",
+                leads,
+                "--num-windows",
+                "2",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     feats = np.load(tmp_path / "f.npy")
     assert (tmp_path / "f.ids.txt").read_text().split() == ["0", "1"]
     encoder = load_encoder(export0)
     want = encoder.embed(raw.signal, 500, PTBXL_LEADS, num_windows=2)
     assert np.abs(feats[0] - want).max() <= 1e-6 and np.abs(feats[1] - feats[0]).max() > 1e-4
     assert "skipped 2: non_finite" in capsys.readouterr().err
-    assert main(["embed", "--encoder", str(export0), "--input", str(tmp_path / "batch.npy"),
-                 "--out", str(tmp_path / "g.npy")]) == 2  # --fs/--leads missing
+    assert (
+        main(
+            [
+                "embed",
+                "--encoder",
+                str(export0),
+                "--input",
+                str(tmp_path / "batch.npy"),
+                "--out",
+                str(tmp_path / "g.npy"),
+            ]
+        )
+        == 2
+    )  # --fs/--leads missing
     assert "--fs" in capsys.readouterr().err
 
 
 def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: Path) -> None:
     """`ecgpos embed` of the PTB-XL sample folder to CSV, as the README shows it."""
     out = tmp_path / "feats.csv"
-    assert main(["embed", "--encoder", str(export0), "--input", str(shared_data / "ptbxl" / "records500" / "00000"),
-                 "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "embed",
+                "--encoder",
+                str(export0),
+                "--input",
+                str(shared_data / "ptbxl" / "records500" / "00000"),
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     with out.open() as handle:
         rows = list(csv.reader(handle))
     width = json.loads((export0 / CONFIG_FILE).read_text())["io"]["features"]
@@ -378,15 +520,23 @@ def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: P
 
 def test_model_card_and_nested_verify(export0: Path, export1: Path) -> None:
     card = (export0 / "README.md").read_text()
-    for text in ("not a medical device", "When Does Unsupervised Learning Succeed or Fail?", "ICLR 2027",
-                 "under review", "ecgpos.load_encoder", "| ptbxl_super | 0.01 | 0.6123 |", "Limitations"):
+    for text in (
+        "not a medical device",
+        "When Does Unsupervised Learning Succeed or Fail?",
+        "ICLR 2027",
+        "under review",
+        "ecgpos.load_encoder",
+        "| ptbxl_super | 0.01 | 0.6123 |",
+        "Limitations",
+    ):
         assert text in card
     assert "nested" in (export1 / "README.md").read_text()
     assert main(["verify", str(export1)]) == 0
 
 
-def test_export_records_its_pretraining_shards_for_the_leakage_guard(export1: Path, stage1_run: Path,
-                                                                      arrhythmia_shards: Path) -> None:
+def test_export_records_its_pretraining_shards_for_the_leakage_guard(
+    export1: Path, stage1_run: Path, arrhythmia_shards: Path
+) -> None:
     from probes.encoder import load_probe_encoder
     from probes.leakage import recorded_pretraining
 

@@ -5,6 +5,7 @@ Each example runs the commands in-process (`ecgpos.cli.main`): an exception esca
 the test, as would a traceback for a user. A good record in the same run is always stored.
 Budget: under a minute of CI time for the whole file (FUZZ below).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,14 +31,68 @@ from ecgpos.resources import config_dir
 torch.set_num_threads(1)
 # CI runs the same 12 examples per test every time (derandomize); ECGPOS_FUZZ_EXAMPLES=N explores N random ones.
 _EXAMPLES = int(os.environ.get("ECGPOS_FUZZ_EXAMPLES", "0"))
-FUZZ = settings(max_examples=_EXAMPLES or 12, deadline=None, derandomize=not _EXAMPLES,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-REASONS = {"unreadable", "truncated_signal", "corrupt_signal", "header_mismatch", "missing_lead", "duplicate_lead",
-           "unknown_lead", "units", "sampling_rate", "unexpected_fs", "empty", "non_finite", "all_zero", "flat",
-           "dead_leads", "too_short", "missing_metadata", "unreadable_part", "duplicate_record", "shape"}
-TOKENS = ["-500", "500e3", "500.0.0", "1e12", "nan", "inf", "0", "", "-1", "99999999999", "4600", "5001", "1",
-          "16", "212", "8", "80", "16+24", "16+999", "1000/mv", "abc/mV", "0/uV", "1000(5)/mV", "x", "#", "I", "II",
-          "JS00001.mat", "other.dat", "500/250(1)", "3", "13"]
+FUZZ = settings(
+    max_examples=_EXAMPLES or 12,
+    deadline=None,
+    derandomize=not _EXAMPLES,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+REASONS = {
+    "unreadable",
+    "truncated_signal",
+    "corrupt_signal",
+    "header_mismatch",
+    "missing_lead",
+    "duplicate_lead",
+    "unknown_lead",
+    "units",
+    "sampling_rate",
+    "unexpected_fs",
+    "empty",
+    "non_finite",
+    "all_zero",
+    "flat",
+    "dead_leads",
+    "too_short",
+    "missing_metadata",
+    "unreadable_part",
+    "duplicate_record",
+    "shape",
+}
+TOKENS = [
+    "-500",
+    "500e3",
+    "500.0.0",
+    "1e12",
+    "nan",
+    "inf",
+    "0",
+    "",
+    "-1",
+    "99999999999",
+    "4600",
+    "5001",
+    "1",
+    "16",
+    "212",
+    "8",
+    "80",
+    "16+24",
+    "16+999",
+    "1000/mv",
+    "abc/mV",
+    "0/uV",
+    "1000(5)/mV",
+    "x",
+    "#",
+    "I",
+    "II",
+    "JS00001.mat",
+    "other.dat",
+    "500/250(1)",
+    "3",
+    "13",
+]
 
 
 def rows(path: Path) -> list[dict]:
@@ -54,17 +109,39 @@ def real(shared_data) -> Path:
 def export(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fuzz-export")
     shards = write_tiny_shards(root / "shards", n_records=12, records_per_shard=12)
-    assert main(["pretrain", "--stage", "0", "--config", str(config_dir() / "tiny" / "stage0.yaml"), "--shards",
-                 str(shards), "--run-dir", str(root / "run"), "--set", "optim.steps=1", "--set",
-                 "train.batch_size=4", "--set", "train.num_workers=0"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--stage",
+                "0",
+                "--config",
+                str(config_dir() / "tiny" / "stage0.yaml"),
+                "--shards",
+                str(shards),
+                "--run-dir",
+                str(root / "run"),
+                "--set",
+                "optim.steps=1",
+                "--set",
+                "train.batch_size=4",
+                "--set",
+                "train.num_workers=0",
+            ]
+        )
+        == 0
+    )
     assert main(["export", "--run-dir", str(root / "run"), "--out", str(root / "enc")]) == 0
     return root / "enc"
 
 
 # --- WFDB headers and .mat payloads --------------------------------------------------------------
 
-header_edit = st.tuples(st.integers(0, 13), st.integers(0, 9),
-                        st.one_of(st.sampled_from(TOKENS), st.text("0123456789.-+e/()mVuvx#", max_size=8)))
+header_edit = st.tuples(
+    st.integers(0, 13),
+    st.integers(0, 9),
+    st.one_of(st.sampled_from(TOKENS), st.text("0123456789.-+e/()mVuvx#", max_size=8)),
+)
 payload_edit = st.one_of(
     st.tuples(st.just("truncate"), st.integers(0, 120_100)),
     st.tuples(st.just("append"), st.binary(min_size=1, max_size=64)),
@@ -86,13 +163,12 @@ def write_mutated(real: Path, folder: Path, record_id: str, headers: list, paylo
     elif payload and payload[0] == "append":
         data += payload[1]
     elif payload:
-        data[payload[1]:payload[1] + len(payload[2])] = payload[2]
+        data[payload[1] : payload[1] + len(payload[2])] = payload[2]
     (folder / f"{record_id}.mat").write_bytes(bytes(data))
 
 
 @FUZZ
-@given(records=st.lists(st.tuples(st.lists(header_edit, max_size=3), st.none() | payload_edit), min_size=1,
-                        max_size=3))
+@given(records=st.lists(st.tuples(st.lists(header_edit, max_size=3), st.none() | payload_edit), min_size=1, max_size=3))
 def test_fuzzed_wfdb_records_are_stored_or_skipped(real, export, records):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -104,14 +180,40 @@ def test_fuzzed_wfdb_records_are_stored_or_skipped(real, export, records):
         for i, (headers, payload) in enumerate(records):
             ids.append(f"JS0000{i + 2}")
             write_mutated(real, folder, ids[-1], headers, payload)
-        assert main(["preprocess", "ecg-arrhythmia", "--src", str(root / "src"), "--subset", "all",
-                     "--out", str(root / "out")]) == 0
+        assert (
+            main(
+                [
+                    "preprocess",
+                    "ecg-arrhythmia",
+                    "--src",
+                    str(root / "src"),
+                    "--subset",
+                    "all",
+                    "--out",
+                    str(root / "out"),
+                ]
+            )
+            == 0
+        )
         stored = [r["record_id"] for r in rows(root / "out" / "index.csv")]
         skipped = rows(root / "out" / "skipped.csv")
         assert "JS00001" in stored and sorted(stored + [r["record_id"] for r in skipped]) == ids
         assert {r["reason"] for r in skipped} <= REASONS
-        assert main(["embed", "--encoder", str(export), "--input", str(root / "src"), "--out",
-                     str(root / "f.csv"), "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "embed",
+                    "--encoder",
+                    str(export),
+                    "--input",
+                    str(root / "src"),
+                    "--out",
+                    str(root / "f.csv"),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
         embedded = [Path(r["record_id"]).name for r in rows(root / "f.csv")]
         refused = rows(root / "f.skipped.csv")
         assert "JS00001" in embedded and sorted(embedded + [Path(r["record_id"]).name for r in refused]) == ids
@@ -143,8 +245,12 @@ def trace(kind: str, seed: int) -> np.ndarray:
 
 
 @FUZZ
-@given(kinds=st.lists(trace_kind, min_size=1, max_size=4), damage=part_damage,
-       ids=st.lists(st.integers(0, 5), min_size=4, max_size=4), listed=st.sets(st.integers(0, 5)))
+@given(
+    kinds=st.lists(trace_kind, min_size=1, max_size=4),
+    damage=part_damage,
+    ids=st.lists(st.integers(0, 5), min_size=4, max_size=4),
+    listed=st.sets(st.integers(0, 5)),
+)
 def test_fuzzed_code15_parts_are_stored_or_skipped(kinds, damage, ids, listed):
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
@@ -194,7 +300,7 @@ def damage_shard(path: Path, damage: tuple) -> None:
     if damage[0] in ("truncate", "overwrite"):
         data = bytearray(path.read_bytes())
         at = int(damage[1] * len(data))
-        data = data[:at] if damage[0] == "truncate" else data[:at] + damage[2] + data[at + len(damage[2]):]
+        data = data[:at] if damage[0] == "truncate" else data[:at] + damage[2] + data[at + len(damage[2]) :]
         path.write_bytes(bytes(data))
         return
     with h5py.File(path, "r+") as f:
@@ -228,10 +334,25 @@ def test_fuzzed_shards_never_raise(export, damage):
         shards = write_tiny_shards(root / "shards", n_records=6, records_per_shard=3)
         damage_shard(sorted(shards.glob("shard-*.h5"))[1], damage)
         (root / "busy").write_text("")  # --run-dir is a file: pretrain stops right after checking the shards
-        assert main(["pretrain", "--stage", "0", "--config", str(config_dir() / "tiny" / "stage0.yaml"),
-                     "--shards", str(shards), "--run-dir", str(root / "busy")]) == 2
-        rc = main(["embed", "--encoder", str(export), "--input", str(shards), "--out", str(root / "f.csv"),
-                   "--no-progress"])
+        assert (
+            main(
+                [
+                    "pretrain",
+                    "--stage",
+                    "0",
+                    "--config",
+                    str(config_dir() / "tiny" / "stage0.yaml"),
+                    "--shards",
+                    str(shards),
+                    "--run-dir",
+                    str(root / "busy"),
+                ]
+            )
+            == 2
+        )
+        rc = main(
+            ["embed", "--encoder", str(export), "--input", str(shards), "--out", str(root / "f.csv"), "--no-progress"]
+        )
         assert rc in (0, 2)
         if rc == 0:  # the damage left a readable shard: every record embedded or listed with a reason
             done = rows(root / "f.csv") + rows(root / "f.skipped.csv")

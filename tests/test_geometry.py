@@ -1,4 +1,5 @@
 """The appendix's metrics on constructed point clouds with known answers, against a plain reading."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,14 +11,16 @@ import pytest
 from probes.geometry import EPS, METRICS, geometry, plot_geometry
 
 
-def reference(x: np.ndarray, x_hat: np.ndarray, labels: list[str], nominal: list[str],
-              anomalous: list[str]) -> dict[str, tuple[float, float, float]]:
+def reference(
+    x: np.ndarray, x_hat: np.ndarray, labels: list[str], nominal: list[str], anomalous: list[str]
+) -> dict[str, tuple[float, float, float]]:
     """The appendix's formulas, written out with plain loops, for comparison."""
     dims = x.shape[1]
     nominal_rows = [i for i, lab in enumerate(labels) if lab in nominal]
     mean = [sum(x[i, j] for i in nominal_rows) / len(nominal_rows) for j in range(dims)]
-    std = [math.sqrt(sum((x[i, j] - mean[j]) ** 2 for i in nominal_rows) / len(nominal_rows)) + EPS
-           for j in range(dims)]
+    std = [
+        math.sqrt(sum((x[i, j] - mean[j]) ** 2 for i in nominal_rows) / len(nominal_rows)) + EPS for j in range(dims)
+    ]
 
     def metrics(space: np.ndarray) -> dict[str, float]:
         z = [[(space[i, j] - mean[j]) / std[j] for j in range(dims)] for i in range(len(labels))]
@@ -39,9 +42,15 @@ def reference(x: np.ndarray, x_hat: np.ndarray, labels: list[str], nominal: list
             ratio.append(d[-1] / (radius[best] + EPS))
             by_class[lab].append(d[-1])
         pool = [float(np.median(v)) for v in by_class.values() if v]
-        return {"D_inter": d_inter, "R": r_mean, "S": d_inter / (r_mean + EPS), "rho": float(np.median(ratio)),
-                "d_samp": float(np.median(d)), "d_pool": float(np.median(pool)),
-                "IC": float(np.median([v / (d_inter + EPS) for v in d]))}
+        return {
+            "D_inter": d_inter,
+            "R": r_mean,
+            "S": d_inter / (r_mean + EPS),
+            "rho": float(np.median(ratio)),
+            "d_samp": float(np.median(d)),
+            "d_pool": float(np.median(pool)),
+            "IC": float(np.median([v / (d_inter + EPS) for v in d])),
+        }
 
     mx, mh = metrics(x), metrics(x_hat)
     return {m: (mx[m], mh[m], 100 * (mh[m] - mx[m]) / (mx[m] + EPS)) for m in METRICS}
@@ -86,7 +95,7 @@ def test_anomaly_moved_halfway_to_its_centre() -> None:
     lab = np.array(labels)
     x_hat = x.copy()
     mus = {c: x[lab == c].mean(axis=0) for c in "ABC"}
-    scale = x[np.isin(lab, list("ABC"))].std(axis=0) + EPS   # the standardisation's per-dimension scale
+    scale = x[np.isin(lab, list("ABC"))].std(axis=0) + EPS  # the standardisation's per-dimension scale
     for i in np.flatnonzero(np.isin(lab, ["X", "Y"])):
         nearest = min(mus, key=lambda c: np.linalg.norm((x[i] - mus[c]) / scale))
         x_hat[i] = x[i] + 0.5 * (mus[nearest] - x[i])
@@ -129,8 +138,12 @@ def test_standardisation_uses_nominal_x_only() -> None:
 
 def test_d_pool_weights_classes_equally() -> None:
     """d_samp follows the big anomaly class; d_pool is the median of class medians."""
-    x = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [10.0, 0.0], [11.0, 0.0], [10.0, 1.0],
-                  [11.0, 1.0]] + [[0.5, 20.0]] * 5 + [[0.5, 2.0]] * 1 + [[0.5, 3.0]] * 1)
+    x = np.array(
+        [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [10.0, 0.0], [11.0, 0.0], [10.0, 1.0], [11.0, 1.0]]
+        + [[0.5, 20.0]] * 5
+        + [[0.5, 2.0]] * 1
+        + [[0.5, 3.0]] * 1
+    )
     labels = ["A"] * 4 + ["B"] * 4 + ["X"] * 5 + ["Y"] + ["Z"]
     res = geometry(x, x, labels, ["A", "B"], ["X", "Y", "Z"])
     want = reference(x, x, labels, ["A", "B"], ["X", "Y", "Z"])

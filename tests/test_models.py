@@ -1,4 +1,5 @@
 """Models: ST-MEM encoder + MAE (Stage 0), latent MAE + nested encoder (Stage 1), push-pull, factory."""
+
 from __future__ import annotations
 
 import json
@@ -49,11 +50,12 @@ def small_encoder(seed: int = 0, **kw) -> STMEMEncoder:
 
 # -- Stage 0 -----------------------------------------------------------------------------------
 
+
 def test_patchify_round_trip():
     x = torch.randn(2, 12, 2250)
     p = patchify(x, 75)
     assert p.shape == (2, 12, 30, 75)
-    assert torch.equal(p[1, 4, 7], x[1, 4, 7 * 75:8 * 75])
+    assert torch.equal(p[1, 4, 7], x[1, 4, 7 * 75 : 8 * 75])
     assert torch.equal(unpatchify(p), x)
 
 
@@ -61,8 +63,8 @@ def test_mask_counts_per_lead_and_generator():
     assert num_kept(30, 0.75) == 7 and num_kept(30, 0.5) == 15
     ids_keep, mask, ids_restore = random_masking(4, 12, 30, 0.75, generator=torch.Generator().manual_seed(1))
     assert mask.dtype == torch.bool and mask.shape == (4, 12, 30)
-    assert (mask.sum(-1) == 23).all()                                   # every lead on its own
-    assert not torch.gather(mask, -1, ids_keep).any()                  # kept ids are the unmasked ones
+    assert (mask.sum(-1) == 23).all()  # every lead on its own
+    assert not torch.gather(mask, -1, ids_keep).any()  # kept ids are the unmasked ones
     assert not all(torch.equal(mask[0, 0], mask[0, lead]) for lead in range(1, 12))  # independent leads
     again = random_masking(4, 12, 30, 0.75, generator=torch.Generator().manual_seed(1))[1]
     assert torch.equal(mask, again)
@@ -77,7 +79,7 @@ def test_sep_tokens_never_masked():
     sep = (enc.sep_token + enc.lead_embed)[None].expand(3, -1, -1)
     assert torch.allclose(tokens[:, :, 0], sep) and torch.allclose(tokens[:, :, -1], sep)
     patches, _ = enc.embed(x)
-    visible = patches[~mask].reshape(3, 12, 7, 32)                     # time order, per lead
+    visible = patches[~mask].reshape(3, 12, 7, 32)  # time order, per lead
     kept_sorted = torch.sort(tokens[:, :, 1:-1], dim=2).values
     assert torch.allclose(kept_sorted, torch.sort(visible, dim=2).values)
 
@@ -133,13 +135,14 @@ def test_mae_loss_counts_masked_patches_only():
 
 def test_tiny_mae_overfits_fixed_batch():
     torch.manual_seed(0)
-    model = MaskedECGAutoencoder(STMEMEncoder(EncoderConfig(width=64, depth=2, heads=4)),
-                                 DecoderConfig(width=64, depth=1, heads=4))
+    model = MaskedECGAutoencoder(
+        STMEMEncoder(EncoderConfig(width=64, depth=2, heads=4)), DecoderConfig(width=64, depth=1, heads=4)
+    )
     x = smooth_batch()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     losses = []
     for _ in range(200):
-        out = model(x, generator=torch.Generator().manual_seed(0))    # fixed batch, fixed mask
+        out = model(x, generator=torch.Generator().manual_seed(0))  # fixed batch, fixed mask
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -153,7 +156,7 @@ def test_unshuffle_puts_kept_and_mask_tokens_at_their_time_positions():
     on the masked ones, per sample and per lead (the decoder relies on this for its positions)."""
     x = torch.randn(3, 12, 30, 8)
     ids_keep, mask, ids_restore = random_masking(3, 12, 30, 0.75, generator=torch.Generator().manual_seed(3))
-    assert not torch.equal(mask[0], mask[1])                           # masks differ across the batch
+    assert not torch.equal(mask[0], mask[1])  # masks differ across the batch
     full = unshuffle_with_mask_tokens(gather_tokens(x, ids_keep), torch.full((8,), -99.0), ids_restore)
     assert torch.equal(full[~mask], x[~mask])
     assert (full[mask] == -99.0).all()
@@ -169,33 +172,45 @@ def test_mae_learns_predictable_signal_with_random_masks():
     leads, patch, n = 4, 40, 10
     torch.manual_seed(0)
     model = MaskedECGAutoencoder(
-        STMEMEncoder(EncoderConfig(num_leads=leads, seq_len=n * patch, patch_size=patch, width=32, depth=1,
-                                   heads=2, mlp_ratio=2.0)),
-        DecoderConfig(width=32, depth=1, heads=2, mlp_ratio=2.0), mask_ratio=0.7)
+        STMEMEncoder(
+            EncoderConfig(
+                num_leads=leads, seq_len=n * patch, patch_size=patch, width=32, depth=1, heads=2, mlp_ratio=2.0
+            )
+        ),
+        DecoderConfig(width=32, depth=1, heads=2, mlp_ratio=2.0),
+        mask_ratio=0.7,
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     g = torch.Generator().manual_seed(0)
-    t = torch.arange(n * patch) / patch                                  # time in patches
+    t = torch.arange(n * patch) / patch  # time in patches
     lead_phase = torch.arange(leads).view(1, leads, 1) * math.pi / 6
     losses = []
     for _ in range(500):
         phase = 2 * math.pi * torch.rand(16, 1, 1, generator=g)
         x = torch.sin(2 * math.pi * 0.3 * t + phase + lead_phase)
-        out = model(x, generator=g)                                      # new masks every step
+        out = model(x, generator=g)  # new masks every step
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
         losses.append(out["loss"].item())
     late = sum(losses[-50:]) / 50
-    assert late < 0.35, [round(sum(losses[i:i + 50]) / 50, 3) for i in range(0, 500, 50)]
+    assert late < 0.35, [round(sum(losses[i : i + 50]) / 50, 3) for i in range(0, 500, 50)]
 
 
 # -- Stage 1 -----------------------------------------------------------------------------------
 
+
 def small_stage1(push_pull: PushPullConfig | None = None, norm_target: bool = False) -> LatentMaskedAutoencoder:
     stage0 = small_encoder(seed=1)
     torch.manual_seed(2)
-    return LatentMaskedAutoencoder(stage0, LatentEncoder(EncoderConfig(**SMALL)), SMALL_DEC,
-                                   mask_ratio=0.75, norm_target=norm_target, push_pull=push_pull)
+    return LatentMaskedAutoencoder(
+        stage0,
+        LatentEncoder(EncoderConfig(**SMALL)),
+        SMALL_DEC,
+        mask_ratio=0.75,
+        norm_target=norm_target,
+        push_pull=push_pull,
+    )
 
 
 def test_stage0_frozen_during_stage1_training():
@@ -254,8 +269,7 @@ def test_stage1_push_pull_terms_enter_the_loss():
 
 def test_stage1_width_mismatch():
     with pytest.raises(ConfigError, match="width"):
-        LatentMaskedAutoencoder(small_encoder(), LatentEncoder(EncoderConfig(width=64, depth=1, heads=4)),
-                                SMALL_DEC)
+        LatentMaskedAutoencoder(small_encoder(), LatentEncoder(EncoderConfig(width=64, depth=1, heads=4)), SMALL_DEC)
 
 
 def test_nested_encoder_features_shape_and_determinism():
@@ -271,6 +285,7 @@ def test_nested_encoder_features_shape_and_determinism():
 
 # -- push-pull ---------------------------------------------------------------------------------
 
+
 def test_push_pull_alpha_zero_is_pull():
     g = torch.Generator().manual_seed(0)
     x, x_tilde, x_hat = (torch.randn(5, 3, 4, generator=g) for _ in range(3))
@@ -283,12 +298,12 @@ def test_push_pull_hinge_zero_when_far_enough():
     x = torch.zeros(2, 6)
     e = torch.tensor([[3.0, 4.0, 0, 0, 0, 0], [0, 0, 1.0, 0, 0, 0]])
     x_tilde = x + e
-    x_hat = x - e                                  # d(x^, x~) = 2 |e| >= alpha * delta for alpha <= 2
+    x_hat = x - e  # d(x^, x~) = 2 |e| >= alpha * delta for alpha <= 2
     for alpha in (1.0, 2.0):
         loss, active = push_pull_loss(x, x_tilde, x_hat, alpha)
-        assert torch.allclose(loss, torch.tensor(3.0)) and active.item() == 0.0   # pull only: (5 + 1) / 2
-    loss, active = push_pull_loss(x, x_tilde, x_tilde.clone(), 1.0)               # x^ = x~: hinge = delta
-    assert torch.allclose(loss, torch.tensor(6.0)) and active.item() == 1.0       # (5 + 5 + 1 + 1) / 2
+        assert torch.allclose(loss, torch.tensor(3.0)) and active.item() == 0.0  # pull only: (5 + 1) / 2
+    loss, active = push_pull_loss(x, x_tilde, x_tilde.clone(), 1.0)  # x^ = x~: hinge = delta
+    assert torch.allclose(loss, torch.tensor(6.0)) and active.item() == 1.0  # (5 + 5 + 1 + 1) / 2
 
 
 def _step(x_hat0: torch.Tensor, alpha: float, lr: float = 0.01) -> torch.Tensor:
@@ -301,12 +316,12 @@ def _step(x_hat0: torch.Tensor, alpha: float, lr: float = 0.01) -> torch.Tensor:
 
 def test_push_pull_gradient_moves_reconstruction_away_from_perturbation():
     x, x_tilde = torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0]])
-    x_hat = torch.tensor([[1.05, 0.05]])           # just past x~: pulling toward x alone passes x~
+    x_hat = torch.tensor([[1.05, 0.05]])  # just past x~: pulling toward x alone passes x~
     assert push_pull_loss(x, x_tilde, x_hat, 1.0)[1].item() == 1.0
-    dist = lambda a, b: (a - b).norm().item()      # noqa: E731
+    dist = lambda a, b: (a - b).norm().item()  # noqa: E731
     pushed = _step(x_hat, alpha=1.0)
-    assert dist(pushed, x_tilde) > dist(x_hat, x_tilde)     # the hinge pushes x^ off x~
-    assert dist(pushed, x) < dist(x_hat, x)                  # while still pulling toward x
+    assert dist(pushed, x_tilde) > dist(x_hat, x_tilde)  # the hinge pushes x^ off x~
+    assert dist(pushed, x) < dist(x_hat, x)  # while still pulling toward x
     pulled_only = _step(x_hat, alpha=0.0)
     assert dist(pulled_only, x_tilde) < dist(x_hat, x_tilde)  # without push it drifts onto x~
 
@@ -316,7 +331,7 @@ def test_perturb_gaussian_and_mask():
     x = torch.randn(8, 50, 2, generator=g) * torch.tensor([1.0, 10.0])
     noisy = perturb(x, "gaussian", 0.1, torch.Generator().manual_seed(1))
     ratio = (noisy - x).flatten(0, 1).std(0) / x.flatten(0, 1).std(0)
-    assert torch.allclose(ratio, torch.full((2,), 0.1), rtol=0.15)          # per-dimension scaling
+    assert torch.allclose(ratio, torch.full((2,), 0.1), rtol=0.15)  # per-dimension scaling
     assert torch.equal(noisy, perturb(x, "gaussian", 0.1, torch.Generator().manual_seed(1)))
     masked = perturb(x, "mask", 0.3, torch.Generator().manual_seed(2))
     zeroed = (masked == 0).all(-1)
@@ -327,6 +342,7 @@ def test_perturb_gaussian_and_mask():
 
 
 # -- factory -----------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["stage0", "nested"])
 def test_factory_round_trip(kind: str):

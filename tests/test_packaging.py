@@ -1,4 +1,5 @@
 """The installed package works like a checkout; the preprocessing spec is chosen in one place."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src") / "ecgpos"
     # a copy, so that the build's own build/ and *.egg-info never touch the checkout
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (found,) = out.glob("ecgpos-*.whl")
     return found
 
@@ -38,24 +43,39 @@ def test_wheel_holds_the_configs_and_every_package(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in SHIPPED:
         assert f"ecgpos/configs/{name}.yaml" in names
-    packages = {p.parent.relative_to(ROOT).as_posix() for p in ROOT.glob("*/**/__init__.py")
-                if p.parts[len(ROOT.parts)] in ("ecgpos", "preprocessing", "probes")}
+    packages = {
+        p.parent.relative_to(ROOT).as_posix()
+        for p in ROOT.glob("*/**/__init__.py")
+        if p.parts[len(ROOT.parts)] in ("ecgpos", "preprocessing", "probes")
+    }
     assert packages and all(f"{package}/__init__.py" in names for package in packages)
 
 
 def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import json, ecgpos, ecgpos.resources as r; from ecgpos.runs.run_config import load_run_config;"
-            "print(json.dumps({'module': ecgpos.__file__, 'dir': str(r.config_dir()), 'names': r.shipped_configs(),"
-            "'width': load_run_config('stage0').encoder.width}))")
+    code = (
+        "import json, ecgpos, ecgpos.resources as r; from ecgpos.runs.run_config import load_run_config;"
+        "print(json.dumps({'module': ecgpos.__file__, 'dir': str(r.config_dir()), 'names': r.shipped_configs(),"
+        "'width': load_run_config('stage0').encoder.width}))"
+    )
     # the installed copy comes first on the path, and the checkout is not the working folder
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
-                          cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {code}"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
     assert found["module"].startswith(str(site)) and found["dir"].startswith(str(site))
@@ -85,23 +105,52 @@ def test_spec_from_file_and_overrides(tmp_path: Path) -> None:
         PreprocessSpec.load(None, ["lowpass_hz=0.5"])
 
 
-def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(shared_data: Path, tmp_path: Path,
-                                                                             capsys: pytest.CaptureFixture) -> None:
+def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     src = tmp_path / "src" / "WFDBRecords" / "01" / "010"
     src.mkdir(parents=True)
     for record in sorted((shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010").glob("JS0000[1-4].*")):
         shutil.copy(record, src)
     out = tmp_path / "shards"
-    assert main(["preprocess", "ecg-arrhythmia", "--src", str(tmp_path / "src"), "--subset", "all", "--out", str(out),
-                 "--set", "lowpass_hz=45", "--set", "filter_order=2"]) == 0
+    assert (
+        main(
+            [
+                "preprocess",
+                "ecg-arrhythmia",
+                "--src",
+                str(tmp_path / "src"),
+                "--subset",
+                "all",
+                "--out",
+                str(out),
+                "--set",
+                "lowpass_hz=45",
+                "--set",
+                "filter_order=2",
+            ]
+        )
+        == 0
+    )
     (shard,) = out.glob("shard-*.h5")
     with h5py.File(shard) as handle:
         stored = PreprocessSpec.from_h5_attrs(handle.attrs)
     assert (stored.lowpass_hz, stored.filter_order) == (45.0, 2)
     assert json.loads((out / "preprocess.json").read_text())["settings"]["spec"]["lowpass_hz"] == 45.0
     capsys.readouterr()
-    rc = main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", str(out),
-               "--run-dir", str(tmp_path / "run")])
+    rc = main(
+        [
+            "pretrain",
+            "--stage",
+            "0",
+            "--config",
+            "tiny/stage0",
+            "--shards",
+            str(out),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "lowpass_hz: 40.0 != 45.0" in err and not (tmp_path / "run").exists()

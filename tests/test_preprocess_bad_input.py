@@ -1,4 +1,5 @@
 """Every kind of bad input becomes a specific skipped.csv reason (or a one-line error), never a traceback."""
+
 from __future__ import annotations
 
 import csv
@@ -18,8 +19,9 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.shards import iter_shard_records
 
 
-def write_record(folder: Path, record_id: str, digital: np.ndarray, fs: int = 500,
-                 leads=CANONICAL_LEADS, sig_len: int | None = None) -> None:
+def write_record(
+    folder: Path, record_id: str, digital: np.ndarray, fs: int = 500, leads=CANONICAL_LEADS, sig_len: int | None = None
+) -> None:
     """An ecg-arrhythmia style record: MATLAB v4 `val` int16 + CRLF header at 1000 adu/mV."""
     folder.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
@@ -97,16 +99,36 @@ def bad_tree(shared_data, tmp_path_factory) -> Path:
 
 
 EXPECTED_ARRHYTHMIA = {
-    "JS00002": "truncated_signal", "JS00003": "corrupt_signal", "JS00004": "header_mismatch",
-    "JS00005": "missing_lead", "JS00006": "duplicate_lead", "JS00007": "unexpected_fs", "JS00008": "non_finite",
-    "JS00009": "all_zero", "JS00010": "flat", "JS00011": "dead_leads", "JS00013": "too_short",
-    "JS00014": "unreadable", "JS00015": "unreadable", "JS00016": "unreadable",
+    "JS00002": "truncated_signal",
+    "JS00003": "corrupt_signal",
+    "JS00004": "header_mismatch",
+    "JS00005": "missing_lead",
+    "JS00006": "duplicate_lead",
+    "JS00007": "unexpected_fs",
+    "JS00008": "non_finite",
+    "JS00009": "all_zero",
+    "JS00010": "flat",
+    "JS00011": "dead_leads",
+    "JS00013": "too_short",
+    "JS00014": "unreadable",
+    "JS00015": "unreadable",
+    "JS00016": "unreadable",
 }
 
 
 def test_arrhythmia_bad_inputs_are_skipped_with_reasons(bad_tree, tmp_path, capsys):
-    rc, out, err = run(capsys, "ecg-arrhythmia", "--src", str(bad_tree), "--subset", "all", "--out",
-                       str(tmp_path / "o"), "--records-per-shard", "4")
+    rc, out, err = run(
+        capsys,
+        "ecg-arrhythmia",
+        "--src",
+        str(bad_tree),
+        "--subset",
+        "all",
+        "--out",
+        str(tmp_path / "o"),
+        "--records-per-shard",
+        "4",
+    )
     assert rc == 0 and "Traceback" not in err
     assert "stored 2 + skipped 15 = found 17" in out
     skipped = read_csv(tmp_path / "o" / "skipped.csv")
@@ -123,8 +145,19 @@ def test_arrhythmia_bad_inputs_are_skipped_with_reasons(bad_tree, tmp_path, caps
 
 
 def test_pad_short_and_strict_dead_lead_policy(bad_tree, tmp_path, capsys):
-    rc, out, _ = run(capsys, "ecg-arrhythmia", "--src", str(bad_tree), "--subset", "all", "--out",
-                     str(tmp_path / "o"), "--pad-short", "--max-dead-leads", "0")
+    rc, out, _ = run(
+        capsys,
+        "ecg-arrhythmia",
+        "--src",
+        str(bad_tree),
+        "--subset",
+        "all",
+        "--out",
+        str(tmp_path / "o"),
+        "--pad-short",
+        "--max-dead-leads",
+        "0",
+    )
     assert rc == 0 and "stored 2 + skipped 15 = found 17" in out
     index = {row["record_id"]: row for row in read_csv(tmp_path / "o" / "index.csv")}
     assert set(index) == {"JS00001", "JS00013"} and index["JS00013"]["length"] == "1250"
@@ -145,13 +178,30 @@ def test_code15_bad_inputs(tmp_path, capsys):
     (src / "exams_part1.hdf5").write_bytes(b"not an HDF5 file at all" * 10)
     with h5py.File(src / "exams_part2.hdf5", "w") as f:
         f.create_dataset("exam_id", data=np.array([8, 0]))  # no tracings
-    write_exams_csv(src, [exam_row(1, 0, RBBB=True), exam_row(2, 0), exam_row(3, 0), exam_row(5, 0),
-                          exam_row(6, 1), exam_row(7, 1), exam_row(9, 17)])  # no row for exam 4
+    write_exams_csv(
+        src,
+        [
+            exam_row(1, 0, RBBB=True),
+            exam_row(2, 0),
+            exam_row(3, 0),
+            exam_row(5, 0),
+            exam_row(6, 1),
+            exam_row(7, 1),
+            exam_row(9, 17),
+        ],
+    )  # no row for exam 4
     rc, out, err = run(capsys, "code15", "--src", str(src), "--out", str(tmp_path / "o"))
     assert rc == 0 and "stored 1 + skipped 7 = found 8" in out
     reasons = {row["record_id"]: row["reason"] for row in read_csv(tmp_path / "o" / "skipped.csv")}
-    assert reasons == {"2": "too_short", "3": "all_zero", "4": "missing_metadata", "5": "non_finite",
-                       "6": "unreadable_part", "7": "unreadable_part", "exams_part2.hdf5": "unreadable_part"}
+    assert reasons == {
+        "2": "too_short",
+        "3": "all_zero",
+        "4": "missing_metadata",
+        "5": "non_finite",
+        "6": "unreadable_part",
+        "7": "unreadable_part",
+        "exams_part2.hdf5": "unreadable_part",
+    }
     index = read_csv(tmp_path / "o" / "index.csv")
     assert [(r["record_id"], r["length"], r["RBBB"], r["patient_id"]) for r in index] == [("1", "2500", "1", "8")]
     rc, out, _ = run(capsys, "code15", "--src", str(src), "--out", str(tmp_path / "padded"), "--pad-short")
@@ -172,8 +222,9 @@ def test_src_without_records_is_a_one_line_error(dataset, tmp_path, capsys):
 
 
 def test_default_ningbo_subset_on_chapman_samples_says_why(shared_data, tmp_path, capsys):
-    rc, out, err = run(capsys, "ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--out",
-                       str(tmp_path / "o"))
+    rc, out, err = run(
+        capsys, "ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--out", str(tmp_path / "o")
+    )
     assert rc == 2 and "200 records outside subset 'ningbo': try --subset all" in err
 
 
@@ -188,11 +239,24 @@ def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
 
     rng = np.random.default_rng(0)
     lengths = {"a": 5000, "b": 20, "c": 5000, "d": 5000}
-    source = SimpleNamespace(load_record=lambda src, ref: LoadedRecord(
-        signal=rng.normal(size=(12, lengths[ref.record_id])).astype(np.float32), fs=500.0,
-        leads=list(CANONICAL_LEADS), meta={"dx": ""}))
-    monkeypatch.setattr(build, "_state", {"source": source, "src": None, "spec": DEFAULT_SPEC,
-                                          "policy": RecordPolicy(expected_fs=500.0, pad_short=True)})
+    source = SimpleNamespace(
+        load_record=lambda src, ref: LoadedRecord(
+            signal=rng.normal(size=(12, lengths[ref.record_id])).astype(np.float32),
+            fs=500.0,
+            leads=list(CANONICAL_LEADS),
+            meta={"dx": ""},
+        )
+    )
+    monkeypatch.setattr(
+        build,
+        "_state",
+        {
+            "source": source,
+            "src": None,
+            "spec": DEFAULT_SPEC,
+            "policy": RecordPolicy(expected_fs=500.0, pad_short=True),
+        },
+    )
     out = build._process_batch([RecordRef(record_id=k, location=k) for k in lengths])
     assert [(r[0], r[1].record_id) for r in out] == [("ok", "a"), ("skip", "b"), ("ok", "c"), ("ok", "d")]
     assert out[1][2] == "too_short"

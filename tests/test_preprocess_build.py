@@ -1,4 +1,5 @@
 """`ecgpos preprocess` end to end on the real records: format, round trip, --workers/--part, resume, --check."""
+
 from __future__ import annotations
 
 import csv
@@ -28,14 +29,25 @@ def preprocess(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def arrhythmia_args(shared_data: Path, out: Path, *extra: str) -> list[str]:
-    return ["ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--subset", "all", "--out", str(out),
-            *extra]
+    return [
+        "ecg-arrhythmia",
+        "--src",
+        str(shared_data / "ecg-arrhythmia"),
+        "--subset",
+        "all",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def digests(folder: Path) -> dict[str, str]:
     """sha256 of every file in a shard folder (relative path -> digest)."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -46,8 +58,17 @@ def read_csv(path: Path) -> list[dict]:
 def test_done_when_200_real_records(arrhythmia_shards):
     index = read_csv(arrhythmia_shards / "index.csv")
     assert len(index) == 200 and read_csv(arrhythmia_shards / "skipped.csv") == []
-    assert list(index[0])[:9] == ["shard", "row", "source", "record_id", "patient_id", "age", "sex", "length",
-                                  "dead_leads"]
+    assert list(index[0])[:9] == [
+        "shard",
+        "row",
+        "source",
+        "record_id",
+        "patient_id",
+        "age",
+        "sex",
+        "length",
+        "dead_leads",
+    ]
     info = json.loads((arrhythmia_shards / "preprocess.json").read_text())
     assert info["counts"]["found"] == info["counts"]["stored"] == 200 and info["counts"]["skipped"] == 0
     assert info["spec"] == DEFAULT_SPEC.to_dict() and info["source"] == "ecg-arrhythmia" and info["version"]
@@ -89,12 +110,17 @@ def test_workers_and_parts_write_the_same_bytes(shared_data, tmp_path, capsys):
     assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
     reference = digests(tmp_path / "one")
     assert len([k for k in reference if k.startswith("shard-")]) == 13
-    rc, _, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "two", "--records-per-shard", "16",
-                                                   "--workers", "2"))
+    rc, _, _ = preprocess(
+        capsys, *arrhythmia_args(shared_data, tmp_path / "two", "--records-per-shard", "16", "--workers", "2")
+    )
     assert rc == 0 and digests(tmp_path / "two") == reference
     for part in (2, 0, 1):  # any order; the last one merges
-        rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, tmp_path / "parts", "--records-per-shard", "16",
-                                                         "--part", str(part), "--num-parts", "3"))
+        rc, out, _ = preprocess(
+            capsys,
+            *arrhythmia_args(
+                shared_data, tmp_path / "parts", "--records-per-shard", "16", "--part", str(part), "--num-parts", "3"
+            ),
+        )
         assert rc == 0
         assert ("= found 200" in out) == (part == 1)
         assert ((tmp_path / "parts" / "index.csv").exists()) == (part == 1)
@@ -105,8 +131,9 @@ def test_workers_and_parts_write_the_same_bytes(shared_data, tmp_path, capsys):
 
 def test_check_names_missing_chunks_and_settings_are_guarded(shared_data, tmp_path, capsys):
     out_dir = tmp_path / "set"
-    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50",
-                                                     "--part", "0", "--num-parts", "2"))
+    rc, out, _ = preprocess(
+        capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50", "--part", "0", "--num-parts", "2")
+    )
     assert rc == 0 and "2 chunks of other parts pending" in out
     rc, _, err = preprocess(capsys, "--check", "--out", str(out_dir))
     assert rc == 2 and "2 of 4 chunks not done yet (chunk 1, 3)" in err and len(err.strip().splitlines()) == 1
@@ -118,16 +145,21 @@ def test_check_names_missing_chunks_and_settings_are_guarded(shared_data, tmp_pa
     rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50"))
     assert rc == 0 and "already complete" in out and "stored 200 + skipped 0 = found 200" in out
     assert {p: p.stat().st_mtime_ns for p in out_dir.rglob("*")} == before  # a finished set is left untouched
-    rc, _, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50",
-                                                     "--dtype", "float32"))
+    rc, _, err = preprocess(
+        capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50", "--dtype", "float32")
+    )
     assert rc == 2 and "dtype" in err
 
 
 def test_resume_after_kill_9(shared_data, tmp_path, capsys):
     args = arrhythmia_args(shared_data, tmp_path / "killed", "--records-per-shard", "8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.cli", "preprocess", *args], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.cli", "preprocess", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     chunks = tmp_path / "killed" / "chunks"
     deadline = time.monotonic() + 60
     while len(list(chunks.glob("chunk-*.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:

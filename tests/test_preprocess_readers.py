@@ -1,4 +1,5 @@
 """Readers on real records (ecg-arrhythmia, PTB-XL) and on CODE-15 files built in the documented layout."""
+
 from __future__ import annotations
 
 import re
@@ -51,9 +52,11 @@ def test_arrhythmia_values_are_mv_from_digital_samples_and_gains(shared_data):
 
 
 def test_fast_reader_equals_wfdb_rdrecord(shared_data):
-    paths = sorted((shared_data / "ecg-arrhythmia").rglob("*.hea")) + \
-        sorted((shared_data / "ptbxl" / "records500").rglob("*.hea"))[:10] + \
-        sorted((shared_data / "ptbxl" / "records100").rglob("*.hea"))[:10]
+    paths = (
+        sorted((shared_data / "ecg-arrhythmia").rglob("*.hea"))
+        + sorted((shared_data / "ptbxl" / "records500").rglob("*.hea"))[:10]
+        + sorted((shared_data / "ptbxl" / "records100").rglob("*.hea"))[:10]
+    )
     for path in paths:
         base = path.with_suffix("")
         fast = read_fast(base)
@@ -94,11 +97,21 @@ def test_code15_reader_on_built_files(tmp_path):
     short, full = ecg_like(2800, FS, 1), ecg_like(4000, FS, 2)
     write_part(tmp_path, 0, [11, 12], [padded_trace(short), padded_trace(full)])
     write_part(tmp_path, 1, [21], [padded_trace(ecg_like(4096, FS, 3))])
-    write_exams_csv(tmp_path, [exam_row(11, 0, age=71, is_male=False, RBBB=True), exam_row(12, 0, AF=True),
-                               exam_row(21, 1, SB=True), exam_row(99, 5)])  # part 5 not downloaded
+    write_exams_csv(
+        tmp_path,
+        [
+            exam_row(11, 0, age=71, is_male=False, RBBB=True),
+            exam_row(12, 0, AF=True),
+            exam_row(21, 1, SB=True),
+            exam_row(99, 5),
+        ],
+    )  # part 5 not downloaded
     refs, notes = code15.find_records(tmp_path)
-    assert [(r.record_id, r.location, r.row) for r in refs] == \
-        [("11", "exams_part0.hdf5", 0), ("12", "exams_part0.hdf5", 1), ("21", "exams_part1.hdf5", 0)]
+    assert [(r.record_id, r.location, r.row) for r in refs] == [
+        ("11", "exams_part0.hdf5", 0),
+        ("12", "exams_part0.hdf5", 1),
+        ("21", "exams_part1.hdf5", 0),
+    ]
     assert notes == {"padding_rows": 2}  # the exam_id 0 rows are not exams
     first = code15.load_record(tmp_path, refs[0])
     assert first.fs == 400 and first.leads[:3] == ["DI", "DII", "DIII"]
@@ -115,8 +128,11 @@ def test_damaged_dat_files_get_specific_reasons(shared_data, tmp_path):
     from ecgpos.errors import SignalError
 
     source = shared_data / "ptbxl" / "records500" / "00000" / "00001_hr"
-    cases = {"truncated_signal": lambda b: b[:-100], "header_mismatch": lambda b: b + b"\0\0" * 24,
-             "corrupt_signal": lambda b: b[:2000] + bytes(40) + b[2040:]}
+    cases = {
+        "truncated_signal": lambda b: b[:-100],
+        "header_mismatch": lambda b: b + b"\0\0" * 24,
+        "corrupt_signal": lambda b: b[:2000] + bytes(40) + b[2040:],
+    }
     for reason, damage in cases.items():
         folder = tmp_path / reason
         folder.mkdir()

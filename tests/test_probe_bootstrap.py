@@ -1,4 +1,5 @@
 """Bootstrap intervals: the vectorised statistic against a plain loop, stratification, coverage, pairing."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -30,8 +31,9 @@ def _plain_intervals(scores: np.ndarray, labels: np.ndarray, indices: np.ndarray
     for s, seed_scores in enumerate(scores):
         for b, rows in enumerate(indices):
             y, x = labels[rows], seed_scores[rows]
-            per_seed[s, b] = np.mean([roc_auc_score(y[:, c], x[:, c]) for c in range(y.shape[1])
-                                      if 0 < y[:, c].sum() < len(y)])
+            per_seed[s, b] = np.mean(
+                [roc_auc_score(y[:, c], x[:, c]) for c in range(y.shape[1]) if 0 < y[:, c].sum() < len(y)]
+            )
     seeds = [tuple(np.percentile(r, [2.5, 97.5])) for r in per_seed]
     return seeds, tuple(np.percentile(per_seed.mean(axis=0), [2.5, 97.5]))
 

@@ -1,4 +1,5 @@
 """`ecgpos probe`: bad inputs, feature cache, custom tasks, --compare, and a full run on the sample data."""
+
 from __future__ import annotations
 
 import json
@@ -38,14 +39,36 @@ def _one_line_error(rc: int, err: str, needle: str) -> None:
 
 
 def test_unknown_task_is_one_line(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(capsys, "--encoder", f"random:{TINY}", "--task", "ptbxl-diagnostic",
-                        "--data-root", shared_data, "--splits", shared_data / "merl_splits", "--out", tmp_path)
+    rc, _, err = _probe(
+        capsys,
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        "ptbxl-diagnostic",
+        "--data-root",
+        shared_data,
+        "--splits",
+        shared_data / "merl_splits",
+        "--out",
+        tmp_path,
+    )
     _one_line_error(rc, err, "unknown task 'ptbxl-diagnostic'")
 
 
 def test_splits_folder_without_files_is_one_line(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(capsys, "--encoder", f"random:{TINY}", "--task", "cpsc2018", "--data-root", shared_data,
-                        "--splits", tmp_path, "--out", tmp_path / "out")
+    rc, _, err = _probe(
+        capsys,
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        "cpsc2018",
+        "--data-root",
+        shared_data,
+        "--splits",
+        tmp_path,
+        "--out",
+        tmp_path / "out",
+    )
     _one_line_error(rc, err, "icbeb/icbeb_train.csv not found")
 
 
@@ -53,22 +76,56 @@ def test_class_column_mismatch_is_one_line(capsys, shared_data, tmp_path):
     shutil.copytree(shared_data / "merl_splits" / "icbeb", tmp_path / "icbeb")
     frame = pd.read_csv(tmp_path / "icbeb" / "icbeb_val.csv").rename(columns={"STD": "STDX"})
     frame.to_csv(tmp_path / "icbeb" / "icbeb_val.csv", index=False)
-    rc, _, err = _probe(capsys, "--encoder", f"random:{TINY}", "--task", "cpsc2018", "--data-root", shared_data,
-                        "--splits", tmp_path, "--out", tmp_path / "out")
+    rc, _, err = _probe(
+        capsys,
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        "cpsc2018",
+        "--data-root",
+        shared_data,
+        "--splits",
+        tmp_path,
+        "--out",
+        tmp_path / "out",
+    )
     _one_line_error(rc, err, "missing STD; unexpected STDX")
 
 
 def test_unloadable_encoder_is_one_line(capsys, shared_data, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("not: a run\n")
-    rc, _, err = _probe(capsys, "--encoder", tmp_path / "run", "--task", "cpsc2018", "--data-root", shared_data,
-                        "--splits", shared_data / "merl_splits", "--out", tmp_path / "out")
+    rc, _, err = _probe(
+        capsys,
+        "--encoder",
+        tmp_path / "run",
+        "--task",
+        "cpsc2018",
+        "--data-root",
+        shared_data,
+        "--splits",
+        shared_data / "merl_splits",
+        "--out",
+        tmp_path / "out",
+    )
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_require_complete_refuses_missing_records(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(capsys, "--encoder", f"random:{TINY}", "--task", "cpsc2018", "--data-root", shared_data,
-                        "--splits", shared_data / "merl_splits", "--out", tmp_path, "--require-complete")
+    rc, _, err = _probe(
+        capsys,
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        "cpsc2018",
+        "--data-root",
+        shared_data,
+        "--splits",
+        shared_data / "merl_splits",
+        "--out",
+        tmp_path,
+        "--require-complete",
+    )
     _one_line_error(rc, err, "cpsc2018 train: 4931 of 4950 records not found")
 
 
@@ -91,8 +148,9 @@ def test_feature_cache_hit_on_second_run(shared_data, tmp_path):
     source = encoder_source(enc, DEFAULT_SPEC, "counting")
     cfg = ProbeConfig()
     logged = []
-    first, stats1 = prepare_task(resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits",
-                                 tmp_path, cfg, log=logged.append)
+    first, stats1 = prepare_task(
+        resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits", tmp_path, cfg, log=logged.append
+    )
     # split rows without records are reported with their count and first ids, then left out
     assert logged[0].startswith("cpsc2018 train: 4931 of 4950 records not found under the data root, excluded (A4898, ")
     assert len(first.x["train"]) + len(first.x["val"]) + len(first.x["test"]) == 24
@@ -100,20 +158,35 @@ def test_feature_cache_hit_on_second_run(shared_data, tmp_path):
     # long CPSC records give several windows each, averaged into one feature per record
     assert 24 < enc.windows <= 24 * cfg.windows_cpsc2018
     seen = enc.windows
-    second, stats2 = prepare_task(resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits",
-                                  tmp_path, cfg, log=lambda s: None)
+    second, stats2 = prepare_task(
+        resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits", tmp_path, cfg, log=lambda s: None
+    )
     assert stats2.extracted == 0 and stats2.cached == 24 and enc.windows == seen
     for split in ("train", "val", "test"):
         np.testing.assert_array_equal(first.x[split], second.x[split])
     # other window settings are another cache entry
-    _, stats3 = prepare_task(resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits",
-                             tmp_path, ProbeConfig(windows_cpsc2018=1), log=lambda s: None)
+    _, stats3 = prepare_task(
+        resolve_task("cpsc2018"),
+        source,
+        shared_data,
+        shared_data / "merl_splits",
+        tmp_path,
+        ProbeConfig(windows_cpsc2018=1),
+        log=lambda s: None,
+    )
     assert stats3.extracted == 24
     # other weights are another cache entry
     with torch.no_grad():
         enc.conv.bias += 1
-    _, stats4 = prepare_task(resolve_task("cpsc2018"), encoder_source(enc, DEFAULT_SPEC, "counting"), shared_data,
-                             shared_data / "merl_splits", tmp_path, cfg, log=lambda s: None)
+    _, stats4 = prepare_task(
+        resolve_task("cpsc2018"),
+        encoder_source(enc, DEFAULT_SPEC, "counting"),
+        shared_data,
+        shared_data / "merl_splits",
+        tmp_path,
+        cfg,
+        log=lambda s: None,
+    )
     assert stats4.extracted == 24
 
 
@@ -127,8 +200,15 @@ def _custom_task(folder: Path, n: int = 30) -> Path:
         t = np.arange(5000) / 500.0
         beat = np.sin(2 * np.pi * (1.0 + fast) * t) ** 15
         sig = np.stack([beat * (1 + 0.1 * k) for k in range(12)], axis=1) + rng.normal(0, 0.05, (5000, 12))
-        wfdb.wrsamp(f"r{i:03d}", fs=500, units=["mV"] * 12, sig_name=list(DEFAULT_SPEC.leads), p_signal=sig,
-                    fmt=["16"] * 12, write_dir=str(folder))
+        wfdb.wrsamp(
+            f"r{i:03d}",
+            fs=500,
+            units=["mV"] * 12,
+            sig_name=list(DEFAULT_SPEC.leads),
+            p_signal=sig,
+            fmt=["16"] * 12,
+            write_dir=str(folder),
+        )
         rows.append({"record": f"r{i:03d}", "fast": fast, "slow": 1 - fast})
     (folder / "r000.dat").write_bytes(b"\x00" * 10)  # one corrupt record: reported, not fatal
     frame = pd.DataFrame(rows)
@@ -141,8 +221,15 @@ def _custom_task(folder: Path, n: int = 30) -> Path:
 def test_custom_task_with_raw_baseline_reports_failed_records(tmp_path):
     folder = _custom_task(tmp_path / "task")
     logged = []
-    data, stats = prepare_task(resolve_task(f"custom:{folder}"), raw_source(DEFAULT_SPEC), tmp_path, None,
-                               tmp_path / "cache", ProbeConfig(), log=logged.append)
+    data, stats = prepare_task(
+        resolve_task(f"custom:{folder}"),
+        raw_source(DEFAULT_SPEC),
+        tmp_path,
+        None,
+        tmp_path / "cache",
+        ProbeConfig(),
+        log=logged.append,
+    )
     assert list(stats.failed) == ["r000"] and any("r000" in line for line in logged)
     assert len(data.x["train"]) == 15 and data.x["train"].shape[1] == 12 * 225
     cfg = ProbeConfig(seeds=2, fractions=(1.0,))
@@ -156,9 +243,21 @@ def test_compare_merges_result_folders(capsys, tmp_path):
         rows = []
         for task in ("ptbxl-super", "cpsc2018"):
             for seed in range(2):
-                rows.append({"encoder": f"enc-{name}", "task": task, "fraction": 1.0, "seed": seed, "best_epoch": 3,
-                             "val_auroc": 0.5 + signal / 5, "test_auroc": 0.5 + signal / 5 + rng.normal(0, .01),
-                             "excluded_val": "", "excluded_test": "", "test_auroc_per_class": "{}", "note": ""})
+                rows.append(
+                    {
+                        "encoder": f"enc-{name}",
+                        "task": task,
+                        "fraction": 1.0,
+                        "seed": seed,
+                        "best_epoch": 3,
+                        "val_auroc": 0.5 + signal / 5,
+                        "test_auroc": 0.5 + signal / 5 + rng.normal(0, 0.01),
+                        "excluded_val": "",
+                        "excluded_test": "",
+                        "test_auroc_per_class": "{}",
+                        "note": "",
+                    }
+                )
         (tmp_path / name).mkdir()
         write_outputs(write_results(rows, tmp_path / name), tmp_path / name)
     rc, out, _ = _probe(capsys, "--compare", tmp_path / "a", tmp_path / "b", "--out", tmp_path / "both")
@@ -172,9 +271,23 @@ def test_compare_merges_result_folders(capsys, tmp_path):
 
 def _result_folder(folder: Path, encoder: str, tasks: tuple[str, ...], auroc: float) -> Path:
     """A probe output folder written by the report code from hand-made rows (2 seeds per task)."""
-    rows = [{"encoder": encoder, "task": task, "fraction": 1.0, "seed": seed, "best_epoch": 2, "val_auroc": auroc,
-             "test_auroc": auroc + seed / 100, "excluded_val": "", "excluded_test": "",
-             "test_auroc_per_class": "{}", "note": ""} for task in tasks for seed in range(2)]
+    rows = [
+        {
+            "encoder": encoder,
+            "task": task,
+            "fraction": 1.0,
+            "seed": seed,
+            "best_epoch": 2,
+            "val_auroc": auroc,
+            "test_auroc": auroc + seed / 100,
+            "excluded_val": "",
+            "excluded_test": "",
+            "test_auroc_per_class": "{}",
+            "note": "",
+        }
+        for task in tasks
+        for seed in range(2)
+    ]
     folder.mkdir(parents=True)
     write_outputs(write_results(rows, folder), folder)
     return folder
@@ -213,9 +326,29 @@ def test_compare_renames_only_a_repeated_encoder_task_fraction(capsys, tmp_path)
 
 @pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/stage0.yaml not written yet")
 def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
-    args = ["--encoder", f"random:{TINY}", "--task", "all", "--data-root", shared_data, "--splits",
-            shared_data / "merl_splits", "--fractions", "100", "--seeds", "2", "--epochs", "3", "--workers", "1",
-            "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out", "--raw-baseline"]
+    args = [
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        "all",
+        "--data-root",
+        shared_data,
+        "--splits",
+        shared_data / "merl_splits",
+        "--fractions",
+        "100",
+        "--seeds",
+        "2",
+        "--epochs",
+        "3",
+        "--workers",
+        "1",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "out",
+        "--raw-baseline",
+    ]
     rc, out, err = _probe(capsys, *args)
     assert rc == 0, err
     results = pd.read_csv(tmp_path / "out" / "results.csv")
@@ -237,9 +370,23 @@ def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
 @pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/stage0.yaml not written yet")
 def test_custom_task_through_the_cli(capsys, tmp_path):
     folder = _custom_task(tmp_path / "synthetic")
-    rc, out, err = _probe(capsys, "--encoder", f"random:{TINY}", "--task", f"custom:{folder}", "--seeds", "2",
-                          "--epochs", "3", "--fractions", "100", "--cache-dir", tmp_path / "cache", "--out",
-                          tmp_path / "out")
+    rc, out, err = _probe(
+        capsys,
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        f"custom:{folder}",
+        "--seeds",
+        "2",
+        "--epochs",
+        "3",
+        "--fractions",
+        "100",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "out",
+    )
     assert rc == 0, err
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     assert list(results["task"].unique()) == ["custom:synthetic"] and len(results) == 2
@@ -261,13 +408,49 @@ def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys
     assert not any(p.requires_grad for p in twin.module.parameters())
 
     run = tmp_path / "run"
-    assert main(["pretrain", "--stage", "0", "--config", str(TINY), "--shards", str(arrhythmia_shards),
-                 "--run-dir", str(run), "--set", "optim.steps=2", "--set", "train.batch_size=4",
-                 "--set", "train.num_workers=0"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--stage",
+                "0",
+                "--config",
+                str(TINY),
+                "--shards",
+                str(arrhythmia_shards),
+                "--run-dir",
+                str(run),
+                "--set",
+                "optim.steps=2",
+                "--set",
+                "train.batch_size=4",
+                "--set",
+                "train.num_workers=0",
+            ]
+        )
+        == 0
+    )
     folder = _custom_task(tmp_path / "synthetic")
-    rc, out, err = _probe(capsys, "--encoder", run, "--name", "trained", "--random-baseline", "--task",
-                          f"custom:{folder}", "--seeds", "1", "--epochs", "2", "--fractions", "100",
-                          "--cache-dir", tmp_path / "cache", "--out", tmp_path / "out")
+    rc, out, err = _probe(
+        capsys,
+        "--encoder",
+        run,
+        "--name",
+        "trained",
+        "--random-baseline",
+        "--task",
+        f"custom:{folder}",
+        "--seeds",
+        "1",
+        "--epochs",
+        "2",
+        "--fractions",
+        "100",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "out",
+    )
     assert rc == 0, err
     encoders = set(pd.read_csv(tmp_path / "out" / "results.csv")["encoder"])
     assert len(encoders) == 2 and "trained" in encoders, encoders

@@ -1,4 +1,5 @@
 """Probe data on the real sample records: PTB-XL split rows, CPSC2018 in its three published forms."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,8 +18,17 @@ from probes.datasets import RecordLocator, index_cpsc, read_record
 from probes.tasks import SPLITS, read_split, resolve_task
 
 # CPSC2018 label vocabularies -> MERL's ICBEB class columns
-ABBREV = {"Normal": "NORM", "AF": "AFIB", "I-AVB": "1AVB", "LBBB": "CLBBB", "RBBB": "CRBBB", "PAC": "PAC",
-          "PVC": "VPC", "STD": "STD", "STE": "STE"}
+ABBREV = {
+    "Normal": "NORM",
+    "AF": "AFIB",
+    "I-AVB": "1AVB",
+    "LBBB": "CLBBB",
+    "RBBB": "CRBBB",
+    "PAC": "PAC",
+    "PVC": "VPC",
+    "STD": "STD",
+    "STE": "STE",
+}
 REFERENCE_CODE = {1: "NORM", 2: "AFIB", 3: "1AVB", 4: "CLBBB", 5: "CRBBB", 6: "PAC", 7: "VPC", 8: "STD", 9: "STE"}
 
 
@@ -50,9 +60,14 @@ def test_cpsc_all_samples_load_in_all_three_forms(shared_data):
     forms = {form for entry in index.values() for form in entry}
     assert forms == {"original", "cinc2020", "cinc-snomed"}
     counts = {f: sum(f in e for e in index.values()) for f in forms}
-    on_disk = {f: len(list((shared_data / "cpsc2018" / d).rglob("A*.mat")))
-               for f, d in (("original", "original"), ("cinc2020", "cinc2020_wfdb_feb2020"),
-                            ("cinc-snomed", "cinc2021_wfdb_snomed"))}
+    on_disk = {
+        f: len(list((shared_data / "cpsc2018" / d).rglob("A*.mat")))
+        for f, d in (
+            ("original", "original"),
+            ("cinc2020", "cinc2020_wfdb_feb2020"),
+            ("cinc-snomed", "cinc2021_wfdb_snomed"),
+        )
+    }
     assert counts == on_disk
     rows = _icbeb_rows(shared_data)
     reference = pd.read_csv(shared_data / "cpsc2018" / "original" / "REFERENCE.csv").set_index("Recording")
@@ -108,8 +123,13 @@ def test_one_percent_subsets_lack_the_classes_merl_documents(shared_data):
     # MERL's 1% subsets (train_test_split, random_state=42) leave these classes without a positive
     from probes.linear import label_fraction_rows
 
-    expected = {"ptbxl-super": set(), "ptbxl-sub": {"PMI"}, "ptbxl-form": {"HVOLT", "TAB", "PRC(S)", "STE"},
-                "ptbxl-rhythm": {"TRIGU", "SVTAC", "PSVT", "AFLT"}, "cpsc2018": {"STE"}}
+    expected = {
+        "ptbxl-super": set(),
+        "ptbxl-sub": {"PMI"},
+        "ptbxl-form": {"HVOLT", "TAB", "PRC(S)", "STE"},
+        "ptbxl-rhythm": {"TRIGU", "SVTAC", "PSVT", "AFLT"},
+        "cpsc2018": {"STE"},
+    }
     for name, classes in expected.items():
         task = resolve_task(name)
         labels = read_split(task, shared_data / "merl_splits", "train").labels

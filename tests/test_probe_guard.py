@@ -1,4 +1,5 @@
 """The pretraining-leakage guard on real records: copies under other ids and formats, CSN, --exclude-overlap."""
+
 from __future__ import annotations
 
 import csv
@@ -36,8 +37,17 @@ def _digital(path: Path) -> np.ndarray:
 
 def write_wfdb_dat(folder: Path, name: str, digital: np.ndarray) -> None:
     """A WFDB format-16 .dat record (PTB-XL's form)."""
-    wfdb.wrsamp(name, fs=500, units=["mV"] * 12, sig_name=LEADS, d_signal=digital, fmt=["16"] * 12,
-                adc_gain=[1000.0] * 12, baseline=[0] * 12, write_dir=str(folder))
+    wfdb.wrsamp(
+        name,
+        fs=500,
+        units=["mV"] * 12,
+        sig_name=LEADS,
+        d_signal=digital,
+        fmt=["16"] * 12,
+        adc_gain=[1000.0] * 12,
+        baseline=[0] * 12,
+        write_dir=str(folder),
+    )
 
 
 def write_cinc_mat(folder: Path, name: str, digital: np.ndarray) -> None:
@@ -63,8 +73,12 @@ def guard_case(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     for header in sorted(js.glob("JS*.hea"))[:6]:  # JS00001, JS00002, JS00004, JS00005, ... (ids have gaps)
         for ext in ("hea", "mat"):
             shutil.copy(header.with_suffix(f".{ext}"), src / header.with_suffix(f".{ext}").name)
-    assert main(["preprocess", "ecg-arrhythmia", "--src", str(root / "src"), "--subset", "all",
-                 "--out", str(root / "new")]) == 0
+    assert (
+        main(
+            ["preprocess", "ecg-arrhythmia", "--src", str(root / "src"), "--subset", "all", "--out", str(root / "new")]
+        )
+        == 0
+    )
     # 2. older shards (no fingerprint column): three PTB-XL records written directly
     old_ids = ["00020_hr", "00021_hr", "00022_hr"]
     signals = []
@@ -73,35 +87,48 @@ def guard_case(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         signals.append(preprocess_signal(raw.signal, raw.fs, raw.leads, DEFAULT_SPEC))
     (root / "old").mkdir()
     write_shard(root / "old" / "shard-00000.h5", signals, old_ids, DEFAULT_SPEC, {"source": "ptbxl", "chunk": 0})
-    pd.DataFrame({"shard": "shard-00000.h5", "row": range(3), "record_id": old_ids}).to_csv(root / "old" / "index.csv",
-                                                                                              index=False)
+    pd.DataFrame({"shard": "shard-00000.h5", "row": range(3), "record_id": old_ids}).to_csv(
+        root / "old" / "index.csv", index=False
+    )
     # 3. the probe task: copies (other id; .mat -> .dat; .dat -> CinC .mat; same format renamed) + unrelated records
     task = root / "task"
     task.mkdir()
-    write_wfdb_dat(task, "copy_dat", _digital(js / "JS00002"))        # ecg-arrhythmia .mat -> WFDB .dat
-    for ext in ("hea", "mat"):                                           # same file, another id
+    write_wfdb_dat(task, "copy_dat", _digital(js / "JS00002"))  # ecg-arrhythmia .mat -> WFDB .dat
+    for ext in ("hea", "mat"):  # same file, another id
         text = (js / f"JS00005.{ext}").read_bytes()
         (task / f"Q5.{ext}").write_bytes(text.replace(b"JS00005", b"Q5") if ext == "hea" else text)
-    write_cinc_mat(task, "HR00020", _digital(ptb / "00020_hr"))        # PTB-XL .dat -> CinC .mat (CinC's id)
+    write_cinc_mat(task, "HR00020", _digital(ptb / "00020_hr"))  # PTB-XL .dat -> CinC .mat (CinC's id)
     unrelated = [f"{i:05d}_hr" for i in range(1, 12)]
     for rid in unrelated:
         write_wfdb_dat(task, f"p{rid}", _digital(ptb / rid))
-    names = [f"p{r}" for r in unrelated[:6]] + ["copy_dat"] + [f"p{r}" for r in unrelated[6:9]] + ["Q5"] + \
-        [f"p{r}" for r in unrelated[9:]] + ["HR00020"]
+    names = (
+        [f"p{r}" for r in unrelated[:6]]
+        + ["copy_dat"]
+        + [f"p{r}" for r in unrelated[6:9]]
+        + ["Q5"]
+        + [f"p{r}" for r in unrelated[9:]]
+        + ["HR00020"]
+    )
     frame = pd.DataFrame({"record": names, "a": [i % 2 for i in range(len(names))]})
     frame["b"] = 1 - frame["a"]
-    frame.iloc[:7].to_csv(task / "train.csv", index=False)   # copy_dat in train
-    frame.iloc[7:11].to_csv(task / "val.csv", index=False)   # Q5 in val
-    frame.iloc[11:].to_csv(task / "test.csv", index=False)   # HR00020 in test
-    return {"root": root, "new": root / "new", "old": root / "old", "task": task,
-            "copies": {"copy_dat": "new:JS00002", "Q5": "new:JS00005", "HR00020": "old:00020_hr"}}
+    frame.iloc[:7].to_csv(task / "train.csv", index=False)  # copy_dat in train
+    frame.iloc[7:11].to_csv(task / "val.csv", index=False)  # Q5 in val
+    frame.iloc[11:].to_csv(task / "test.csv", index=False)  # HR00020 in test
+    return {
+        "root": root,
+        "new": root / "new",
+        "old": root / "old",
+        "task": task,
+        "copies": {"copy_dat": "new:JS00002", "Q5": "new:JS00005", "HR00020": "old:00020_hr"},
+    }
 
 
 def _overlap(task_name: str, data_root: Path, index, cache: Path):
     task = resolve_task(task_name)
     splits = {s: read_split(task, data_root / "merl_splits", s).records for s in SPLITS}
-    return task_overlap(task.name, splits, task_locator(task, data_root), index, cache,
-                        dataset_key(task, data_root, ProbeConfig()))
+    return task_overlap(
+        task.name, splits, task_locator(task, data_root), index, cache, dataset_key(task, data_root, ProbeConfig())
+    )
 
 
 def test_guard_finds_copies_under_other_ids_and_formats(guard_case, tmp_path):
@@ -118,12 +145,12 @@ def test_guard_finds_copies_under_other_ids_and_formats(guard_case, tmp_path):
     prints = {r["record_id"]: r["fingerprint"] for r in csv.DictReader(open(guard_case["new"] / "index.csv"))}
     from ecgpos.ecg.fingerprint import fingerprint
     from ecgpos.ecg.shards import iter_shard_records
+
     for rid, x in iter_shard_records(guard_case["new"]):
         assert fingerprint(x, DEFAULT_SPEC.fs, DEFAULT_SPEC.window, DEFAULT_SPEC.dtype) == prints[rid]
 
 
-def test_guard_finds_nothing_between_ptbxl_and_ecg_arrhythmia_but_all_of_csn(shared_data, arrhythmia_shards,
-                                                                             tmp_path):
+def test_guard_finds_nothing_between_ptbxl_and_ecg_arrhythmia_but_all_of_csn(shared_data, arrhythmia_shards, tmp_path):
     index = load_pretraining([arrhythmia_shards], log=lambda s: None)
     assert len(index) == 200 and index.computed == 0
     for name in ("ptbxl-super", "ptbxl-form", "cpsc2018"):
@@ -138,20 +165,38 @@ def test_guard_finds_nothing_between_ptbxl_and_ecg_arrhythmia_but_all_of_csn(sha
 
 def test_fingerprints_separate_different_recordings(shared_data):
     from ecgpos.ecg.fingerprint import fingerprint
+
     prints = []
     for base in sorted((shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010").glob("JS*.hea"))[:20]:
         raw = read_wfdb_record(base.with_suffix(""))
         prints.append(fingerprint(preprocess_signal(raw.signal, raw.fs, raw.leads, DEFAULT_SPEC), 250, 2250))
-    gaps = [distance(a, b) for i, a in enumerate(prints) for b in prints[i + 1:]]
+    gaps = [distance(a, b) for i, a in enumerate(prints) for b in prints[i + 1 :]]
     assert min(gaps) > 2 * MAX_DISTANCE
 
 
 @pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/stage0.yaml not written yet")
 def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp_path, capsys):
     task = f"custom:{guard_case['task']}"
-    common = ["probe", "--encoder", f"random:{TINY}", "--task", task, "--seeds", "2", "--epochs", "2",
-              "--fractions", "100", "--bootstrap", "50", "--cache-dir", str(tmp_path / "cache"),
-              "--pretraining-index", str(guard_case["new"]), str(guard_case["old"])]
+    common = [
+        "probe",
+        "--encoder",
+        f"random:{TINY}",
+        "--task",
+        task,
+        "--seeds",
+        "2",
+        "--epochs",
+        "2",
+        "--fractions",
+        "100",
+        "--bootstrap",
+        "50",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--pretraining-index",
+        str(guard_case["new"]),
+        str(guard_case["old"]),
+    ]
     assert main([*common, "--out", str(tmp_path / "kept")]) == 0
     assert main([*common, "--exclude-overlap", "--out", str(tmp_path / "dropped")]) == 0
     out = capsys.readouterr().out
@@ -174,8 +219,9 @@ def test_pretraining_folders_come_from_the_run_and_its_stage0(tmp_path):
     (tmp_path / "s0").mkdir()
     (tmp_path / "s1").mkdir()
     (tmp_path / "s0" / "run_info.json").write_text(json.dumps({"shards": ["/data/ningbo", "/data/code15"]}))
-    (tmp_path / "s1" / "run_info.json").write_text(json.dumps({"shards": ["/data/ningbo"],
-                                                               "stage0": str(tmp_path / "s0")}))
+    (tmp_path / "s1" / "run_info.json").write_text(
+        json.dumps({"shards": ["/data/ningbo"], "stage0": str(tmp_path / "s0")})
+    )
     assert recorded_pretraining(str(tmp_path / "s1"), {}) == [Path("/data/ningbo"), Path("/data/code15")]
     assert recorded_pretraining("export-folder", {"shards": ["/x"]}) == [Path("/x")]
     assert recorded_pretraining("random:cfg.yaml", {}) == []

@@ -1,4 +1,5 @@
 """The linear-probe protocol on features: AUROC, label fractions, lr schedule, selection, seeds."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,11 @@ def _data(seed: int, n: int = 48, dim: int = 12, classes: int = 3, n_val: int = 
     """Labels driven by two features plus noise; few rows and many features, so probes overfit."""
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(dim, classes)) * (np.arange(dim) < 2)[:, None]
+
     def make(m):
         x = rng.normal(size=(m, dim)).astype(np.float32)
         return x, ((x @ w + rng.normal(size=(m, classes))) > 0.3).astype(np.float32)
+
     return (*make(n), *make(n_val), *make(n_val))
 
 
@@ -112,8 +115,9 @@ def test_best_validation_epoch_is_selected_and_its_test_auroc_reported():
     assert out.seeds[0].best_epoch == best
     assert out.seeds[0].val_auroc == pytest.approx(curve[best])
     # the test number is the selected epoch's model, scored with sklearn
-    layer, _, _ = reference_run(x, y, xv, yv, 5, dataclasses.replace(cfg, epochs=best + 1),
-                                permutations=epoch_permutations(5, len(x), best + 1))
+    layer, _, _ = reference_run(
+        x, y, xv, yv, 5, dataclasses.replace(cfg, epochs=best + 1), permutations=epoch_permutations(5, len(x), best + 1)
+    )
     with torch.no_grad():
         scores = layer(torch.as_tensor(xt)).double().numpy()
     expected = np.mean([roc_auc_score(yt[:, c], scores[:, c]) for c in range(3)])

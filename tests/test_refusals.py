@@ -3,6 +3,7 @@
 Every test drives the CLI in-process (`ecgpos.cli.main`) on real sample records, their broken
 copies or tiny real runs, and checks the exit code, the one stderr line and what was written.
 """
+
 from __future__ import annotations
 
 import csv
@@ -86,8 +87,23 @@ def tiny_shards(tmp_path_factory) -> Path:
 def tiny_run(tiny_shards, tmp_path_factory) -> Path:
     """A 4-step Stage-0 run with checkpoints at steps 2 and 4."""
     out = tmp_path_factory.mktemp("refusal-run") / "run"
-    assert main([*PRETRAIN, "--shards", str(tiny_shards), "--run-dir", str(out), *FAST,
-                 "--set", "optim.steps=4", "--set", "train.checkpoint_every=2"]) == 0
+    assert (
+        main(
+            [
+                *PRETRAIN,
+                "--shards",
+                str(tiny_shards),
+                "--run-dir",
+                str(out),
+                *FAST,
+                "--set",
+                "optim.steps=4",
+                "--set",
+                "train.checkpoint_every=2",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -103,16 +119,30 @@ def test_1_unsupported_rate_skips_one_record_in_embed_and_probe(capsys, tmp_path
     folder = tmp_path / "records"
     copy_record(real_record, folder, "JS00001")
     copy_record(real_record, folder, "JS00002", lambda t: set_rate(t, "1e12"))
-    rc, out, err = run(capsys, "embed", "--encoder", export, "--input", folder, "--out", tmp_path / "f.csv",
-                       "--no-progress")
+    rc, out, err = run(
+        capsys, "embed", "--encoder", export, "--input", folder, "--out", tmp_path / "f.csv", "--no-progress"
+    )
     assert rc == 0 and "Traceback" not in err, err
     assert [r["record_id"] for r in read_rows(tmp_path / "f.csv")] == ["JS00001"]
     skipped = read_rows(tmp_path / "f.skipped.csv")
     assert [(r["record_id"], r["reason"]) for r in skipped] == [("JS00002", "sampling_rate")]
     # one rate for a whole .npy: refused before any work, in one line
     np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
-    rc, _, err = run(capsys, "embed", "--encoder", export, "--input", tmp_path / "x.npy", "--fs", "1",
-                     "--leads", ",".join(CANONICAL_LEADS), "--out", tmp_path / "g.csv", "--no-progress")
+    rc, _, err = run(
+        capsys,
+        "embed",
+        "--encoder",
+        export,
+        "--input",
+        tmp_path / "x.npy",
+        "--fs",
+        "1",
+        "--leads",
+        ",".join(CANONICAL_LEADS),
+        "--out",
+        tmp_path / "g.csv",
+        "--no-progress",
+    )
     one_line_error(rc, err, "embed", "--fs 1 Hz is outside the supported range")
     # the same bad record in a probe's train split: excluded with its reason, the probe runs
     task = tmp_path / "task"
@@ -124,8 +154,24 @@ def test_1_unsupported_rate_skips_one_record_in_embed_and_probe(capsys, tmp_path
     frame.iloc[:6].to_csv(task / "train.csv", index=False)
     frame.iloc[6:9].to_csv(task / "val.csv", index=False)
     frame.iloc[9:].to_csv(task / "test.csv", index=False)
-    rc, out, err = run(capsys, "probe", "--encoder", export, "--task", f"custom:{task}", "--seeds", "1", "--epochs",
-                       "1", "--fractions", "100", "--cache-dir", tmp_path / "cache", "--out", tmp_path / "probe")
+    rc, out, err = run(
+        capsys,
+        "probe",
+        "--encoder",
+        export,
+        "--task",
+        f"custom:{task}",
+        "--seeds",
+        "1",
+        "--epochs",
+        "1",
+        "--fractions",
+        "100",
+        "--cache-dir",
+        tmp_path / "cache",
+        "--out",
+        tmp_path / "probe",
+    )
     assert rc == 0 and "Traceback" not in err, err
     assert "r00 (sampling_rate" in out
     assert (pd.read_csv(tmp_path / "probe" / "results.csv")["n_train"] == 5).all()
@@ -162,8 +208,9 @@ def test_2_unreadable_shards_are_one_line_for_pretrain_and_embed(capsys, tmp_pat
         rc, _, err = run(capsys, *PRETRAIN, "--shards", folder, "--run-dir", run_dir, *FAST)
         one_line_error(rc, err, "pretrain", "shard")
         assert not run_dir.exists(), name
-        rc, _, err = run(capsys, "embed", "--encoder", export, "--input", folder, "--out", tmp_path / f"{name}.csv",
-                         "--no-progress")
+        rc, _, err = run(
+            capsys, "embed", "--encoder", export, "--input", folder, "--out", tmp_path / f"{name}.csv", "--no-progress"
+        )
         one_line_error(rc, err, "embed", "shard")
 
 
@@ -172,13 +219,13 @@ def test_2_preprocess_check_validates_shard_contents(capsys, tmp_path, shared_da
     for real in sorted((shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010").glob("JS0000[1-4].hea")):
         copy_record(real.with_suffix(""), src, real.stem)
     out = tmp_path / "set"
-    assert run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-               "--out", out)[0] == 0
+    assert (
+        run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", out)[0] == 0
+    )
     assert run(capsys, "preprocess", "--check", "--out", out)[0] == 0  # real output passes the content check
     shard = out / "shard-00000.h5"
     original = shard.read_bytes()
-    edits = {"NaN": lambda s: np.full_like(s, np.nan), "RMS": lambda s: s * 1000,
-             "shape": lambda s: s[:, :8]}
+    edits = {"NaN": lambda s: np.full_like(s, np.nan), "RMS": lambda s: s * 1000, "shape": lambda s: s[:, :8]}
     for needle, edit in edits.items():
         shard.write_bytes(original)
         with h5py.File(shard, "r+") as f:
@@ -197,8 +244,21 @@ def test_3_embed_refuses_what_preprocessing_skips(capsys, tmp_path, real_record,
     dead3[[0, 5, 9]] = 0.0
     stack = np.stack([good, np.zeros_like(good), constant, micro, dead3])
     np.save(tmp_path / "x.npy", stack)
-    rc, out, err = run(capsys, "embed", "--encoder", export, "--input", tmp_path / "x.npy", "--fs", "500",
-                       "--leads", ",".join(CANONICAL_LEADS), "--out", tmp_path / "f.csv", "--no-progress")
+    rc, out, err = run(
+        capsys,
+        "embed",
+        "--encoder",
+        export,
+        "--input",
+        tmp_path / "x.npy",
+        "--fs",
+        "500",
+        "--leads",
+        ",".join(CANONICAL_LEADS),
+        "--out",
+        tmp_path / "f.csv",
+        "--no-progress",
+    )
     assert rc == 0 and "Traceback" not in err, err
     assert [r["record_id"] for r in read_rows(tmp_path / "f.csv")] == ["0"]
     reasons = {r["record_id"]: r["reason"] for r in read_rows(tmp_path / "f.skipped.csv")}
@@ -208,9 +268,11 @@ def test_3_embed_refuses_what_preprocessing_skips(capsys, tmp_path, real_record,
 def test_4_edited_export_config_is_refused(capsys, tmp_path, export, real_record):
     np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
     embed = ["--input", tmp_path / "x.npy", "--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--no-progress"]
-    edits = {"heads": lambda c: c["arch"]["encoder"].update(heads=c["arch"]["encoder"]["heads"] * 2),
-             "fs": lambda c: c["preprocess"].update(fs=200),
-             "lowpass": lambda c: c["preprocess"].update(lowpass_hz=30.0)}
+    edits = {
+        "heads": lambda c: c["arch"]["encoder"].update(heads=c["arch"]["encoder"]["heads"] * 2),
+        "fs": lambda c: c["preprocess"].update(fs=200),
+        "lowpass": lambda c: c["preprocess"].update(lowpass_hz=30.0),
+    }
     for name, edit in edits.items():
         copy = tmp_path / f"enc-{name}"
         shutil.copytree(export, copy)
@@ -240,8 +302,7 @@ def test_5_wfdb_fallback_reader_checks_sizes(tmp_path, real_record, capsys):
     """Headers outside the fast path (lowercase `/mv`) get the same size checks as the fast reader."""
     folder = tmp_path / "src" / "WFDBRecords" / "01" / "010"
     copy_record(real_record, folder, "JS00001", _lowercase_units)
-    long = copy_record(real_record, folder, "JS00002",
-                       lambda t: _lowercase_units(t.replace(" 5000", " 4600", 1)))
+    long = copy_record(real_record, folder, "JS00002", lambda t: _lowercase_units(t.replace(" 5000", " 4600", 1)))
     short = copy_record(real_record, folder, "JS00003", _lowercase_units)
     data = short.with_suffix(".mat").read_bytes()
     short.with_suffix(".mat").write_bytes(data[: len(data) - 1000])
@@ -251,8 +312,9 @@ def test_5_wfdb_fallback_reader_checks_sizes(tmp_path, real_record, capsys):
     with pytest.raises(SignalError) as info:
         read_wfdb_record(short)
     assert info.value.reason == "truncated_signal"
-    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-                     "--out", tmp_path / "out")
+    rc, _, err = run(
+        capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", tmp_path / "out"
+    )
     assert rc == 0, err
     reasons = {r["record_id"]: r["reason"] for r in read_rows(tmp_path / "out" / "skipped.csv")}
     assert reasons == {"JS00002": "header_mismatch", "JS00003": "truncated_signal"}
@@ -264,8 +326,20 @@ def test_6_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, t
     ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
     assert [c.name for c in ckpts] == ["step-0000002", "step-0000004"]
     (ckpts[1] / "model.safetensors").write_bytes(b"not a safetensors file")
-    args = [*PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST,
-            "--set", "optim.steps=4", "--set", "train.checkpoint_every=2", "--resume", "auto"]
+    args = [
+        *PRETRAIN,
+        "--shards",
+        tiny_shards,
+        "--run-dir",
+        run_dir,
+        *FAST,
+        "--set",
+        "optim.steps=4",
+        "--set",
+        "train.checkpoint_every=2",
+        "--resume",
+        "auto",
+    ]
     rc, _, err = run(capsys, *args)
     assert rc == 0 and "Traceback" not in err, err
     assert "checkpoint step-0000004 does not load" in err and "resuming from step-0000002" in err
@@ -274,6 +348,7 @@ def test_6_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, t
     assert info["skipped_checkpoints"][0]["checkpoint"].endswith("step-0000004")
     # the resumed run rewrote step 4: the same weights as the uninterrupted run (bit-identical resume)
     from safetensors.torch import load_file
+
     want, got = (load_file(str(d / "checkpoints" / "step-0000004" / "model.safetensors")) for d in (tiny_run, run_dir))
     assert all(torch.equal(want[k], got[k]) for k in want)
     # now every optimizer state is corrupt: one line, exit 2
@@ -283,12 +358,18 @@ def test_6_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, t
     one_line_error(rc, err.replace("does not load", "warning does not load"), "pretrain", "none of the")
 
 
-@pytest.mark.parametrize("value", ["train.seed=-1", "train.seed=99999999999999999999",
-                                   "optim.lr=!!python/object/apply:os.system [id]", "optim.lr=.inf"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "train.seed=-1",
+        "train.seed=99999999999999999999",
+        "optim.lr=!!python/object/apply:os.system [id]",
+        "optim.lr=.inf",
+    ],
+)
 def test_7_bad_set_values_are_one_line_before_the_run_folder(capsys, tmp_path, tiny_shards, value):
     run_dir = tmp_path / "run"
-    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir,
-                     *FAST, "--set", value)
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", value)
     one_line_error(rc, err, "pretrain", value.split("=")[0])
     assert not run_dir.exists()
 
@@ -299,14 +380,16 @@ def test_8_malformed_rates_are_skipped_as_sampling_rate(capsys, tmp_path, real_r
     copy_record(real_record, folder, "JS00001")
     copy_record(real_record, folder, "JS00002", lambda t: set_rate(t, rate))
     copy_record(real_record, folder, "JS00003", lambda t: _lowercase_units(set_rate(t, rate)))  # fallback reader
-    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-                     "--out", tmp_path / "out")
+    rc, _, err = run(
+        capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", tmp_path / "out"
+    )
     assert rc == 0, err
     skipped = {r["record_id"]: (r["reason"], r["detail"]) for r in read_rows(tmp_path / "out" / "skipped.csv")}
     assert {k: v[0] for k, v in skipped.items()} == {"JS00002": "sampling_rate", "JS00003": "sampling_rate"}
     assert "250 Hz" not in skipped["JS00002"][1] and " 1 Hz" not in skipped["JS00002"][1]
-    rc, _, err = run(capsys, "embed", "--encoder", export, "--input", tmp_path / "src", "--out",
-                     tmp_path / "f.csv", "--no-progress")
+    rc, _, err = run(
+        capsys, "embed", "--encoder", export, "--input", tmp_path / "src", "--out", tmp_path / "f.csv", "--no-progress"
+    )
     assert rc == 0, err
     assert {r["reason"] for r in read_rows(tmp_path / "f.skipped.csv")} == {"sampling_rate"}
 
@@ -329,19 +412,32 @@ def test_10_unwritable_outputs_are_one_line(capsys, tmp_path, real_record, expor
     copy_record(real_record, src, "JS00001")
     (tmp_path / "a-file").write_text("x")
     for out in (tmp_path / "a-file", Path("/proc/ecgpos-test/out")):
-        rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-                         "--out", out)
+        rc, _, err = run(
+            capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", out
+        )
         one_line_error(rc, err, "preprocess", str(out))
-    rc, _, err = run(capsys, "embed", "--encoder", export, "--input", src / "JS00001", "--out", "/proc/x.csv",
-                     "--no-progress")
+    rc, _, err = run(
+        capsys, "embed", "--encoder", export, "--input", src / "JS00001", "--out", "/proc/x.csv", "--no-progress"
+    )
     one_line_error(rc, err, "embed", "not writable")
 
 
 def test_11_negative_max_dead_leads_is_refused(capsys, tmp_path, real_record):
     src = tmp_path / "src" / "WFDBRecords" / "01" / "010"
     copy_record(real_record, src, "JS00001")
-    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-                     "--out", tmp_path / "out", "--max-dead-leads", "-1")
+    rc, _, err = run(
+        capsys,
+        "preprocess",
+        "ecg-arrhythmia",
+        "--src",
+        tmp_path / "src",
+        "--subset",
+        "all",
+        "--out",
+        tmp_path / "out",
+        "--max-dead-leads",
+        "-1",
+    )
     one_line_error(rc, err, "preprocess", "--max-dead-leads")
     assert not (tmp_path / "out").exists()
 
@@ -352,12 +448,14 @@ def test_12_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_rec
     buffer = io.BytesIO()  # a 12 x 0 MATLAB v4 matrix under a header promising 0 samples
     scipy.io.savemat(buffer, {"val": np.zeros((12, 0), dtype=np.int16)}, format="4")
     (src / "JS00002.mat").write_bytes(buffer.getvalue())
-    (src / "JS00002.hea").write_text("JS00002 12 500 0\n" + "".join(
-        f"JS00002.mat 16+24 1000/mV 16 0 0 0 0 {lead}\n" for lead in CANONICAL_LEADS))
+    (src / "JS00002.hea").write_text(
+        "JS00002 12 500 0\n" + "".join(f"JS00002.mat 16+24 1000/mV 16 0 0 0 0 {lead}\n" for lead in CANONICAL_LEADS)
+    )
     (src / "notes.hea").write_text("not a record\n")
     (src / "RECORDS.mat").write_bytes(b"")
-    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all",
-                     "--out", tmp_path / "out")
+    rc, _, err = run(
+        capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", tmp_path / "out"
+    )
     assert rc == 0, err
     assert {r["record_id"]: r["reason"] for r in read_rows(tmp_path / "out" / "skipped.csv")} == {"JS00002": "empty"}
     assert json.loads((tmp_path / "out" / "preprocess.json").read_text())["counts"]["not_a_record"] == 2
@@ -391,8 +489,18 @@ def test_12_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real
     assert PROBE_POLICY.pad_short and PROBE_POLICY.max_dead_leads == 2
     short = read_wfdb_record(real_record).signal[:, :4000]  # 8 s at 500 Hz = 2000 samples at 250 Hz
     np.save(tmp_path / "s.npy", short)
-    args = ["embed", "--encoder", export, "--input", tmp_path / "s.npy", "--fs", "500", "--leads",
-            ",".join(CANONICAL_LEADS), "--no-progress"]
+    args = [
+        "embed",
+        "--encoder",
+        export,
+        "--input",
+        tmp_path / "s.npy",
+        "--fs",
+        "500",
+        "--leads",
+        ",".join(CANONICAL_LEADS),
+        "--no-progress",
+    ]
     rc, _, err = run(capsys, *args, "--out", tmp_path / "a.csv")
     assert rc == 2 and "too_short" in err
     rc, _, err = run(capsys, *args, "--pad-short", "--out", tmp_path / "b.csv")
@@ -401,14 +509,28 @@ def test_12_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real
     from probes.datasets import RecordLocator
     from probes.features import encoder_source, extract_features
 
-    wfdb.wrsamp("short", fs=500, units=["mV"] * 12, sig_name=list(CANONICAL_LEADS),
-                p_signal=short.T.astype(np.float64), fmt=["16"] * 12, adc_gain=[1000.0] * 12, baseline=[0] * 12,
-                write_dir=str(tmp_path))
+    wfdb.wrsamp(
+        "short",
+        fs=500,
+        units=["mV"] * 12,
+        sig_name=list(CANONICAL_LEADS),
+        p_signal=short.T.astype(np.float64),
+        fmt=["16"] * 12,
+        adc_gain=[1000.0] * 12,
+        baseline=[0] * 12,
+        write_dir=str(tmp_path),
+    )
     enc = load_encoder(export)
     logged = []
-    feats, stats = extract_features(encoder_source(enc, enc.spec, "enc"), "custom:x", ["short"],
-                                    RecordLocator("custom", tmp_path, tmp_path), tmp_path / "cache", 1,
-                                    log=logged.append)
+    feats, stats = extract_features(
+        encoder_source(enc, enc.spec, "enc"),
+        "custom:x",
+        ["short"],
+        RecordLocator("custom", tmp_path, tmp_path),
+        tmp_path / "cache",
+        1,
+        log=logged.append,
+    )
     assert stats.padded == ["short"] and any("zero-padded" in line for line in logged)
     want = np.array([float(v) for v in list(read_rows(tmp_path / "b.csv")[0].values())[1:]], dtype=np.float32)
     np.testing.assert_allclose(feats["short"], want, rtol=1e-4, atol=1e-5)

@@ -1,4 +1,5 @@
 """`ecgpos score`, `ecgpos export --with-decoders`, val_push_violation and `ecgpos geometry` on tiny real runs."""
+
 from __future__ import annotations
 
 import csv
@@ -23,12 +24,48 @@ PTBXL = "ptbxl/records500/00000"
 @pytest.fixture(scope="module")
 def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("score-runs")
-    assert main(["pretrain", "--stage", "0", "--config", str(CONFIG_DIR / "tiny" / "stage0.yaml"),
-                 "--shards", str(arrhythmia_shards), "--run-dir", str(root / "s0"), *FAST]) == 0
-    assert main(["pretrain", "--stage", "1", "--config", str(CONFIG_DIR / "tiny" / "stage1.yaml"),
-                 "--shards", str(arrhythmia_shards), "--stage0", str(root / "s0"), "--run-dir", str(root / "s1"),
-                 *FAST, "--set", "train.val_fraction=0.1", "--set", "train.val_every=1",
-                 "--set", "train.val_batches=1"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--stage",
+                "0",
+                "--config",
+                str(CONFIG_DIR / "tiny" / "stage0.yaml"),
+                "--shards",
+                str(arrhythmia_shards),
+                "--run-dir",
+                str(root / "s0"),
+                *FAST,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "pretrain",
+                "--stage",
+                "1",
+                "--config",
+                str(CONFIG_DIR / "tiny" / "stage1.yaml"),
+                "--shards",
+                str(arrhythmia_shards),
+                "--stage0",
+                str(root / "s0"),
+                "--run-dir",
+                str(root / "s1"),
+                *FAST,
+                "--set",
+                "train.val_fraction=0.1",
+                "--set",
+                "train.val_every=1",
+                "--set",
+                "train.val_batches=1",
+            ]
+        )
+        == 0
+    )
     return {"stage0": root / "s0", "stage1": root / "s1"}
 
 
@@ -49,10 +86,42 @@ def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
 
 
 def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "3",
-                 "--out", str(tmp_path / "a.csv"), "--no-progress"]) == 0
-    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "3",
-                 "--batch-size", "2", "--out", str(tmp_path / "b.csv"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage1"]),
+                "--input",
+                str(records),
+                "--masks",
+                "3",
+                "--out",
+                str(tmp_path / "a.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage1"]),
+                "--input",
+                str(records),
+                "--masks",
+                "3",
+                "--batch-size",
+                "2",
+                "--out",
+                str(tmp_path / "b.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     header, a = _read(tmp_path / "a.csv")
     assert header == ["record_id", "stage0_score", "stage1_score"]
     _, b = _read(tmp_path / "b.csv")
@@ -63,15 +132,45 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
     assert np.all(values > 0) and np.all(np.isfinite(values))
     assert len(np.unique(values[:, 0].round(6))) == 6  # the scores tell records apart
     # more masks give a different (averaged) value: the mask count is really used
-    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "1",
-                 "--out", str(tmp_path / "c.csv"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage1"]),
+                "--input",
+                str(records),
+                "--masks",
+                "1",
+                "--out",
+                str(tmp_path / "c.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     _, c = _read(tmp_path / "c.csv")
     assert any(not np.allclose(a[k], c[k]) for k in a)
 
 
 def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert main(["score", "--run", str(runs["stage0"]), "--input", str(records), "--masks", "2",
-                 "--out", str(tmp_path / "s.csv"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage0"]),
+                "--input",
+                str(records),
+                "--masks",
+                "2",
+                "--out",
+                str(tmp_path / "s.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     header, rows = _read(tmp_path / "s.csv")
     assert header == ["record_id", "stage0_score"]
     assert len(rows) == 6
@@ -84,13 +183,46 @@ def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tm
     np.save(tmp_path / "b.npy", raw.signal[order])
     leads = list(raw.leads)
     for name, names in (("a", leads), ("b", [leads[i] for i in order])):
-        assert main(["score", "--run", str(runs["stage1"]), "--input", str(tmp_path / f"{name}.npy"), "--fs",
-                     str(raw.fs), "--leads", ",".join(names), "--masks", "2", "--out", str(tmp_path / f"{name}.csv"),
-                     "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "score",
+                    "--run",
+                    str(runs["stage1"]),
+                    "--input",
+                    str(tmp_path / f"{name}.npy"),
+                    "--fs",
+                    str(raw.fs),
+                    "--leads",
+                    ",".join(names),
+                    "--masks",
+                    "2",
+                    "--out",
+                    str(tmp_path / f"{name}.csv"),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     assert _read(tmp_path / "a.csv")[1]["a"] == _read(tmp_path / "b.csv")[1]["b"]
     # and the .npy path scores the same as the WFDB record it came from
-    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records / "00001_hr"), "--masks", "2",
-                 "--out", str(tmp_path / "x.csv"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage1"]),
+                "--input",
+                str(records / "00001_hr"),
+                "--masks",
+                "2",
+                "--out",
+                str(tmp_path / "x.csv"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert np.allclose(_read(tmp_path / "a.csv")[1]["a"], _read(tmp_path / "x.csv")[1]["00001_hr"], rtol=1e-6)
 
 
@@ -98,8 +230,29 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     labels = tmp_path / "labels.csv"
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     out = tmp_path / "o" / "scores.csv"
-    assert main(["score", "--run", str(runs["stage1"]), "--input", str(records), "--masks", "2", "--out", str(out),
-                 "--labels", str(labels), "--nominal", "N", "--anomalous", "A", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "score",
+                "--run",
+                str(runs["stage1"]),
+                "--input",
+                str(records),
+                "--masks",
+                "2",
+                "--out",
+                str(out),
+                "--labels",
+                str(labels),
+                "--nominal",
+                "N",
+                "--anomalous",
+                "A",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     text = (out.parent / "scores_summary.md").read_text()
     _, rows = _read(out)
     from sklearn.metrics import roc_auc_score
@@ -120,8 +273,23 @@ def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records
     assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
     assert main(["score", "--run", str(plain), "--input", str(records), "--out", str(tmp_path / "p.csv")]) == 2
     for source, name in ((runs["stage1"], "r"), (full, "e")):
-        assert main(["score", "--run", str(source), "--input", str(records), "--masks", "2",
-                     "--out", str(tmp_path / f"{name}.csv"), "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "score",
+                    "--run",
+                    str(source),
+                    "--input",
+                    str(records),
+                    "--masks",
+                    "2",
+                    "--out",
+                    str(tmp_path / f"{name}.csv"),
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
     _, r = _read(tmp_path / "r.csv")
     _, e = _read(tmp_path / "e.csv")
     for key in r:
@@ -157,8 +325,10 @@ def test_push_violations_match_the_definition(runs: dict[str, Path]) -> None:
 def _custom_task(root: Path, shared_data: Path, labels: dict[int, str]) -> Path:
     classes = sorted(set(labels.values()))
     lines = ["record," + ",".join(classes)]
-    lines += [f"{shared_data / PTBXL / f'{n:05d}_hr'}," + ",".join(str(int(c == lab)) for c in classes)
-              for n, lab in labels.items()]
+    lines += [
+        f"{shared_data / PTBXL / f'{n:05d}_hr'}," + ",".join(str(int(c == lab)) for c in classes)
+        for n, lab in labels.items()
+    ]
     root.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val", "test"):
         (root / f"{split}.csv").write_text("\n".join(lines) + "\n")
@@ -170,8 +340,28 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
     task = _custom_task(tmp_path / "task", shared_data, labels)
     out = tmp_path / "geo"
     for space in ("features", "reconstruction"):
-        assert main(["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--nominal", "A,B",
-                     "--anomalous", "X", "--space", space, "--out", str(out / space), "--device", "cpu"]) == 0
+        assert (
+            main(
+                [
+                    "geometry",
+                    "--encoder",
+                    str(runs["stage1"]),
+                    "--task",
+                    f"custom:{task}",
+                    "--nominal",
+                    "A,B",
+                    "--anomalous",
+                    "X",
+                    "--space",
+                    space,
+                    "--out",
+                    str(out / space),
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
         data = np.load(out / space / "features.npz")
         assert data["x"].shape == data["x_hat"].shape == (10, 64)
         assert list(data["labels"]) == [labels[n] for n in range(1, 11)]
@@ -187,16 +377,19 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
         assert "Delta S > 0" in summary and "Carving criterion (Stage-1 level)" in summary
         assert (out / space / "geometry.png").stat().st_size > 5000
     # the two spaces are different readings of the same records
-    assert not np.allclose(np.load(out / "features" / "features.npz")["x_hat"],
-                           np.load(out / "reconstruction" / "features.npz")["x_hat"])
+    assert not np.allclose(
+        np.load(out / "features" / "features.npz")["x_hat"], np.load(out / "reconstruction" / "features.npz")["x_hat"]
+    )
 
 
 def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: Path, capsys) -> None:
     task = _custom_task(tmp_path / "task", shared_data, {1: "A", 2: "A", 3: "B", 4: "X"})
     base = ["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--out", str(tmp_path / "g")]
-    cases = [(["--nominal", "A", "--anomalous", "X"], "at least two"),
-             (["--nominal", "A,B", "--anomalous", "B"], "both nominal and anomalous"),
-             (["--nominal", "A,Q", "--anomalous", "X"], "no class Q")]
+    cases = [
+        (["--nominal", "A", "--anomalous", "X"], "at least two"),
+        (["--nominal", "A,B", "--anomalous", "B"], "both nominal and anomalous"),
+        (["--nominal", "A,Q", "--anomalous", "X"], "no class Q"),
+    ]
     task2 = _custom_task(tmp_path / "task2", shared_data, {1: "A", 2: "B", 3: "B", 4: "Y"})
     cases.append((["--task", f"custom:{task2}", "--nominal", "A,B", "--anomalous", "Y"], None))
     for extra, text in cases:
@@ -211,11 +404,46 @@ def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: P
     task4 = _custom_task(tmp_path / "task4", shared_data, {1: "A", 2: "B", 3: "C"})
     capsys.readouterr()
     task5 = _custom_task(tmp_path / "task5", shared_data, {1: "A", 2: "B", 3: "C", 4: "D"})
-    (task5 / "test.csv").write_text("record,A,B,C,D\n" + f"{shared_data / PTBXL / '00001_hr'},1,0,0,0\n"
-                                    + f"{shared_data / PTBXL / '00002_hr'},0,1,0,0\n")
-    assert main(["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task5}", "--nominal", "A,B",
-                 "--anomalous", "C", "--out", str(tmp_path / "g")]) == 2
+    (task5 / "test.csv").write_text(
+        "record,A,B,C,D\n"
+        + f"{shared_data / PTBXL / '00001_hr'},1,0,0,0\n"
+        + f"{shared_data / PTBXL / '00002_hr'},0,1,0,0\n"
+    )
+    assert (
+        main(
+            [
+                "geometry",
+                "--encoder",
+                str(runs["stage1"]),
+                "--task",
+                f"custom:{task5}",
+                "--nominal",
+                "A,B",
+                "--anomalous",
+                "C",
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "anomalous record" in err[0]
-    assert main(["geometry", "--encoder", str(runs["stage0"]), "--task", f"custom:{task4}", "--nominal", "A,B",
-                 "--anomalous", "C", "--out", str(tmp_path / "g")]) == 2
+    assert (
+        main(
+            [
+                "geometry",
+                "--encoder",
+                str(runs["stage0"]),
+                "--task",
+                f"custom:{task4}",
+                "--nominal",
+                "A,B",
+                "--anomalous",
+                "C",
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 2
+    )

@@ -1,4 +1,5 @@
 """The signal pipeline against scipy references and analytic signals."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,7 +32,7 @@ def tone(freq: float, fs: float, seconds: float = 10.0) -> np.ndarray:
 def middle(x: np.ndarray) -> np.ndarray:
     """The central half: away from the filter's edge transients."""
     n = x.shape[-1]
-    return x[..., n // 4: 3 * n // 4]
+    return x[..., n // 4 : 3 * n // 4]
 
 
 @pytest.mark.parametrize("fs", RATES)
@@ -140,7 +141,7 @@ def test_batch_is_bit_identical_to_one_record_at_a_time(shared_data, mode):
     paths = sorted(Path(shared_data, "ecg-arrhythmia").rglob("JS*.hea"))
     records = [read_fast(p.with_suffix("")) for p in paths]
     for start in range(0, len(records), 50):
-        batch = records[start:start + 50]
+        batch = records[start : start + 50]
         x = np.stack([r.signal for r in batch])
         dead = screen(x)
         y = preprocess_batch(x, batch[0].fs, spec, dead)

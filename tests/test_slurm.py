@@ -4,6 +4,7 @@
 installs Debian's slurm-wlm + munge through slurm/ci/install.sh when they are missing and we are root).
 The launcher-rendering tests need no cluster and are not marked.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,17 @@ REPO = Path(__file__).resolve().parents[1]
 SLURM = REPO / "slurm"
 TINY = REPO / "configs" / "tiny"
 CI = os.environ.get("CI", "").lower() == "true"
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                "DEADLINE", "PREEMPTED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+}
 
 
 @pytest.fixture(scope="module")
@@ -53,26 +63,29 @@ def slurm_cluster():
 def _job_env(cluster: SlurmCluster, work: Path, **extra: str) -> dict[str, str]:
     """Environment for pipeline.sh: this interpreter's ecgpos, CPU only, one CPU per job, outputs in `work`."""
     env = dict(cluster.env)
-    env.update({
-        "ECGPOS_SETUP": f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
-        "ECGPOS_WORK": str(work),
-        "ECGPOS_LOG_DIR": str(work / "logs"),
-        "ECGPOS_GPUS_PER_NODE": "0",
-        "ECGPOS_PREPROCESS_CPUS": "1",
-        "ECGPOS_PRETRAIN_CPUS": "1",
-        "ECGPOS_PROBE_CPUS": "1",
-        "ECGPOS_STAGE0_CONFIG": str(TINY / "stage0.yaml"),
-        "ECGPOS_STAGE1_CONFIG": str(TINY / "stage1.yaml"),
-        "OMP_NUM_THREADS": "1",
-    })
+    env.update(
+        {
+            "ECGPOS_SETUP": f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
+            "ECGPOS_WORK": str(work),
+            "ECGPOS_LOG_DIR": str(work / "logs"),
+            "ECGPOS_GPUS_PER_NODE": "0",
+            "ECGPOS_PREPROCESS_CPUS": "1",
+            "ECGPOS_PRETRAIN_CPUS": "1",
+            "ECGPOS_PROBE_CPUS": "1",
+            "ECGPOS_STAGE0_CONFIG": str(TINY / "stage0.yaml"),
+            "ECGPOS_STAGE1_CONFIG": str(TINY / "stage1.yaml"),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     env.update(extra)
     return env
 
 
 def _submit(cluster: SlurmCluster, env: dict[str, str], cwd: Path) -> dict[str, str]:
     """Run slurm/pipeline.sh; returns {step: job id} from its "STEP JOBID" lines."""
-    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, f"pipeline.sh failed:\n{proc.stdout}\n{proc.stderr}"
     jobs = dict(line.split() for line in proc.stdout.splitlines() if line.strip())
     assert all(v.isdigit() for v in jobs.values()), proc.stdout
@@ -112,8 +125,11 @@ def _wait_all(cluster: SlurmCluster, jobs: dict[str, str], work: Path, timeout: 
         if time.monotonic() > deadline:
             pytest.fail(f"jobs still not done after {timeout:.0f}s: {pending}\n{_logs(work)}\n{cluster.log_tail()}")
         time.sleep(2)
-    bad = {s: [(r.get("JobId"), r.get("JobState"), r.get("ExitCode"), r.get("Reason")) for r in rs]
-           for s, rs in records.items() if any(r["JobState"] != "COMPLETED" or r.get("ExitCode") != "0:0" for r in rs)}
+    bad = {
+        s: [(r.get("JobId"), r.get("JobState"), r.get("ExitCode"), r.get("Reason")) for r in rs]
+        for s, rs in records.items()
+        if any(r["JobState"] != "COMPLETED" or r.get("ExitCode") != "0:0" for r in rs)
+    }
     assert not bad, f"jobs did not complete: {bad}\n{_logs(work)}"
 
 
@@ -138,13 +154,18 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     work = tmp_path / "work"
     probe_tasks = "ptbxl-super cpsc2018"
     steps = 50  # the tiny configs with fewer steps (200 each would add minutes to CI)
-    env = _job_env(slurm_cluster, work,
-                   ECGPOS_PRETRAIN_SET=f"optim.steps={steps} train.checkpoint_every={steps // 2} "
-                                       f"train.figure_every={steps}",
-                   ECGPOS_SRC=str(shared_data / "ecg-arrhythmia"), ECGPOS_SUBSET="all",
-                   ECGPOS_PREPROCESS_PARTS="2", ECGPOS_PREPROCESS_ARGS="--records-per-shard 64",
-                   ECGPOS_DATA_ROOT=str(shared_data), ECGPOS_PROBE_TASKS=probe_tasks,
-                   ECGPOS_PROBE_ARGS=f"--seeds 1 --epochs 2 --fractions 100 --cache-dir {tmp_path / 'cache'}")
+    env = _job_env(
+        slurm_cluster,
+        work,
+        ECGPOS_PRETRAIN_SET=f"optim.steps={steps} train.checkpoint_every={steps // 2} train.figure_every={steps}",
+        ECGPOS_SRC=str(shared_data / "ecg-arrhythmia"),
+        ECGPOS_SUBSET="all",
+        ECGPOS_PREPROCESS_PARTS="2",
+        ECGPOS_PREPROCESS_ARGS="--records-per-shard 64",
+        ECGPOS_DATA_ROOT=str(shared_data),
+        ECGPOS_PROBE_TASKS=probe_tasks,
+        ECGPOS_PROBE_ARGS=f"--seeds 1 --epochs 2 --fractions 100 --cache-dir {tmp_path / 'cache'}",
+    )
     started = time.monotonic()
     jobs = _submit(slurm_cluster, env, tmp_path)
     assert list(jobs) == ["preprocess", "check", "stage0", "stage1", "probe", "merge", "export"]
@@ -173,8 +194,10 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
         info = json.loads((run / "run_info.json").read_text())
         assert info["finished"] is True and info["step"] == steps, info
         assert _checkpoint_steps(run) == [steps // 2, steps]
-        assert yaml.safe_load((run / "config.yaml").read_text())["encoder"]["width"] == \
-            yaml.safe_load((TINY / f"stage{stage}.yaml").read_text())["encoder"]["width"]
+        assert (
+            yaml.safe_load((run / "config.yaml").read_text())["encoder"]["width"]
+            == yaml.safe_load((TINY / f"stage{stage}.yaml").read_text())["encoder"]["width"]
+        )
         assert (run / "metrics.jsonl").stat().st_size > 0
 
     # probes: one row per task in the merged summary, each a real AUROC
@@ -199,13 +222,19 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
 # -- preemption: USR1 -> checkpoint -> requeue -> resume ---------------------------------------------------------
 @pytest.mark.slurm
 def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
-        slurm_cluster: SlurmCluster, arrhythmia_shards: Path, tmp_path: Path) -> None:
+    slurm_cluster: SlurmCluster, arrhythmia_shards: Path, tmp_path: Path
+) -> None:
     work = tmp_path / "work"
     steps = 150  # ~25 s of tiny steps on one CPU: time to see progress and signal mid-run
-    env = _job_env(slurm_cluster, work, ECGPOS_STEPS="stage0", ECGPOS_SHARDS=str(arrhythmia_shards),
-                   # log every step; no periodic checkpoint, so the only one before the end is the preemption's
-                   ECGPOS_PRETRAIN_SET=f"optim.steps={steps} optim.warmup_steps=5 train.log_every=1 "
-                                       f"train.checkpoint_every={steps} train.figure_every={steps}")
+    env = _job_env(
+        slurm_cluster,
+        work,
+        ECGPOS_STEPS="stage0",
+        ECGPOS_SHARDS=str(arrhythmia_shards),
+        # log every step; no periodic checkpoint, so the only one before the end is the preemption's
+        ECGPOS_PRETRAIN_SET=f"optim.steps={steps} optim.warmup_steps=5 train.log_every=1 "
+        f"train.checkpoint_every={steps} train.figure_every={steps}",
+    )
     jobs = _submit(slurm_cluster, env, tmp_path)
     job = jobs["stage0"]
     run = work / "runs" / "stage0"
@@ -237,9 +266,15 @@ def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
 
 
 # -- multi-node launcher command line (no cluster needed) --------------------------------------------------------
-FAKE_2x4 = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu-a[07-08]",
-            "SLURM_CPUS_PER_TASK": "16", "ECGPOS_GPUS_PER_NODE": "4", "ECGPOS_DRY_RUN": "1",
-            "ECGPOS_WORK": "/scratch/ecg"}
+FAKE_2x4 = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NODELIST": "gpu-a[07-08]",
+    "SLURM_CPUS_PER_TASK": "16",
+    "ECGPOS_GPUS_PER_NODE": "4",
+    "ECGPOS_DRY_RUN": "1",
+    "ECGPOS_WORK": "/scratch/ecg",
+}
 
 
 def _render(stage: str, extra: dict[str, str]) -> list[str]:
@@ -268,7 +303,7 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     assert "--multi_gpu" in launch and "--cpu" not in launch
     # left for each node's shell to expand, so node i gets machine rank i
     assert _flag(launch, "--machine_rank") == "$SLURM_PROCID"
-    train = launch[launch.index("-m"):]
+    train = launch[launch.index("-m") :]
     assert train[:2] == ["-m", "ecgpos.pretrain"]
     assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
     assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
@@ -295,26 +330,38 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
 
     def pipeline(gpus: str) -> list[list[str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
-        env.update(ECGPOS_DRY_RUN="1", ECGPOS_GPUS_PER_NODE=gpus, ECGPOS_NODES="2", ECGPOS_SRC="/raw",
-                   ECGPOS_DATA_ROOT="/probe-data", ECGPOS_ACCOUNT="proj42")
-        proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True,
-                              text=True, check=True)
+        env.update(
+            ECGPOS_DRY_RUN="1",
+            ECGPOS_GPUS_PER_NODE=gpus,
+            ECGPOS_NODES="2",
+            ECGPOS_SRC="/raw",
+            ECGPOS_DATA_ROOT="/probe-data",
+            ECGPOS_ACCOUNT="proj42",
+        )
+        proc = subprocess.run(
+            ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        )
         return [shlex.split(l[2:]) for l in proc.stdout.splitlines() if l.startswith("# sbatch")]
 
     gpu, cpu = pipeline("4"), pipeline("0")
     assert len(gpu) == 7 and all("--account=proj42" in cmd for cmd in gpu)
     stage_cmds = [c for c in gpu if "pretrain.sbatch" in c[-2]]
-    assert len(stage_cmds) == 2 and all("--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c
-                                        and "--signal=B:USR1@300" in c for c in stage_cmds)
+    assert len(stage_cmds) == 2 and all(
+        "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in stage_cmds
+    )
     assert not any(a.startswith("--gres") for c in cpu for a in c)
     # each job depends on the one before it
-    assert all(any(a == f"--dependency=afterok:<{step}>" for a in c)
-               for c, step in zip(gpu[1:], ["preprocess", "check", "stage0", "stage1", "probe", "merge"]))
+    assert all(
+        any(a == f"--dependency=afterok:<{step}>" for a in c)
+        for c, step in zip(gpu[1:], ["preprocess", "check", "stage0", "stage1", "probe", "merge"])
+    )
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
 
 
-@pytest.mark.parametrize("nodelist, first", [("gpu-a[07-08,11],cpu01", "gpu-a07"), ("n5,n6", "n5"),
-                                             ("node[3]", "node3"), ("single", "single")])
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [("gpu-a[07-08,11],cpu01", "gpu-a07"), ("n5,n6", "n5"), ("node[3]", "node3"), ("single", "single")],
+)
 def test_first_host_without_scontrol(nodelist: str, first: str) -> None:
     # the fallback for machines without a Slurm configuration (dry runs); scontrol is made to fail
     common = shlex.quote(str(SLURM / "common.sh"))

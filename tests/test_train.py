@@ -1,4 +1,5 @@
 """`ecgpos pretrain` end to end on tiny shards: outputs, resume, processes, signals, Stage 1."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,19 @@ FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", 
 
 
 def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
-    args = ["pretrain", "--stage", str(stage), "--config", str(config or (TINY0 if stage == 0 else TINY1)),
-            "--shards", str(shards), "--run-dir", str(run), *FAST, *extra]
+    args = [
+        "pretrain",
+        "--stage",
+        str(stage),
+        "--config",
+        str(config or (TINY0 if stage == 0 else TINY1)),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run),
+        *FAST,
+        *extra,
+    ]
     return main(args)
 
 
@@ -62,8 +74,20 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = tmp_path_factory.mktemp("runs") / "stage0"
-    assert pretrain(0, shards, run, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20",
-                    "--set", "train.figure_every=20") == 0
+    assert (
+        pretrain(
+            0,
+            shards,
+            run,
+            "--set",
+            "optim.steps=40",
+            "--set",
+            "train.checkpoint_every=20",
+            "--set",
+            "train.figure_every=20",
+        )
+        == 0
+    )
     return run
 
 
@@ -71,10 +95,10 @@ def test_lr_schedule_paper_values() -> None:
     optim = load_run_config(CONFIG_DIR / "stage0.yaml").optim
     assert lr_at(0, optim) == pytest.approx(3.75e-5 / 15000)
     assert lr_at(7499, optim) == pytest.approx(3.75e-5 / 2)
-    assert lr_at(14999, optim) == pytest.approx(3.75e-5)           # warm-up reaches the peak
-    assert lr_at(15000, optim) == pytest.approx(3.75e-5)           # cosine starts at the peak
+    assert lr_at(14999, optim) == pytest.approx(3.75e-5)  # warm-up reaches the peak
+    assert lr_at(15000, optim) == pytest.approx(3.75e-5)  # cosine starts at the peak
     assert lr_at(82500, optim) == pytest.approx((3.75e-5 + 1e-6) / 2)  # half-way: the mean
-    assert lr_at(150000, optim) == pytest.approx(1e-6)            # cosine ends at min_lr
+    assert lr_at(150000, optim) == pytest.approx(1e-6)  # cosine ends at min_lr
     assert lr_at(10**6, optim) == pytest.approx(1e-6)
     decay = [lr_at(s, optim) for s in range(15000, 150001, 500)]
     assert all(a > b for a, b in zip(decay, decay[1:]))
@@ -111,8 +135,22 @@ def test_resume_mid_epoch_equals_uninterrupted(run0: Path, shards: Path, tmp_pat
     shutil.copytree(run0, crashed)
     shutil.rmtree(crashed / "checkpoints" / "step-0000040")
     (crashed / "checkpoints" / "step-0000030.tmp").mkdir()  # a save interrupted mid-write
-    assert pretrain(0, shards, crashed, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20",
-                    "--set", "train.figure_every=20", "--resume", "auto") == 0
+    assert (
+        pretrain(
+            0,
+            shards,
+            crashed,
+            "--set",
+            "optim.steps=40",
+            "--set",
+            "train.checkpoint_every=20",
+            "--set",
+            "train.figure_every=20",
+            "--resume",
+            "auto",
+        )
+        == 0
+    )
     assert max_diff(weights(crashed), weights(run0)) <= 1e-6
     straight, resumed = metrics(run0), metrics(crashed)
     assert [r["step"] for r in resumed] == list(range(1, 41))
@@ -154,9 +192,23 @@ def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None
 def test_tiny_config_on_real_sample_shards(arrhythmia_shards: Path, tmp_path: Path) -> None:
     """The shipped tiny config as is (DataLoader worker included) on the real ecg-arrhythmia shards."""
     run = tmp_path / "real"
-    args = ["pretrain", "--stage", "0", "--config", str(TINY0), "--shards", str(arrhythmia_shards),
-            "--run-dir", str(run), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15",
-            "--set", "train.figure_every=15"]
+    args = [
+        "pretrain",
+        "--stage",
+        "0",
+        "--config",
+        str(TINY0),
+        "--shards",
+        str(arrhythmia_shards),
+        "--run-dir",
+        str(run),
+        "--set",
+        "optim.steps=30",
+        "--set",
+        "train.checkpoint_every=15",
+        "--set",
+        "train.figure_every=15",
+    ]
     assert main(args) == 0
     losses = [r["loss"] for r in metrics(run)]
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
@@ -180,11 +232,27 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     # `accelerate launch --cpu` runs one process (multi-CPU needs mpirun there); --multi_gpu starts torchrun,
     # and ecgpos picks gloo on hosts without CUDA.
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port()), "-m", "ecgpos.pretrain"]
-    done = subprocess.run([*launch, *common, "--run-dir", str(tmp_path / "two")], env=env, capture_output=True,
-                          text=True, timeout=240)
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(_free_port()),
+        "-m",
+        "ecgpos.pretrain",
+    ]
+    done = subprocess.run(
+        [*launch, *common, "--run-dir", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["pretrain", *common, "--run-dir", str(tmp_path / "one"), "--set", "train.grad_accum=2"]) == 0
     two, one = (json.loads((tmp_path / n / "run_info.json").read_text()) for n in ("two", "one"))
@@ -199,12 +267,34 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
 def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -> None:
     """SIGUSR1 to the whole process group (as Slurm delivers it: DataLoader workers get it too)."""
     run = tmp_path / "run"
-    args = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), "--run-dir", str(run), *FAST,
-            "--set", "train.num_workers=1", "--set", "optim.steps=40", "--set", "train.checkpoint_every=1000",
-            "--set", "train.figure_every=1000"]
+    args = [
+        "--stage",
+        "0",
+        "--config",
+        str(TINY0),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run),
+        *FAST,
+        "--set",
+        "train.num_workers=1",
+        "--set",
+        "optim.steps=40",
+        "--set",
+        "train.checkpoint_every=1000",
+        "--set",
+        "train.figure_every=1000",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ecgpos.pretrain", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.pretrain", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
@@ -261,17 +351,32 @@ def _stage0_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
 BAD_CASES = {
     "missing shards": (0, lambda s, r0, t: ["--shards", str(t / "nowhere")], "does not exist"),
     "empty shards": (0, lambda s, r0, t: ["--shards", str((t / "empty").mkdir() or t / "empty")], "no shard-"),
-    "other spec": (0, lambda s, r0, t: ["--shards", str(write_tiny_shards(
-        t / "s35", n_records=8, spec=load_run_config(TINY0).preprocess.__class__(lowpass_hz=35.0)))],
-        "lowpass_hz"),
+    "other spec": (
+        0,
+        lambda s, r0, t: [
+            "--shards",
+            str(
+                write_tiny_shards(
+                    t / "s35", n_records=8, spec=load_run_config(TINY0).preprocess.__class__(lowpass_hz=35.0)
+                )
+            ),
+        ],
+        "lowpass_hz",
+    ),
     "unknown key": (0, lambda s, r0, t: ["--set", "train.bogus=1"], "unknown config key(s): train.bogus"),
-    "unknown yaml key": (0, lambda s, r0, t: ["--config", str(_yaml(t, "optim:\n  lr: 1.0e-3\n  warmup: 5\n"))],
-                         "optim.warmup"),
+    "unknown yaml key": (
+        0,
+        lambda s, r0, t: ["--config", str(_yaml(t, "optim:\n  lr: 1.0e-3\n  warmup: 5\n"))],
+        "optim.warmup",
+    ),
     "mask ratio 1": (0, lambda s, r0, t: ["--set", "mask_ratio=1.0"], "mask_ratio"),
     "mask ratio 0": (0, lambda s, r0, t: ["--set", "mask_ratio=0"], "mask_ratio"),
     "mask ratio 1.5": (0, lambda s, r0, t: ["--set", "mask_ratio=1.5"], "mask_ratio"),
-    "window not multiple": (0, lambda s, r0, t: ["--set", "preprocess.window=2000", "--set", "encoder.seq_len=2000"],
-                            "not a multiple of encoder.patch_size"),
+    "window not multiple": (
+        0,
+        lambda s, r0, t: ["--set", "preprocess.window=2000", "--set", "encoder.seq_len=2000"],
+        "not a multiple of encoder.patch_size",
+    ),
     "seq_len != window": (0, lambda s, r0, t: ["--set", "encoder.seq_len=1500"], "must equal preprocess.window"),
     "batch > records": (0, lambda s, r0, t: ["--set", "train.batch_size=64"], "fewer than the global batch"),
     "stage contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--stage0", str(r0)], "contradicts"),
@@ -279,12 +384,17 @@ BAD_CASES = {
     "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --stage0"),
     "stage0 missing": (1, lambda s, r0, t: ["--stage0", str(t / "nothing")], "does not exist"),
     "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a Stage-0 run folder"),
-    "stage0 no checkpoint": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
-                             "no complete checkpoint"),
-    "stage0 unfinished": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "unfinished"))],
-                          "is incomplete"),
-    "stage0 other spec": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
-                          "the Stage-0 encoder"),
+    "stage0 no checkpoint": (
+        1,
+        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
+        "no complete checkpoint",
+    ),
+    "stage0 unfinished": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "unfinished"))], "is incomplete"),
+    "stage0 other spec": (
+        1,
+        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
+        "the Stage-0 encoder",
+    ),
     "stage0 width": (1, lambda s, r0, t: ["--stage0", str(r0), "--set", "encoder.width=32"], "width 64"),
     "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "Stage-1 run"),
 }
@@ -304,12 +414,23 @@ def _stage1_like(run0: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", list(BAD_CASES))
-def test_bad_input_exits_2_with_one_line_before_training(case: str, shards: Path, run0: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture) -> None:
+def test_bad_input_exits_2_with_one_line_before_training(
+    case: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     stage, extra, expected = BAD_CASES[case]
     run = tmp_path / "run"
-    args = ["pretrain", "--stage", str(stage), "--config", str(TINY0 if stage == 0 else TINY1),
-            "--shards", str(shards), "--run-dir", str(run), *FAST]
+    args = [
+        "pretrain",
+        "--stage",
+        str(stage),
+        "--config",
+        str(TINY0 if stage == 0 else TINY1),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run),
+        *FAST,
+    ]
     capsys.readouterr()
     rc = main(args + extra(shards, run0, tmp_path))  # later --config/--shards flags win in argparse
     err = capsys.readouterr().err.strip()
@@ -319,10 +440,27 @@ def test_bad_input_exits_2_with_one_line_before_training(case: str, shards: Path
     assert not run.exists()  # nothing was started
 
 
-def test_existing_run_needs_resume_and_same_config(run0: Path, shards: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture) -> None:
-    base = ["pretrain", "--stage", "0", "--config", str(TINY0), "--shards", str(shards), "--run-dir", str(run0),
-            *FAST, "--set", "optim.steps=40", "--set", "train.checkpoint_every=20", "--set", "train.figure_every=20"]
+def test_existing_run_needs_resume_and_same_config(
+    run0: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = [
+        "pretrain",
+        "--stage",
+        "0",
+        "--config",
+        str(TINY0),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run0),
+        *FAST,
+        "--set",
+        "optim.steps=40",
+        "--set",
+        "train.checkpoint_every=20",
+        "--set",
+        "train.figure_every=20",
+    ]
     before = (run0 / "metrics.jsonl").read_text()
     assert main(base) == 2
     assert "already holds a run" in capsys.readouterr().err
@@ -336,21 +474,44 @@ def _trainer(shards: Path, run: Path, *extra: str, stage: int = 0, config: Path 
     from ecgpos.pretrain.plan import prepare
     from ecgpos.pretrain.trainer import Trainer
 
-    args = build_parser().parse_args(["--stage", str(stage), "--config", str(config or TINY0), "--shards",
-                                      str(shards), "--run-dir", str(run), *FAST, *extra])
+    args = build_parser().parse_args(
+        [
+            "--stage",
+            str(stage),
+            "--config",
+            str(config or TINY0),
+            "--shards",
+            str(shards),
+            "--run-dir",
+            str(run),
+            *FAST,
+            *extra,
+        ]
+    )
     return Trainer(prepare(args))
 
 
 def test_non_finite_step_found_at_a_later_boundary_never_reached_the_weights(
-        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """The host reads the flag only at log/checkpoint steps: a NaN at step 3, found at step 4, was
     skipped on the device (and so was step 4); nothing is saved after it."""
     sampler = StepBatchSampler(48, 8, 1, 1, 0, seed=0)
     bad_record = int(sampler.global_batch_indices(2)[0])
     shards = write_tiny_shards(tmp_path / "nan", n_records=48, records_per_shard=48, nan_records={bad_record})
     run = tmp_path / "run"
-    trainer = _trainer(shards, run, "--set", "optim.steps=6", "--set", "train.log_every=4",
-                       "--set", "train.checkpoint_every=2", "--set", "train.figure_every=100")
+    trainer = _trainer(
+        shards,
+        run,
+        "--set",
+        "optim.steps=6",
+        "--set",
+        "train.log_every=4",
+        "--set",
+        "train.checkpoint_every=2",
+        "--set",
+        "train.figure_every=100",
+    )
     assert trainer.run() == 1
     err = capsys.readouterr().err.strip()
     assert "non-finite loss" in err and "step 3" in err and "step-0000002" in err
@@ -408,8 +569,24 @@ def test_logged_stats_equal_a_direct_computation(shards: Path, tmp_path: Path) -
 
 def test_sparsity_term_is_logged_with_its_share_of_the_loss(run0: Path, shards: Path, tmp_path: Path) -> None:
     run = tmp_path / "sp"
-    assert pretrain(1, shards, run, "--stage0", str(run0), "--set", "optim.steps=4", "--set", "train.log_every=2",
-                    "--set", "push_pull.lambda_sp=0.5", "--set", "train.figure_every=100") == 0
+    assert (
+        pretrain(
+            1,
+            shards,
+            run,
+            "--stage0",
+            str(run0),
+            "--set",
+            "optim.steps=4",
+            "--set",
+            "train.log_every=2",
+            "--set",
+            "push_pull.lambda_sp=0.5",
+            "--set",
+            "train.figure_every=100",
+        )
+        == 0
+    )
     records = metrics(run)
     assert [r["step"] for r in records] == [2, 4]
     for r in records:

@@ -1,6 +1,7 @@
 """The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
 device, and the compiled model follows the eager one. The suite itself hides CUDA (conftest.py), so
 each check runs in a subprocess that sees the machine's devices (tests/cuda_checks.py)."""
+
 from __future__ import annotations
 
 import functools
@@ -36,7 +37,8 @@ def has_cuda() -> bool:
 def test_on_the_gpu(check: str, tmp_path: Path) -> None:
     if not has_cuda():
         pytest.skip("no CUDA device")
-    done = subprocess.run([sys.executable, str(CHECKS), check, str(tmp_path)], env=cuda_env(), capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(CHECKS), check, str(tmp_path)], env=cuda_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert done.stdout.strip().splitlines()[-1].startswith("ok"), done.stdout[-2000:]

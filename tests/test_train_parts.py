@@ -1,4 +1,5 @@
 """Pieces of the trainer on their own: data order and windows, lazy HDF5, checkpoints, figures."""
+
 from __future__ import annotations
 
 import itertools
@@ -20,8 +21,9 @@ from ecgpos.runs.run_folder import checkpoint_name, list_checkpoints, newest_che
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_shards(tmp_path_factory.mktemp("parts") / "shards", n_records=30, records_per_shard=12,
-                             max_length=3500)
+    return write_tiny_shards(
+        tmp_path_factory.mktemp("parts") / "shards", n_records=30, records_per_shard=12, max_length=3500
+    )
 
 
 def take(sampler: StepBatchSampler, count: int) -> list[list[tuple[int, int]]]:
@@ -69,7 +71,7 @@ def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None
     assert x.shape == (12, 2250) and x.dtype == torch.float32 and len(data._files) == 1
     i, start = 4, (int(index.length[4]) - 2250) // 2
     with h5py.File(index.paths[index.shard[i]], "r") as f:
-        expected = f["signals"][index.row[i], :, start:start + 2250].astype(np.float32)
+        expected = f["signals"][index.row[i], :, start : start + 2250].astype(np.float32)
     assert np.array_equal(x.numpy(), expected)
     clone = pickle.loads(pickle.dumps(data))  # what a worker receives: no handles
     assert len(clone._files) == 0 and torch.equal(clone[4], x)
@@ -138,8 +140,10 @@ def test_figures_write_pngs(tmp_path: Path) -> None:
     mask[:, ::2] = True
     out = plot_reconstruction(x, x.reshape(12, 30, 75) * 0.5, mask, tmp_path / "r.png")
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text("".join(f'{{"step": {s}, "loss": {1 / s:f}, "lr": 0.1, "grad_norm": 1}}\n'
-                               for s in range(1, 9)) + '{"step": 8, "val_loss": 0.3}\n{"step": 9, "lo')
+    metrics.write_text(
+        "".join(f'{{"step": {s}, "loss": {1 / s:f}, "lr": 0.1, "grad_norm": 1}}\n' for s in range(1, 9))
+        + '{"step": 8, "val_loss": 0.3}\n{"step": 9, "lo'
+    )
     curves = plot_training_curves(metrics, tmp_path / "c.png")
     for path in (out, curves):
         assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000

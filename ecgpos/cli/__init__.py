@@ -1,4 +1,5 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`."""
+
 from __future__ import annotations
 
 import importlib
@@ -12,8 +13,10 @@ from ecgpos.errors import EcgposError
 # `ecgpos --help` and light commands do not pay for torch.
 COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
-    "pretrain": ("ecgpos.cli.pretrain",
-                 "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate"),
+    "pretrain": (
+        "ecgpos.cli.pretrain",
+        "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate",
+    ),
     "probe": ("probes.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
     "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
     "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
@@ -26,8 +29,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"usage: ecgpos <command> [options]   (ecgpos {__version__})", "",
-             "ECG self-supervised pretraining with nested manifold carving.", "", "commands:"]
+    lines = [
+        f"usage: ecgpos <command> [options]   (ecgpos {__version__})",
+        "",
+        "ECG self-supervised pretraining with nested manifold carving.",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
     lines += ["", "Run `ecgpos <command> --help` for a command's options."]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. 
 and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
 was skipped).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,16 +49,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", required=True, type=Path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")
     parser.add_argument("--fs", type=float, default=None, help="sampling rate of a .npy input (Hz)")
     parser.add_argument("--leads", default=None, help="comma-separated lead names of a .npy input's rows")
-    parser.add_argument("--num-windows", type=int, default=DEFAULT_NUM_WINDOWS,
-                        help="windows per record, spread evenly and averaged (1 = centre window)")
+    parser.add_argument(
+        "--num-windows",
+        type=int,
+        default=DEFAULT_NUM_WINDOWS,
+        help="windows per record, spread evenly and averaged (1 = centre window)",
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--pad-short", action="store_true",
-                        help="zero-pad raw records shorter than one window instead of skipping them (too_short), "
-                             "as `ecgpos preprocess --pad-short` and the probes do")
-    parser.add_argument("--max-dead-leads", type=int, default=DEFAULT_MAX_DEAD_LEADS,
-                        help=f"skip raw records with more flat (dead) leads than this, as preprocessing does "
-                             f"(default {DEFAULT_MAX_DEAD_LEADS})")
+    parser.add_argument(
+        "--pad-short",
+        action="store_true",
+        help="zero-pad raw records shorter than one window instead of skipping them (too_short), "
+        "as `ecgpos preprocess --pad-short` and the probes do",
+    )
+    parser.add_argument(
+        "--max-dead-leads",
+        type=int,
+        default=DEFAULT_MAX_DEAD_LEADS,
+        help=f"skip raw records with more flat (dead) leads than this, as preprocessing does "
+        f"(default {DEFAULT_MAX_DEAD_LEADS})",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when any record was skipped")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -78,14 +90,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = embed_records(encoder, source, args.num_windows, args.batch_size, progress=not args.no_progress)
     if not result.ids:
         listed = write_skipped(args.out, result.skipped)
-        raise EcgposError(f"none of the {source.count} {source.kind} could be embedded "
-                          f"({len(result.skipped)} skipped, reasons above and in {listed})")
+        raise EcgposError(
+            f"none of the {source.count} {source.kind} could be embedded "
+            f"({len(result.skipped)} skipped, reasons above and in {listed})"
+        )
     features = np.stack(result.features).astype(np.float32)
     written = write_features(args.out, result.ids, features, encoder)
     written.append(write_skipped(args.out, result.skipped))
     reasons = Counter(reason for _, reason, _ in result.skipped)
-    skipped = (f"; skipped {len(result.skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
-               if result.skipped else "")
-    print(f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
-          f"{', '.join(map(str, written))}{skipped}")
+    skipped = (
+        f"; skipped {len(result.skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
+        if result.skipped
+        else ""
+    )
+    print(
+        f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
+        f"{', '.join(map(str, written))}{skipped}"
+    )
     return 1 if args.strict and result.skipped else 0

@@ -5,6 +5,7 @@ training checkpoint's features (and, with --onnx, against onnxruntime) before it
 so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
 is replaced (re-running a pipeline works); any other non-empty DIR is refused.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,14 +29,22 @@ from ecgpos.runs.run_folder import training_summary
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ecgpos export", description=__doc__.splitlines()[0])
     parser.add_argument("--run-dir", required=True, type=Path, help="pretraining run folder (Stage 0 or Stage 1)")
-    parser.add_argument("--out", required=True, type=Path,
-                        help="export folder to create (an earlier export there is replaced)")
+    parser.add_argument(
+        "--out", required=True, type=Path, help="export folder to create (an earlier export there is replaced)"
+    )
     parser.add_argument("--onnx", action="store_true", help="also write encoder.onnx (needs ecgpos[export])")
-    parser.add_argument("--with-decoders", action="store_true",
-                        help="also write the reconstruction decoders (decoders.safetensors) for `ecgpos score`; "
-                             "off by default: the clinical export is encoder-only")
-    parser.add_argument("--probe-results", type=Path, default=None,
-                        help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card")
+    parser.add_argument(
+        "--with-decoders",
+        action="store_true",
+        help="also write the reconstruction decoders (decoders.safetensors) for `ecgpos score`; "
+        "off by default: the clinical export is encoder-only",
+    )
+    parser.add_argument(
+        "--probe-results",
+        type=Path,
+        default=None,
+        help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card",
+    )
     return parser
 
 
@@ -61,9 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = loaded.module.to("cpu").float().eval()
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
     if training.get("finished") is not True:
-        print(f"ecgpos export: warning: {args.run_dir} is not finished (step {training.get('step', '?')} of "
-              f"{training.get('steps', '?')}); exporting its newest checkpoint {training.get('checkpoint', '')}",
-              file=sys.stderr)
+        print(
+            f"ecgpos export: warning: {args.run_dir} is not finished (step {training.get('step', '?')} of "
+            f"{training.get('steps', '?')}); exporting its newest checkpoint {training.get('checkpoint', '')}",
+            file=sys.stderr,
+        )
     decoders = None
     if args.with_decoders:
         recon = load_recon_models(args.run_dir)
@@ -74,8 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent))
     try:
         with torch.no_grad():
-            config = write_export(module, loaded.spec, loaded.arch, training, staging, args.onnx,
-                                  args.probe_results, decoders)
+            config = write_export(
+                module, loaded.spec, loaded.arch, training, staging, args.onnx, args.probe_results, decoders
+            )
             from ecgpos.export.vectors import load_vectors
 
             diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
@@ -95,7 +107,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         levels = ", ".join(k for k in config["decoders"] if k.startswith("stage"))
         decoder_note = f", {config['decoders']['file']} ({levels})"
     verb = "re-exported" if replacing else "exported"
-    print(f"{verb} {config['arch'].get('kind')} encoder (step {training.get('step', '?')}, "
-          f"{config['io']['features']} features) to {args.out}: {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}, "
-          f"{VECTORS_FILE}{onnx_note}{decoder_note}; reload check max abs diff {diff:.1e}")
+    print(
+        f"{verb} {config['arch'].get('kind')} encoder (step {training.get('step', '?')}, "
+        f"{config['io']['features']} features) to {args.out}: {WEIGHTS_FILE}, {CONFIG_FILE}, {CARD_FILE}, "
+        f"{VECTORS_FILE}{onnx_note}{decoder_note}; reload check max abs diff {diff:.1e}"
+    )
     return 0

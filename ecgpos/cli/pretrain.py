@@ -12,6 +12,7 @@ Exit codes: 0 finished, or stopped cleanly by SIGUSR1/SIGTERM after writing a ch
 (run_info.json then says finished: false; rerun with --resume auto to continue); 1 training
 stopped on a non-finite loss (the last good checkpoint is kept); 2 bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,25 +26,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecgpos pretrain",
         description="Pretrain Stage 0 (ST-MEM-style masked ECG autoencoder) or Stage 1 (masked latent "
-                    "autoencoder on the frozen Stage-0 tokens). Launch with `accelerate launch -m "
-                    "ecgpos.pretrain` for several processes.",
+        "autoencoder on the frozen Stage-0 tokens). Launch with `accelerate launch -m "
+        "ecgpos.pretrain` for several processes.",
         epilog="signals: SIGUSR1 or SIGTERM makes every process write a checkpoint at the next step boundary "
-               "and exit 0 (run_info.json: finished false, stopped ...); rerun the same command with --resume "
-               "auto to continue (e.g. after a Slurm requeue). exit codes: 0 finished or stopped cleanly; "
-               "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.")
+        "and exit 0 (run_info.json: finished false, stopped ...); rerun the same command with --resume "
+        "auto to continue (e.g. after a Slurm requeue). exit codes: 0 finished or stopped cleanly; "
+        "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.",
+    )
     parser.add_argument("--stage", type=int, choices=(0, 1), required=True)
-    parser.add_argument("--config", required=True,
-                        help="run config YAML, or a shipped config by name: stage0, stage1, stmem12, tiny/stage0, "
-                             "tiny/stage1 (see configs/README.md)")
-    parser.add_argument("--shards", type=Path, nargs="+", required=True, metavar="DIR",
-                        help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled "
-                             "(e.g. Ningbo + CODE-15)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="run config YAML, or a shipped config by name: stage0, stage1, stmem12, tiny/stage0, "
+        "tiny/stage1 (see configs/README.md)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="DIR",
+        help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled (e.g. Ningbo + CODE-15)",
+    )
     parser.add_argument("--run-dir", type=Path, required=True, help="run folder (created)")
     parser.add_argument("--stage0", type=Path, help="Stage 1: finished Stage-0 run folder or export folder")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set optim.steps=200 (repeatable)")
-    parser.add_argument("--resume", choices=("auto",), help="auto: continue from the newest complete checkpoint "
-                                                            "of --run-dir (start fresh if there is none)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set optim.steps=200 (repeatable)",
+    )
+    parser.add_argument(
+        "--resume",
+        choices=("auto",),
+        help="auto: continue from the newest complete checkpoint of --run-dir (start fresh if there is none)",
+    )
     return parser
 
 

@@ -8,6 +8,7 @@ Writes CSV columns record_id,stage0_score[,stage1_score] (a Stage-0 run has Stag
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,13 +57,25 @@ def read_labels(path: Path) -> dict[str, str]:
         return {row["record_id"]: row["label"] for row in reader}
 
 
-def summary_markdown(run: str, aurocs: dict[str, float], counts: dict[str, int], nominal: list[str],
-                     anomalous: list[str], masks: int, notes: list[str]) -> str:
-    lines = [f"# Reconstruction anomaly scores: {run}", "",
-             f"Nominal: {', '.join(nominal)} ({counts['nominal']} records); anomalous: {', '.join(anomalous)} "
-             f"({counts['anomalous']} records); {counts['unlabelled']} scored records carry neither. "
-             f"Scores averaged over {masks} fixed masks.", "",
-             "| level | AUROC (anomalous vs nominal) |", "|---|---|"]
+def summary_markdown(
+    run: str,
+    aurocs: dict[str, float],
+    counts: dict[str, int],
+    nominal: list[str],
+    anomalous: list[str],
+    masks: int,
+    notes: list[str],
+) -> str:
+    lines = [
+        f"# Reconstruction anomaly scores: {run}",
+        "",
+        f"Nominal: {', '.join(nominal)} ({counts['nominal']} records); anomalous: {', '.join(anomalous)} "
+        f"({counts['anomalous']} records); {counts['unlabelled']} scored records carry neither. "
+        f"Scores averaged over {masks} fixed masks.",
+        "",
+        "| level | AUROC (anomalous vs nominal) |",
+        "|---|---|",
+    ]
     lines += [f"| {level} | {value:.3f} |" for level, value in aurocs.items()]
     return "\n".join(lines + [""] + [f"Note: {n}" for n in notes if n]) + "\n"
 
@@ -83,8 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
     source = open_source(args.input, args.fs, args.leads, models.spec)
-    result = score_records(models, source, args.masks, args.num_windows, args.batch_size,
-                           args.device, progress=not args.no_progress)
+    result = score_records(
+        models, source, args.masks, args.num_windows, args.batch_size, args.device, progress=not args.no_progress
+    )
     if not result.ids:
         raise EcgposError(f"none of the {source.count} {source.kind} could be scored ({len(result.skipped)} skipped)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -96,8 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
     for note in models.notes:
         print(f"note: {note}")
-    print(f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
-          f"({args.masks} masks) -> {args.out}" + (f"; skipped {len(result.skipped)}" if result.skipped else ""))
+    print(
+        f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
+        f"({args.masks} masks) -> {args.out}" + (f"; skipped {len(result.skipped)}" if result.skipped else "")
+    )
     if labels is not None:
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)

@@ -5,6 +5,7 @@ architecture; forward_features of the stored inputs; `embed` of the stored raw r
 and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime).
 Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> PoS geom
 levels (rhythm classes nominal, noisy recordings anomalous) and per-level reconstruction anomaly
 scores -> export + verify.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,24 @@ class DemoSize:
 PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
 GEOMETRY_TASK = "synthetic-geometry"  # the probe set relabelled: clean rhythm classes vs noisy
 
-QUICK = DemoSize(wfdb_records=24, code15_exams=12, probe_per_class=24, stage0_steps=150, stage1_steps=100,
-                 probe_epochs=30, probe_seeds=2)
-FULL = DemoSize(wfdb_records=96, code15_exams=48, probe_per_class=60, stage0_steps=1500, stage1_steps=1000,
-                probe_epochs=100, probe_seeds=5)
+QUICK = DemoSize(
+    wfdb_records=24,
+    code15_exams=12,
+    probe_per_class=24,
+    stage0_steps=150,
+    stage1_steps=100,
+    probe_epochs=30,
+    probe_seeds=2,
+)
+FULL = DemoSize(
+    wfdb_records=96,
+    code15_exams=48,
+    probe_per_class=60,
+    stage0_steps=1500,
+    stage1_steps=1000,
+    probe_epochs=100,
+    probe_seeds=5,
+)
 
 
 class Steps:
@@ -73,12 +88,16 @@ def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
     pretrain = synthetic.random_params(size.wfdb_records + size.code15_exams, seed)
     probe = synthetic.probe_params(size.probe_per_class, seed + 1)
     signals = synthetic.simulate_many(pretrain + probe)
-    wfdb_signals = signals[:size.wfdb_records]
-    code15_signals = signals[size.wfdb_records:len(pretrain)]
+    wfdb_signals = signals[: size.wfdb_records]
+    code15_signals = signals[size.wfdb_records : len(pretrain)]
     synthetic.write_arrhythmia_tree(out / "raw" / "ecg-arrhythmia", wfdb_signals, seed=seed)
-    synthetic.write_code15(out / "raw" / "code15", [synthetic.to_code15_trace(x, 500) for x in code15_signals],
-                           seed=seed, heart_rates=[p.heart_rate for p in pretrain[size.wfdb_records:]])
-    synthetic.write_probe_set(out / "raw" / PROBE_TASK, probe, signals[len(pretrain):], seed=seed)
+    synthetic.write_code15(
+        out / "raw" / "code15",
+        [synthetic.to_code15_trace(x, 500) for x in code15_signals],
+        seed=seed,
+        heart_rates=[p.heart_rate for p in pretrain[size.wfdb_records :]],
+    )
+    synthetic.write_probe_set(out / "raw" / PROBE_TASK, probe, signals[len(pretrain) :], seed=seed)
     done.write_text(json.dumps(size.__dict__ | {"seed": seed}))
 
 
@@ -108,32 +127,84 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     """Run every stage into `out`; returns the path of the probe summary."""
     step = Steps(10)
     out.mkdir(parents=True, exist_ok=True)
-    step(f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
-         f"and a {3 * size.probe_per_class}-record labelled probe set (neurokit2 multi-lead ECGSYN)")
+    step(
+        f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
+        f"and a {3 * size.probe_per_class}-record labelled probe set (neurokit2 multi-lead ECGSYN)"
+    )
     build_corpora(out, size, seed)
     shards = out / "shards"
     step(f"preprocessing both corpora into HDF5 shards ({DEFAULT_SPEC.describe()})")
-    _run("preprocess", "ecg-arrhythmia", "--src", out / "raw" / "ecg-arrhythmia", "--subset", "ningbo",
-         "--out", shards / "ningbo", "--records-per-shard", 64)
-    _run("preprocess", "code15", "--src", out / "raw" / "code15", "--out", shards / "code15",
-         "--records-per-shard", 64)
+    _run(
+        "preprocess",
+        "ecg-arrhythmia",
+        "--src",
+        out / "raw" / "ecg-arrhythmia",
+        "--subset",
+        "ningbo",
+        "--out",
+        shards / "ningbo",
+        "--records-per-shard",
+        64,
+    )
+    _run("preprocess", "code15", "--src", out / "raw" / "code15", "--out", shards / "code15", "--records-per-shard", 64)
     pool = [shards / "ningbo", shards / "code15"]
     runs = out / "runs"
     common = ["--resume", "auto", "--set", "train.num_workers=0"]
     step(f"Stage 0: masked ECG transformer, {size.stage0_steps} steps")
-    _run("pretrain", "--stage", 0, "--config", config_path("tiny/stage0"), "--shards", *pool,
-         "--run-dir", runs / "stage0", "--set", f"optim.steps={size.stage0_steps}",
-         "--set", f"optim.warmup_steps={size.stage0_steps // 10}", *common)
+    _run(
+        "pretrain",
+        "--stage",
+        0,
+        "--config",
+        config_path("tiny/stage0"),
+        "--shards",
+        *pool,
+        "--run-dir",
+        runs / "stage0",
+        "--set",
+        f"optim.steps={size.stage0_steps}",
+        "--set",
+        f"optim.warmup_steps={size.stage0_steps // 10}",
+        *common,
+    )
     step(f"Stage 1: latent MAE on the frozen Stage-0 encoder, {size.stage1_steps} steps")
-    _run("pretrain", "--stage", 1, "--config", config_path("tiny/stage1"), "--shards", *pool,
-         "--stage0", runs / "stage0", "--run-dir", runs / "stage1", "--set", f"optim.steps={size.stage1_steps}",
-         "--set", f"optim.warmup_steps={size.stage1_steps // 10}", *common)
+    _run(
+        "pretrain",
+        "--stage",
+        1,
+        "--config",
+        config_path("tiny/stage1"),
+        "--shards",
+        *pool,
+        "--stage0",
+        runs / "stage0",
+        "--run-dir",
+        runs / "stage1",
+        "--set",
+        f"optim.steps={size.stage1_steps}",
+        "--set",
+        f"optim.warmup_steps={size.stage1_steps // 10}",
+        *common,
+    )
     probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
-    probe_args = ["--task", probe_task, "--fractions", "100", "--seeds", size.probe_seeds,
-                  "--epochs", size.probe_epochs, "--cache-dir", out / "feature-cache"]
+    probe_args = [
+        "--task",
+        probe_task,
+        "--fractions",
+        "100",
+        "--seeds",
+        size.probe_seeds,
+        "--epochs",
+        size.probe_epochs,
+        "--cache-dir",
+        out / "feature-cache",
+    ]
     step("linear probes (brady/normal/tachy + noisy): random-init, Stage 0, Stage 1")
-    encoders = {"random-init": f"random:{config_path('tiny/stage0')}",
-                "stage0": runs / "stage0", "stage1": runs / "stage1"}
+    encoders = {
+        "random-init": f"random:{config_path('tiny/stage0')}",
+        "stage0": runs / "stage0",
+        "stage1": runs / "stage1",
+    }
     for name, encoder in encoders.items():
         _run("probe", "--encoder", encoder, "--name", name, "--out", out / "probes" / name, *probe_args)
     step("merging probe results")
@@ -142,12 +213,40 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     from ecgpos.demo.synthetic import RHYTHM_CLASSES
 
     geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
-    _run("geometry", "--encoder", runs / "stage1", "--task", f"custom:{geometry_task}", "--split", "all",
-         "--nominal", ",".join(RHYTHM_CLASSES), "--anomalous", "noisy", "--out", out / "geometry", "--device", "cpu")
+    _run(
+        "geometry",
+        "--encoder",
+        runs / "stage1",
+        "--task",
+        f"custom:{geometry_task}",
+        "--split",
+        "all",
+        "--nominal",
+        ",".join(RHYTHM_CLASSES),
+        "--anomalous",
+        "noisy",
+        "--out",
+        out / "geometry",
+        "--device",
+        "cpu",
+    )
     step("reconstruction anomaly scores per level, AUROC of noisy vs clean")
-    _run("score", "--run", runs / "stage1", "--input", out / "raw" / PROBE_TASK / "records", "--out",
-         out / "scores" / "scores.csv", "--labels", geometry_task / "labels.csv", "--nominal",
-         ",".join(RHYTHM_CLASSES), "--anomalous", "noisy", "--no-progress")
+    _run(
+        "score",
+        "--run",
+        runs / "stage1",
+        "--input",
+        out / "raw" / PROBE_TASK / "records",
+        "--out",
+        out / "scores" / "scores.csv",
+        "--labels",
+        geometry_task / "labels.csv",
+        "--nominal",
+        ",".join(RHYTHM_CLASSES),
+        "--anomalous",
+        "noisy",
+        "--no-progress",
+    )
     step("exporting the nested (Stage 0 + Stage 1) encoder")
     export = out / "export" / "nested-encoder"
     _run("export", "--run-dir", runs / "stage1", "--out", export, "--probe-results", out / "probes" / "summary")
@@ -157,8 +256,9 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ecgpos demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="ecgpos demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default ./demo-out)")
     parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")

@@ -5,6 +5,7 @@ WFDB tree (`WFDBRecords/NN/NNN/JSxxxxx.{hea,mat}`, MATLAB v4 `val` int16 at 1000
 style `exams.csv` + `exams_part0.hdf5`, and a labelled probe set (bradycardia / normal / tachycardia
 by simulated heart rate, plus noisy vs clean) with train/val/test split files.
 """
+
 from __future__ import annotations
 
 import csv
@@ -45,9 +46,15 @@ def simulate(params: SimulationParams) -> np.ndarray:
     """A (12, duration*fs) float32 ECG in mV, canonical lead order, from neurokit2's ECGSYN."""
     import neurokit2 as nk  # imported here: slow to import and only needed when simulating
 
-    frame = nk.ecg_simulate(duration=params.duration, sampling_rate=params.fs, heart_rate=params.heart_rate,
-                            heart_rate_std=params.heart_rate_std, noise=0.0, method="multileads",
-                            random_state=params.seed)
+    frame = nk.ecg_simulate(
+        duration=params.duration,
+        sampling_rate=params.fs,
+        heart_rate=params.heart_rate,
+        heart_rate_std=params.heart_rate_std,
+        noise=0.0,
+        method="multileads",
+        random_state=params.seed,
+    )
     x = frame[list(CANONICAL_LEADS)].to_numpy(dtype=np.float32).T
     rng = np.random.default_rng(params.seed + 7919)
     # Lead-specific gain, baseline wander and white noise: what real recordings vary in.
@@ -67,16 +74,24 @@ def simulate_many(params: Sequence[SimulationParams], workers: int | None = None
         return list(pool.map(simulate, params, chunksize=max(1, len(params) // (4 * workers))))
 
 
-def random_params(count: int, seed: int, heart_rates: tuple[float, float] = (45, 150),
-                  noise: tuple[float, float] = (0.0, 0.08)) -> list[SimulationParams]:
+def random_params(
+    count: int, seed: int, heart_rates: tuple[float, float] = (45, 150), noise: tuple[float, float] = (0.0, 0.08)
+) -> list[SimulationParams]:
     """Recordings spread over heart rate, heart-rate variability and noise level."""
     rng = np.random.default_rng(seed)
-    return [SimulationParams(seed=int(seed * 100_003 + i), heart_rate=float(rng.uniform(*heart_rates)),
-                             heart_rate_std=float(rng.uniform(0.5, 8.0)), noise=float(rng.uniform(*noise)))
-            for i in range(count)]
+    return [
+        SimulationParams(
+            seed=int(seed * 100_003 + i),
+            heart_rate=float(rng.uniform(*heart_rates)),
+            heart_rate_std=float(rng.uniform(0.5, 8.0)),
+            noise=float(rng.uniform(*noise)),
+        )
+        for i in range(count)
+    ]
 
 
 # --- ecg-arrhythmia layout -------------------------------------------------------------------
+
 
 def _checksum(values: np.ndarray) -> int:
     """WFDB per-signal checksum: the 16-bit two's-complement sum of the samples."""
@@ -84,8 +99,9 @@ def _checksum(values: np.ndarray) -> int:
     return total - 0x10000 if total >= 0x8000 else total
 
 
-def write_arrhythmia_record(folder: Path, record_id: str, x: np.ndarray, fs: int, age: int, sex: str,
-                            dx: Iterable[str] = ("426783006",)) -> Path:
+def write_arrhythmia_record(
+    folder: Path, record_id: str, x: np.ndarray, fs: int, age: int, sex: str, dx: Iterable[str] = ("426783006",)
+) -> Path:
     """Write `record_id`.{hea,mat} exactly as ecg-arrhythmia stores them (CRLF header, 1000 adu/mV)."""
     folder.mkdir(parents=True, exist_ok=True)
     digital = np.clip(np.round(x * 1000.0), -32768, 32767).astype(np.int16)
@@ -95,14 +111,19 @@ def write_arrhythmia_record(folder: Path, record_id: str, x: np.ndarray, fs: int
     lines = [f"{record_id} 12 {fs} {digital.shape[1]}"]
     for lead, row in zip(CANONICAL_LEADS, digital):
         lines.append(f"{record_id}.mat 16+24 1000/mV 16 0 {int(row[0])} {_checksum(row)} 0 {lead}")
-    lines += [f"#Age: {age}", f"#Sex: {sex}", f"#Dx: {','.join(dx)}", "#Rx: Unknown", "#Hx: Unknown",
-              "#Sx: Unknown"]
+    lines += [f"#Age: {age}", f"#Sex: {sex}", f"#Dx: {','.join(dx)}", "#Rx: Unknown", "#Hx: Unknown", "#Sx: Unknown"]
     (folder / f"{record_id}.hea").write_bytes(("\r\n".join(lines) + "\r\n").encode())
     return folder / record_id
 
 
-def write_arrhythmia_tree(root: Path, signals: Sequence[np.ndarray], fs: int = 500, seed: int = 0,
-                          first_id: int = NINGBO_FIRST_ID, per_folder: int = 100) -> list[str]:
+def write_arrhythmia_tree(
+    root: Path,
+    signals: Sequence[np.ndarray],
+    fs: int = 500,
+    seed: int = 0,
+    first_id: int = NINGBO_FIRST_ID,
+    per_folder: int = 100,
+) -> list[str]:
     """A `WFDBRecords/NN/NNN/` tree with RECORDS files; ids start in the Ningbo range by default."""
     rng = np.random.default_rng(seed)
     ids = []
@@ -110,8 +131,9 @@ def write_arrhythmia_tree(root: Path, signals: Sequence[np.ndarray], fs: int = 5
         record_id = f"JS{first_id + i:05d}"
         bucket = (first_id + i) // per_folder
         folder = root / "WFDBRecords" / f"{bucket // 10:02d}" / f"{bucket:03d}"
-        write_arrhythmia_record(folder, record_id, x, fs, age=int(rng.integers(20, 90)),
-                                sex=str(rng.choice(["Male", "Female"])))
+        write_arrhythmia_record(
+            folder, record_id, x, fs, age=int(rng.integers(20, 90)), sex=str(rng.choice(["Male", "Female"]))
+        )
         with open(folder / "RECORDS", "a") as handle:
             handle.write(record_id + "\n")
         ids.append(record_id)
@@ -120,8 +142,23 @@ def write_arrhythmia_tree(root: Path, signals: Sequence[np.ndarray], fs: int = 5
 
 # --- CODE-15 layout --------------------------------------------------------------------------
 
-CODE15_COLUMNS = ("exam_id", "age", "is_male", "nn_predicted_age", "1dAVb", "RBBB", "LBBB", "SB", "ST", "AF",
-                  "patient_id", "death", "timey", "normal_ecg", "trace_file")
+CODE15_COLUMNS = (
+    "exam_id",
+    "age",
+    "is_male",
+    "nn_predicted_age",
+    "1dAVb",
+    "RBBB",
+    "LBBB",
+    "SB",
+    "ST",
+    "AF",
+    "patient_id",
+    "death",
+    "timey",
+    "normal_ecg",
+    "trace_file",
+)
 
 
 def code15_padded(x: np.ndarray) -> np.ndarray:
@@ -131,7 +168,7 @@ def code15_padded(x: np.ndarray) -> np.ndarray:
     """
     trace = np.zeros((CODE15_SAMPLES, 12), np.float32)
     start = (CODE15_SAMPLES - x.shape[1]) // 2
-    trace[start:start + x.shape[1]] = x.T
+    trace[start : start + x.shape[1]] = x.T
     return trace
 
 
@@ -145,17 +182,32 @@ def write_code15_part(root: Path, part: int, exam_ids: Sequence[int], traces: Se
     root.mkdir(parents=True, exist_ok=True)
     path = root / f"exams_part{part}.hdf5"
     with h5py.File(path, "w") as f:
-        f.create_dataset("tracings", data=np.stack([*traces, np.zeros((CODE15_SAMPLES, 12), np.float32)])
-                         .astype(np.float32))
+        f.create_dataset(
+            "tracings", data=np.stack([*traces, np.zeros((CODE15_SAMPLES, 12), np.float32)]).astype(np.float32)
+        )
         f.create_dataset("exam_id", data=np.array([*exam_ids, 0], dtype=np.int64))
     return path
 
 
 def code15_row(exam_id: int, part: int, **values: object) -> dict:
     """One `exams.csv` row: labels False, age 50, patient_id exam_id + 7 unless given."""
-    row = {"exam_id": exam_id, "age": 50, "is_male": True, "nn_predicted_age": 51.5, "1dAVb": False,
-           "RBBB": False, "LBBB": False, "SB": False, "ST": False, "AF": False, "patient_id": exam_id + 7,
-           "death": "", "timey": "", "normal_ecg": True, "trace_file": f"exams_part{part}.hdf5"}
+    row = {
+        "exam_id": exam_id,
+        "age": 50,
+        "is_male": True,
+        "nn_predicted_age": 51.5,
+        "1dAVb": False,
+        "RBBB": False,
+        "LBBB": False,
+        "SB": False,
+        "ST": False,
+        "AF": False,
+        "patient_id": exam_id + 7,
+        "death": "",
+        "timey": "",
+        "normal_ecg": True,
+        "trace_file": f"exams_part{part}.hdf5",
+    }
     row.update(values)
     return row
 
@@ -171,8 +223,14 @@ def write_code15_csv(root: Path, rows: Sequence[dict]) -> Path:
     return path
 
 
-def write_code15(root: Path, traces: Sequence[np.ndarray], first_exam_id: int = 1_000_001, part: int = 0,
-                 seed: int = 0, heart_rates: Sequence[float] | None = None) -> list[int]:
+def write_code15(
+    root: Path,
+    traces: Sequence[np.ndarray],
+    first_exam_id: int = 1_000_001,
+    part: int = 0,
+    seed: int = 0,
+    heart_rates: Sequence[float] | None = None,
+) -> list[int]:
     """A one-part CODE-15 corpus: `exams.csv` + `exams_part{part}.hdf5` with varied metadata.
 
     traces: (4096, 12) float32 arrays (see `to_code15_trace`); heart_rates, when given, set the SB/ST
@@ -185,15 +243,25 @@ def write_code15(root: Path, traces: Sequence[np.ndarray], first_exam_id: int = 
     for i, exam_id in enumerate(exam_ids):
         age = int(rng.integers(20, 90))
         rhythm = rhythm_class(heart_rates[i]) if heart_rates is not None else "normal"
-        rows.append(code15_row(exam_id, part, age=age, is_male=bool(rng.integers(0, 2)),
-                               nn_predicted_age=round(age + rng.normal(0, 5), 2), SB=rhythm == "brady",
-                               ST=rhythm == "tachy", normal_ecg=rhythm == "normal",
-                               patient_id=int(rng.integers(1, 10**6))))
+        rows.append(
+            code15_row(
+                exam_id,
+                part,
+                age=age,
+                is_male=bool(rng.integers(0, 2)),
+                nn_predicted_age=round(age + rng.normal(0, 5), 2),
+                SB=rhythm == "brady",
+                ST=rhythm == "tachy",
+                normal_ecg=rhythm == "normal",
+                patient_id=int(rng.integers(1, 10**6)),
+            )
+        )
     write_code15_csv(root, rows)
     return exam_ids
 
 
 # --- labelled probe set ----------------------------------------------------------------------
+
 
 def rhythm_class(heart_rate: float) -> str:
     """Bradycardia below 60 bpm, tachycardia above 100 bpm."""
@@ -208,15 +276,24 @@ def probe_params(per_class: int, seed: int) -> list[SimulationParams]:
     for c, (lo, hi) in enumerate(ranges.values()):
         for i in range(per_class):
             noisy = i % 2 == 1
-            params.append(SimulationParams(seed=int(seed * 100_003 + 1000 * c + i),
-                                           heart_rate=float(rng.uniform(lo, hi)),
-                                           heart_rate_std=float(rng.uniform(0.5, 5.0)),
-                                           noise=float(rng.uniform(0.15, 0.25) if noisy else rng.uniform(0.0, 0.02))))
+            params.append(
+                SimulationParams(
+                    seed=int(seed * 100_003 + 1000 * c + i),
+                    heart_rate=float(rng.uniform(lo, hi)),
+                    heart_rate_std=float(rng.uniform(0.5, 5.0)),
+                    noise=float(rng.uniform(0.15, 0.25) if noisy else rng.uniform(0.0, 0.02)),
+                )
+            )
     return params
 
 
-def write_probe_set(root: Path, params: Sequence[SimulationParams], signals: Sequence[np.ndarray],
-                    seed: int = 0, fractions: tuple[float, float] = (0.6, 0.2)) -> dict[str, int]:
+def write_probe_set(
+    root: Path,
+    params: Sequence[SimulationParams],
+    signals: Sequence[np.ndarray],
+    seed: int = 0,
+    fractions: tuple[float, float] = (0.6, 0.2),
+) -> dict[str, int]:
     """WFDB records under `root/records/` and `root/{train,val,test}.csv` (stratified by rhythm class).
 
     Split columns: record (path relative to root, no extension), then one 0/1 column per class in
@@ -230,13 +307,29 @@ def write_probe_set(root: Path, params: Sequence[SimulationParams], signals: Seq
     rows, metadata = [], []
     for i, (p, x) in enumerate(zip(params, signals)):
         name = f"synth{i:05d}"
-        wfdb.wrsamp(name, fs=p.fs, units=["mV"] * 12, sig_name=list(CANONICAL_LEADS), p_signal=x.T.astype(np.float64),
-                    fmt=["16"] * 12, adc_gain=[1000.0] * 12, baseline=[0] * 12, write_dir=str(records))
+        wfdb.wrsamp(
+            name,
+            fs=p.fs,
+            units=["mV"] * 12,
+            sig_name=list(CANONICAL_LEADS),
+            p_signal=x.T.astype(np.float64),
+            fmt=["16"] * 12,
+            adc_gain=[1000.0] * 12,
+            baseline=[0] * 12,
+            write_dir=str(records),
+        )
         rhythm = rhythm_class(p.heart_rate)
-        rows.append({"record": f"records/{name}", **{c: int(c == rhythm) for c in RHYTHM_CLASSES},
-                     "noisy": int(p.noise > 0.1)})
-        metadata.append({"record": f"records/{name}", "heart_rate": round(p.heart_rate, 1),
-                         "heart_rate_std": round(p.heart_rate_std, 2), "noise_mv": round(p.noise, 3)})
+        rows.append(
+            {"record": f"records/{name}", **{c: int(c == rhythm) for c in RHYTHM_CLASSES}, "noisy": int(p.noise > 0.1)}
+        )
+        metadata.append(
+            {
+                "record": f"records/{name}",
+                "heart_rate": round(p.heart_rate, 1),
+                "heart_rate_std": round(p.heart_rate_std, 2),
+                "noise_mv": round(p.noise, 3),
+            }
+        )
     rng = np.random.default_rng(seed)
     splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     for label in RHYTHM_CLASSES:  # stratified: every split gets every rhythm class

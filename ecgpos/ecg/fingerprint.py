@@ -12,6 +12,7 @@ blocks near the threshold, so copies differ in a few bits while different record
 roughly half of them. Matching is by Hamming distance (`MAX_DISTANCE`), found through per-lead
 exact bands (a copy keeps at least one lead's 45 bits intact), then verified on all 540 bits.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -68,8 +69,11 @@ class FingerprintIndex:
 
     def _band_keys(self, bits: np.ndarray) -> list[tuple[int, bytes]]:
         # a constant band (a dead lead stored as zeros) is shared by unrelated records: not a key
-        return [(lead, np.packbits(band).tobytes()) for lead, band in enumerate(np.array_split(bits, self.leads))
-                if 0 < band.sum() < len(band)]
+        return [
+            (lead, np.packbits(band).tobytes())
+            for lead, band in enumerate(np.array_split(bits, self.leads))
+            if 0 < band.sum() < len(band)
+        ]
 
     def extend(self, pairs: Iterable[tuple[str, str]]) -> None:
         for name, hex_print in pairs:

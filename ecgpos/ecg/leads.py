@@ -1,4 +1,5 @@
 """The one canonical 12-lead order, and mapping any lead naming onto it."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,12 +9,32 @@ import numpy as np
 from ecgpos.errors import SignalError
 
 CANONICAL_LEADS: tuple[str, ...] = (
-    "I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6",
+    "I",
+    "II",
+    "III",
+    "aVR",
+    "aVL",
+    "aVF",
+    "V1",
+    "V2",
+    "V3",
+    "V4",
+    "V5",
+    "V6",
 )
 
 # Aliases seen in the wild (CODE-15 uses DI/DII/DIII; PTB-XL upper-cases aVR/aVL/aVF).
-_ALIASES = {"di": "i", "dii": "ii", "diii": "iii", "d1": "i", "d2": "ii", "d3": "iii",
-            "lead i": "i", "lead ii": "ii", "lead iii": "iii"}
+_ALIASES = {
+    "di": "i",
+    "dii": "ii",
+    "diii": "iii",
+    "d1": "i",
+    "d2": "ii",
+    "d3": "iii",
+    "lead i": "i",
+    "lead ii": "ii",
+    "lead iii": "iii",
+}
 _BY_KEY = {name.lower(): name for name in CANONICAL_LEADS}
 
 

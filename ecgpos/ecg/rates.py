@@ -6,6 +6,7 @@ the preprocessing spec is known: `ecgpos.ecg.screening`) above twice the spec's 
 is a SignalError with reason `sampling_rate`, never a library default (wfdb reads a header rate of
 `-500` as 250 Hz and `500e3` as 500 Hz) and never a filter-design error deep inside scipy.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,8 +38,7 @@ def check_fs(value: float, spec: PreprocessSpec | None = None, what: str = "samp
     if not math.isfinite(fs) or fs <= 0:
         raise SignalError("sampling_rate", f"{what} {value!r} is not a positive finite number")
     if not low < fs <= high:
-        raise SignalError("sampling_rate", f"{what} {fs:g} Hz is outside the supported range "
-                                           f"({low:g} Hz, {high:g} Hz]")
+        raise SignalError("sampling_rate", f"{what} {fs:g} Hz is outside the supported range ({low:g} Hz, {high:g} Hz]")
     return fs
 
 

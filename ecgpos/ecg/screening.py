@@ -10,6 +10,7 @@ no samples at all (empty), NaN/inf (non_finite), every sample zero (all_zero), e
 (flat), more dead leads than allowed (dead_leads), shorter than one window after resampling
 (too_short, unless pad_short).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -41,8 +42,11 @@ class ScreenPolicy:
 
     def __post_init__(self) -> None:
         n = len(CANONICAL_LEADS)
-        if isinstance(self.max_dead_leads, bool) or not isinstance(self.max_dead_leads, int) \
-                or not 0 <= self.max_dead_leads < n:
+        if (
+            isinstance(self.max_dead_leads, bool)
+            or not isinstance(self.max_dead_leads, int)
+            or not 0 <= self.max_dead_leads < n
+        ):
             raise ConfigError(f"max dead leads must be an integer in 0..{n - 1}, got {self.max_dead_leads!r}")
 
 
@@ -63,8 +67,9 @@ class Screened:
         return [CANONICAL_LEADS[i] for i in np.flatnonzero(self.dead)]
 
 
-def screen_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec,
-                  policy: ScreenPolicy = DEFAULT_POLICY) -> Screened:
+def screen_record(
+    signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
     x = np.asarray(signal)
     if x.ndim != 2:
@@ -88,6 +93,8 @@ def screen_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: Pre
         raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
     length = resampled_length(x.shape[-1], fs, spec.fs)
     if length < spec.window and not policy.pad_short:
-        raise SignalError("too_short", f"{x.shape[-1] / fs:.2f} s at {fs:g} Hz = {length} samples at "
-                                       f"{spec.fs} Hz < window {spec.window}")
+        raise SignalError(
+            "too_short",
+            f"{x.shape[-1] / fs:.2f} s at {fs:g} Hz = {length} samples at {spec.fs} Hz < window {spec.window}",
+        )
     return Screened(signal=x, fs=fs, dead=dead)

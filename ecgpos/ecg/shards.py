@@ -10,6 +10,7 @@ A shard `shard-KKKKK.h5` holds
 Shard numbers are chunk numbers: a chunk whose records were all skipped leaves no shard, so
 readers list `shard-*.h5` rather than counting.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -30,8 +31,13 @@ def shard_name(chunk: int) -> str:
     return f"shard-{chunk:05d}.h5"
 
 
-def write_shard(path: Path, signals: Sequence[np.ndarray], record_ids: Sequence[str], spec: PreprocessSpec,
-                attrs: dict | None = None) -> None:
+def write_shard(
+    path: Path,
+    signals: Sequence[np.ndarray],
+    record_ids: Sequence[str],
+    spec: PreprocessSpec,
+    attrs: dict | None = None,
+) -> None:
     """Write float32 (12, length_i) signals as one shard, atomically (temporary name, then rename)."""
     if not signals:
         raise ValueError("a shard needs at least one record")
@@ -42,14 +48,15 @@ def write_shard(path: Path, signals: Sequence[np.ndarray], record_ids: Sequence[
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for key, value in {**spec.to_h5_attrs(), **(attrs or {})}.items():
             f.attrs[key] = value
-        data = f.create_dataset("signals", shape=(len(signals), leads, width), dtype=spec.dtype,
-                                chunks=(1, leads, width))
+        data = f.create_dataset(
+            "signals", shape=(len(signals), leads, width), dtype=spec.dtype, chunks=(1, leads, width)
+        )
         for start in range(0, len(signals), _WRITE_BLOCK):  # padded blocks: memory stays O(block)
-            part = signals[start:start + _WRITE_BLOCK]
+            part = signals[start : start + _WRITE_BLOCK]
             block = np.zeros((len(part), leads, width), dtype=spec.dtype)
             for i, s in enumerate(part):
                 block[i, :, : s.shape[-1]] = s
-            data[start:start + len(part)] = block
+            data[start : start + len(part)] = block
         f.create_dataset("lengths", data=lengths)
         f.create_dataset("record_id", data=list(record_ids), dtype=h5py.string_dtype())
 
@@ -99,8 +106,10 @@ def check_shard(path: str | Path) -> tuple[PreprocessSpec, int]:
                 raise EcgposError(f"signals have shape {signals.shape}, expected (n, {len(spec.leads)}, time)")
             n, _, width = signals.shape
             if lengths.shape != (n,) or ids.shape != (n,) or width < spec.window:
-                raise EcgposError(f"signals {signals.shape}, lengths {lengths.shape} and record_id {ids.shape} "
-                                  f"disagree (or time < window {spec.window})")
+                raise EcgposError(
+                    f"signals {signals.shape}, lengths {lengths.shape} and record_id {ids.shape} "
+                    f"disagree (or time < window {spec.window})"
+                )
             if n and (lengths.min() < 0 or lengths.max() > width):
                 raise EcgposError(f"lengths outside 0..{width}")
         except EcgposError as err:
@@ -138,14 +147,15 @@ def check_shard_contents(path: str | Path) -> None:
         signals, lengths = f["signals"], np.asarray(f["lengths"][:])
         ids = f["record_id"].asstr()[:]
         for start in range(0, n, _WRITE_BLOCK):
-            block = np.asarray(signals[start:start + _WRITE_BLOCK], dtype=np.float64)
+            block = np.asarray(signals[start : start + _WRITE_BLOCK], dtype=np.float64)
             for i, x in enumerate(block):
                 row = start + i
                 length = int(lengths[row])
                 problem = _signal_problem(x, length, spec.standardise)
                 if problem:
-                    raise EcgposError(f"{path}: record {ids[row]} (row {row}) {problem}: "
-                                      "not what `ecgpos preprocess` writes")
+                    raise EcgposError(
+                        f"{path}: record {ids[row]} (row {row}) {problem}: not what `ecgpos preprocess` writes"
+                    )
 
 
 def _signal_problem(x: np.ndarray, length: int, mode: str) -> str:
@@ -156,7 +166,7 @@ def _signal_problem(x: np.ndarray, length: int, mode: str) -> str:
     real = x[:, :length]
     if length == 0:
         return "has length 0"
-    rms = np.sqrt(np.mean(real ** 2, axis=-1))
+    rms = np.sqrt(np.mean(real**2, axis=-1))
     if mode == "record":
         alive = rms > 0
         rms = np.array([np.sqrt(np.mean(real[alive] ** 2))]) if alive.any() else np.zeros(0)

@@ -4,6 +4,7 @@ The order is the paper's: band-limit at the source rate (high-pass, then low-pas
 resample to the target rate, then cut a window. `preprocess_signal` is the single entry point
 that pretraining shards, probes and `embed` all call.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -31,8 +32,9 @@ def bandpass_sos(fs: float, highpass_hz: float, lowpass_hz: float, order: int) -
     return np.vstack([high, low])
 
 
-def bandpass(x: np.ndarray, fs: float, highpass_hz: float = 0.67, lowpass_hz: float = 40.0,
-             order: int = 4) -> np.ndarray:
+def bandpass(
+    x: np.ndarray, fs: float, highpass_hz: float = 0.67, lowpass_hz: float = 40.0, order: int = 4
+) -> np.ndarray:
     """Zero-phase (forward-backward) Butterworth band-pass along time. x: (..., time) -> float32.
 
     scipy's sosfiltfilt on the cached per-rate design; raises SignalError('too_short') when the

@@ -4,6 +4,7 @@ It is written with every shard set (HDF5 attributes and preprocess.json), saved 
 run folder and export, and read back by pretraining, probes and `embed`, so no later
 stage repeats these constants.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,7 +43,8 @@ class PreprocessSpec:
             raise ConfigError(f"preprocess.dtype must be float16 or float32, got {self.dtype!r}")
         if not 0 < self.highpass_hz < self.lowpass_hz < self.fs / 2:
             raise ConfigError(
-                f"need 0 < highpass_hz < lowpass_hz < fs/2, got {self.highpass_hz}, {self.lowpass_hz}, fs={self.fs}")
+                f"need 0 < highpass_hz < lowpass_hz < fs/2, got {self.highpass_hz}, {self.lowpass_hz}, fs={self.fs}"
+            )
         if self.window <= 0 or self.filter_order <= 0:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
         if self.leads != CANONICAL_LEADS:
@@ -80,8 +82,10 @@ class PreprocessSpec:
 
     def describe(self) -> str:
         """One line for help texts and logs, e.g. '0.67-40 Hz, lead z-score, 250 Hz, 2250-sample windows'."""
-        return (f"{self.highpass_hz:g}-{self.lowpass_hz:g} Hz, {self.standardise} z-score, {self.fs} Hz, "
-                f"{self.window}-sample windows")
+        return (
+            f"{self.highpass_hz:g}-{self.lowpass_hz:g} Hz, {self.standardise} z-score, {self.fs} Hz, "
+            f"{self.window}-sample windows"
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -103,8 +107,11 @@ class PreprocessSpec:
 
     def signal_differences(self, other: PreprocessSpec) -> list[str]:
         """Names and values of the signal-defining fields that differ (empty when compatible)."""
-        return [f"{name}: {getattr(self, name)!r} != {getattr(other, name)!r}"
-                for name in self.SIGNAL_FIELDS if getattr(self, name) != getattr(other, name)]
+        return [
+            f"{name}: {getattr(self, name)!r} != {getattr(other, name)!r}"
+            for name in self.SIGNAL_FIELDS
+            if getattr(self, name) != getattr(other, name)
+        ]
 
     def check_compatible(self, other: PreprocessSpec, what: str) -> None:
         """Raise ConfigError naming every difference between self (expected) and `other` ({what})."""

@@ -13,6 +13,7 @@ It also checks what wfdb does not: the file holds exactly the samples the header
 MATLAB v4 matrix header agrees with the WFDB header, and every lead's checksum and initial value
 match, so truncated, corrupt and mismatched files become specific skip reasons.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,18 +78,30 @@ def parse_header(text: str) -> FastHeader | None:
         fields.append(m.groups())
     files = {f[0] for f in fields}
     offsets = {f[4] for f in fields}
-    if (len(files) != 1 or len(offsets) != 1 or any(f[1] != "16" for f in fields)
-            or any(f[2] not in ("", "1") or f[3] not in ("", "0") for f in fields)
-            or any(f[7] not in ("", "mV") for f in fields)):
+    if (
+        len(files) != 1
+        or len(offsets) != 1
+        or any(f[1] != "16" for f in fields)
+        or any(f[2] not in ("", "1") or f[3] not in ("", "0") for f in fields)
+        or any(f[7] not in ("", "mV") for f in fields)
+    ):
         return None
     # wfdb's read defaults: gain 200 (also for an explicit 0), baseline = ADC zero if given, else 0.
     gains = np.array([float(f[5] or 0) or 200.0 for f in fields])
     baselines = np.array([float(f[6] if f[6] else f[9] if f[9] else 0) for f in fields])
-    return FastHeader(record_name=name, fs=float(fs), sig_len=sig_len_i, file_name=fields[0][0],
-                      byte_offset=int(fields[0][4] or 0), gains=gains,
-                      baselines=baselines,
-                      init_values=[_num(f[10], int) for f in fields], checksums=[_num(f[11], int) for f in fields],
-                      leads=[f[13] for f in fields], comments=comments)
+    return FastHeader(
+        record_name=name,
+        fs=float(fs),
+        sig_len=sig_len_i,
+        file_name=fields[0][0],
+        byte_offset=int(fields[0][4] or 0),
+        gains=gains,
+        baselines=baselines,
+        init_values=[_num(f[10], int) for f in fields],
+        checksums=[_num(f[11], int) for f in fields],
+        leads=[f[13] for f in fields],
+        comments=comments,
+    )
 
 
 def read_fast(base: Path) -> RawRecord | None:
@@ -131,8 +144,7 @@ def read_fast(base: Path) -> RawRecord | None:
     np.divide(values, header.gains[:, None], out=signal, casting="same_kind")
     if invalid is not None:
         signal[invalid] = np.nan
-    return RawRecord(record_id=base.name, signal=signal, fs=fs, leads=header.leads,
-                     comments=header.comments)
+    return RawRecord(record_id=base.name, signal=signal, fs=fs, leads=header.leads, comments=header.comments)
 
 
 def _check_checksums(values: np.ndarray, digital: np.ndarray, header: FastHeader) -> None:
@@ -147,5 +159,6 @@ def _check_checksums(values: np.ndarray, digital: np.ndarray, header: FastHeader
         if want_sum is not None and int(sums[row]) != want_sum & 0xFFFF:
             raise SignalError("corrupt_signal", f"lead {lead}: checksum {int(sums[row])} != header {want_sum}")
         if want_first is not None and int(digital[row, 0]) != want_first:
-            raise SignalError("corrupt_signal",
-                              f"lead {lead}: first sample {int(digital[row, 0])} != header {want_first}")
+            raise SignalError(
+                "corrupt_signal", f"lead {lead}: first sample {int(digital[row, 0])} != header {want_first}"
+            )

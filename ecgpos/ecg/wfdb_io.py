@@ -1,4 +1,5 @@
 """Reading one WFDB record (any corpus) into a (leads, time) array in mV."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,8 +40,18 @@ def record_path(path: str | Path) -> Path:
 
 
 # Bytes per sample of the WFDB storage formats whose file size follows from the header.
-_BYTES_PER_SAMPLE = {"8": 1.0, "16": 2.0, "24": 3.0, "32": 4.0, "61": 2.0, "80": 1.0, "160": 2.0,
-                     "212": 1.5, "310": 4 / 3, "311": 4 / 3}
+_BYTES_PER_SAMPLE = {
+    "8": 1.0,
+    "16": 2.0,
+    "24": 3.0,
+    "32": 4.0,
+    "61": 2.0,
+    "80": 1.0,
+    "160": 2.0,
+    "212": 1.5,
+    "310": 4 / 3,
+    "311": 4 / 3,
+}
 
 
 def check_mat_header(prefix: bytes, file_name: str, byte_offset: int, n_sig: int, sig_len: int) -> None:
@@ -54,8 +65,9 @@ def check_mat_header(prefix: bytes, file_name: str, byte_offset: int, n_sig: int
     if mopt != 30 or imag != 0 or 20 + namlen != byte_offset:
         raise SignalError("corrupt_signal", f"{file_name}: not a MATLAB v4 int16 matrix at the header's offset")
     if (rows, cols) != (n_sig, sig_len):
-        raise SignalError("header_mismatch", f"header says {n_sig} x {sig_len} samples, "
-                                             f"{file_name} holds {rows} x {cols}")
+        raise SignalError(
+            "header_mismatch", f"header says {n_sig} x {sig_len} samples, {file_name} holds {rows} x {cols}"
+        )
 
 
 def check_signal_files(base: Path, header: Any) -> None:
@@ -131,13 +143,19 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     if rec.p_signal is None or rec.p_signal.ndim != 2:
         raise SignalError("unreadable", f"{base.name}: no signal")
     if rec.p_signal.shape != (rec.sig_len, rec.n_sig):
-        raise SignalError("header_mismatch",
-                          f"{base.name}: header says {rec.n_sig} x {rec.sig_len}, signal is {rec.p_signal.shape}")
+        raise SignalError(
+            "header_mismatch", f"{base.name}: header says {rec.n_sig} x {rec.sig_len}, signal is {rec.p_signal.shape}"
+        )
     units = {str(u).strip().lower() for u in (rec.units or [])}
     scale = 1.0
     if units == {"uv"}:
         scale = 1e-3
     elif units and not units <= {"mv"}:
         raise SignalError("units", f"{base.name}: unsupported units {sorted(units)}")
-    return RawRecord(record_id=base.name, signal=np.ascontiguousarray(rec.p_signal.T * scale, dtype=np.float32),
-                     fs=fs, leads=[str(s) for s in rec.sig_name], comments=list(rec.comments or []))
+    return RawRecord(
+        record_id=base.name,
+        signal=np.ascontiguousarray(rec.p_signal.T * scale, dtype=np.float32),
+        fs=fs,
+        leads=[str(s) for s in rec.sig_name],
+        comments=list(rec.comments or []),
+    )

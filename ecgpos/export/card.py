@@ -1,4 +1,5 @@
 """The model card (README.md of an export): what the encoder is, how it was trained, how to use it."""
+
 from __future__ import annotations
 
 import csv
@@ -7,8 +8,9 @@ from typing import Any
 
 from ecgpos.errors import EcgposError
 
-PAPER_TITLE = ("When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on "
-               "Reconstruction-Based Anomaly Detection")
+PAPER_TITLE = (
+    "When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on Reconstruction-Based Anomaly Detection"
+)
 PAPER_AUTHORS = "Mehmet Yamaç, Yagmur Mustu, Muhammad Numan Yousaf, Lei Xu, Marcel van Gerven"
 BIBTEX = """@misc{yamac2026pos,
   title  = {When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on
@@ -27,9 +29,11 @@ def _describe_arch(arch: dict[str, Any]) -> str:
         return ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg)
 
     if arch.get("kind") == "nested":
-        return (f"nested encoder: Stage 0 ST-MEM-style transformer ({one(arch.get('stage0', {}))}) "
-                f"followed by the Stage 1 latent transformer ({one(arch.get('stage1', {}))}) "
-                "trained by nested manifold carving on the frozen Stage 0 tokens")
+        return (
+            f"nested encoder: Stage 0 ST-MEM-style transformer ({one(arch.get('stage0', {}))}) "
+            f"followed by the Stage 1 latent transformer ({one(arch.get('stage1', {}))}) "
+            "trained by nested manifold carving on the frozen Stage 0 tokens"
+        )
     return f"Stage 0 ST-MEM-style masked ECG transformer ({one(arch.get('encoder', {}))})"
 
 
@@ -68,12 +72,20 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     if training.get("step") is not None:
         total = training.get("steps")
         finished = training.get("finished")
-        lines.append(f"- Optimiser steps: {training['step']}" + (f" of {total}" if total else "")
-                     + ("" if finished is None else (" (finished)" if finished else " (stopped early)")))
-    for key, label in (("batch_size", "Global batch size"), ("lr", "Peak learning rate"),
-                       ("mask_ratio", "Mask ratio"), ("push_pull", "Dynamic Push and Pull"),
-                       ("data", "Pretraining data"), ("records", "Pretraining records"),
-                       ("checkpoint", "Checkpoint")):
+        lines.append(
+            f"- Optimiser steps: {training['step']}"
+            + (f" of {total}" if total else "")
+            + ("" if finished is None else (" (finished)" if finished else " (stopped early)"))
+        )
+    for key, label in (
+        ("batch_size", "Global batch size"),
+        ("lr", "Peak learning rate"),
+        ("mask_ratio", "Mask ratio"),
+        ("push_pull", "Dynamic Push and Pull"),
+        ("data", "Pretraining data"),
+        ("records", "Pretraining records"),
+        ("checkpoint", "Checkpoint"),
+    ):
         if training.get(key) not in (None, "", {}):
             lines.append(f"- {label}: {training[key]}")
     return lines or ["- (the run folder recorded no training details)"]
@@ -84,17 +96,26 @@ def render_card(config: dict[str, Any], probe_results: str | Path | None = None)
     spec = config["preprocess"]
     io = config.get("io", {})
     training = config.get("training", {})
-    probe = probe_section(probe_results) if probe_results else (
-        "No probe results were attached to this export (`ecgpos export --probe-results DIR`).")
+    probe = (
+        probe_section(probe_results)
+        if probe_results
+        else ("No probe results were attached to this export (`ecgpos export --probe-results DIR`).")
+    )
     onnx = config.get("onnx")
-    onnx_line = (f"- `encoder.onnx`: ONNX opset {onnx['opset']}, input `{onnx['input']}` (batch, 12, "
-                 f"{spec['window']}) float32 preprocessed windows, output `{onnx['output']}` (batch, "
-                 f"{io.get('features', '?')}); checked against PyTorch with onnxruntime.\n") if onnx else ""
-    return f"""# ecgpos ECG encoder ({training.get('name', config['arch'].get('kind', 'encoder'))})
+    onnx_line = (
+        (
+            f"- `encoder.onnx`: ONNX opset {onnx['opset']}, input `{onnx['input']}` (batch, 12, "
+            f"{spec['window']}) float32 preprocessed windows, output `{onnx['output']}` (batch, "
+            f"{io.get('features', '?')}); checked against PyTorch with onnxruntime.\n"
+        )
+        if onnx
+        else ""
+    )
+    return f"""# ecgpos ECG encoder ({training.get("name", config["arch"].get("kind", "encoder"))})
 
-A frozen self-supervised 12-lead ECG encoder from **ecgpos** {config.get('ecgpos_version', '')}:
-{_describe_arch(config['arch'])}.
-It turns a 12-lead ECG into a {io.get('features', '?')}-dimensional feature vector ({config.get('pooling', '')}).
+A frozen self-supervised 12-lead ECG encoder from **ecgpos** {config.get("ecgpos_version", "")}:
+{_describe_arch(config["arch"])}.
+It turns a 12-lead ECG into a {io.get("features", "?")}-dimensional feature vector ({config.get("pooling", "")}).
 
 ## Intended use
 Research only: feature extraction for ECG representation learning, linear probes, retrieval and
@@ -105,18 +126,18 @@ to make or support clinical decisions. It has no classification head and outputs
 ```python
 import ecgpos
 encoder = ecgpos.load_encoder("path/to/this/folder")          # eval mode, weights checked
-features = encoder.embed(signal_mV, fs=500, leads=lead_names)   # (leads, time) -> ({io.get('features', '?')},)
+features = encoder.embed(signal_mV, fs=500, leads=lead_names)   # (leads, time) -> ({io.get("features", "?")},)
 ```
 From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, and
 `ecgpos verify DIR` checks an installation against `test_vectors.npz`.
 
 ## Preprocessing (applied by `embed`; apply it yourself before `forward_features`)
-- Input: raw signal in {spec['units']}, any sampling rate with a small rational ratio to {spec['fs']} Hz,
+- Input: raw signal in {spec["units"]}, any sampling rate with a small rational ratio to {spec["fs"]} Hz,
   the 12 standard leads in any order and common spellings (AVR/aVR, DI/I).
-- Zero-phase Butterworth band-pass {spec['highpass_hz']}-{spec['lowpass_hz']} Hz (order {spec['filter_order']}) at
-  the source rate, per-{spec['standardise']} z-score, resampling to {spec['fs']} Hz.
-- Lead order: {', '.join(spec['leads'])}.
-- Window: {spec['window']} samples ({spec['window'] / spec['fs']:g} s); `embed` uses the centre window
+- Zero-phase Butterworth band-pass {spec["highpass_hz"]}-{spec["lowpass_hz"]} Hz (order {spec["filter_order"]}) at
+  the source rate, per-{spec["standardise"]} z-score, resampling to {spec["fs"]} Hz.
+- Lead order: {", ".join(spec["leads"])}.
+- Window: {spec["window"]} samples ({spec["window"] / spec["fs"]:g} s); `embed` uses the centre window
   (or `num_windows` windows spread over a long record, averaged). Records shorter than the window are refused.
 
 ## Training
@@ -126,14 +147,14 @@ From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, an
 {probe}
 
 ## Files
-- `model.safetensors`: weights (safetensors, no pickle); sha256 of the tensors `{config['weights_sha256']}`.
+- `model.safetensors`: weights (safetensors, no pickle); sha256 of the tensors `{config["weights_sha256"]}`.
 - `config.json`: architecture, preprocessing, pooling, versions, training summary.
 - `test_vectors.npz`: deterministic inputs with expected features.
 {onnx_line}
 ## Limitations
 - Trained on the corpora listed above only; performance on other populations, devices, paediatric
   ECGs, paced rhythms or recordings with other filtering is unknown.
-- Needs all 12 standard leads and at least {spec['window'] / spec['fs']:g} s of signal; reduced-lead ECGs
+- Needs all 12 standard leads and at least {spec["window"] / spec["fs"]:g} s of signal; reduced-lead ECGs
   are not supported.
 - Features are averaged over time and may miss short or intermittent events outside the window used.
 - Self-supervised features can encode acquisition artefacts (device, site, noise); check for confounding.

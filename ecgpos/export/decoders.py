@@ -8,6 +8,7 @@ one) with their settings under `decoders` in config.json:
      "stage1": {"decoder", "mask_ratio", "norm_target", "push_pull"}}
 A level is present only when its decoder was available at export time.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,8 +35,11 @@ LEVELS = ("stage0", "stage1")
 
 def decoder_settings(model: nn.Module) -> dict[str, Any]:
     """JSON-able settings that rebuild a level's objective around its encoder."""
-    out: dict[str, Any] = {"decoder": dataclasses.asdict(model.decoder_cfg), "mask_ratio": model.mask_ratio,
-                           "norm_target": model.norm_target}
+    out: dict[str, Any] = {
+        "decoder": dataclasses.asdict(model.decoder_cfg),
+        "mask_ratio": model.mask_ratio,
+        "norm_target": model.norm_target,
+    }
     if isinstance(model, LatentMaskedAutoencoder):
         out["push_pull"] = dataclasses.asdict(model.push_pull)
     return out
@@ -45,8 +49,11 @@ def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]
     """Write the decoders of `models` (level -> objective module) to out/DECODERS_FILE; the config entry."""
     from safetensors.torch import save_file
 
-    state = {f"{level}.{k}": v.detach().to("cpu").float().clone().contiguous()
-             for level, model in models.items() for k, v in model.decoder.state_dict().items()}
+    state = {
+        f"{level}.{k}": v.detach().to("cpu").float().clone().contiguous()
+        for level, model in models.items()
+        for k, v in model.decoder.state_dict().items()
+    }
     save_file(state, str(out / DECODERS_FILE), metadata={"format": "ecgpos-decoders"})
     entry: dict[str, Any] = {"file": DECODERS_FILE, "sha256": state_sha256(state)}
     entry.update({level: decoder_settings(model) for level, model in models.items()})
@@ -54,7 +61,7 @@ def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]
 
 
 def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: str, what: str) -> nn.Module:
-    own = {k[len(level) + 1:]: v for k, v in state.items() if k.startswith(f"{level}.")}
+    own = {k[len(level) + 1 :]: v for k, v in state.items() if k.startswith(f"{level}.")}
     problem = state_mismatch(model.decoder.state_dict(), own)
     if problem:
         raise EcgposError(f"{what}: the {level} decoder does not fit its settings in config.json: {problem}")
@@ -69,29 +76,45 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     folder = Path(folder)
     entry = config.get("decoders")
     if not isinstance(entry, Mapping):
-        raise EcgposError(f"{folder} is an encoder-only export: re-export the run with "
-                          "`ecgpos export --with-decoders` to score reconstructions")
+        raise EcgposError(
+            f"{folder} is an encoder-only export: re-export the run with "
+            "`ecgpos export --with-decoders` to score reconstructions"
+        )
     state = read_safetensors(folder / str(entry.get("file", DECODERS_FILE)), "decoder weights")
     if state_sha256(state) != entry.get("sha256"):
         raise EcgposError(f"{folder / DECODERS_FILE} does not match config.json (decoders sha256 differs)")
-    encoder = build_from_state(config["arch"], read_safetensors(folder / WEIGHTS_FILE),
-                               str(folder / WEIGHTS_FILE)).float()
+    encoder = build_from_state(
+        config["arch"], read_safetensors(folder / WEIGHTS_FILE), str(folder / WEIGHTS_FILE)
+    ).float()
     stage0 = encoder.stage0 if config["arch"].get("kind") == "nested" else encoder
     what = str(folder / DECODERS_FILE)
     models: dict[str, nn.Module] = {}
     try:
         if "stage0" in entry:
             s = entry["stage0"]
-            models["stage0"] = _load_decoder(MaskedECGAutoencoder(stage0, DecoderConfig(**s["decoder"]),
-                                                                  s["mask_ratio"], s["norm_target"]),
-                                             state, "stage0", what)
+            models["stage0"] = _load_decoder(
+                MaskedECGAutoencoder(stage0, DecoderConfig(**s["decoder"]), s["mask_ratio"], s["norm_target"]),
+                state,
+                "stage0",
+                what,
+            )
         if "stage1" in entry:
             if config["arch"].get("kind") != "nested":
                 raise EcgposError(f"{what}: a Stage-1 decoder in an export of a Stage-0 encoder")
             s = entry["stage1"]
-            models["stage1"] = _load_decoder(LatentMaskedAutoencoder(
-                encoder.stage0, encoder.stage1, DecoderConfig(**s["decoder"]), s["mask_ratio"], s["norm_target"],
-                PushPullConfig(**s.get("push_pull", {}))), state, "stage1", what)
+            models["stage1"] = _load_decoder(
+                LatentMaskedAutoencoder(
+                    encoder.stage0,
+                    encoder.stage1,
+                    DecoderConfig(**s["decoder"]),
+                    s["mask_ratio"],
+                    s["norm_target"],
+                    PushPullConfig(**s.get("push_pull", {})),
+                ),
+                state,
+                "stage1",
+                what,
+            )
     except (TypeError, KeyError) as err:
         raise EcgposError(f"config.json: malformed decoders entry ({type(err).__name__}: {err})") from None
     return models

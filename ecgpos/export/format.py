@@ -11,6 +11,7 @@ Layout of an export folder (written by `ecgpos export`, read by `load_encoder` /
 - test_vectors.npz   deterministic inputs and their expected features (see vectors.py)
 - encoder.onnx       optional (`--onnx`): features of a (batch, 12, window) float32 input
 """
+
 from __future__ import annotations
 
 import hashlib

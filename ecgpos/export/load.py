@@ -4,6 +4,7 @@
 and refuses anything that does not match (missing/extra keys, shapes, dtypes, the weights hash):
 an export either loads exactly what was exported or fails with one line, never random weights.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,10 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(config, dict) or config.get("format") != FORMAT:
         raise EcgposError(f"{folder} is not an ecgpos export folder ({CONFIG_FILE} has no format {FORMAT!r})")
     if config.get("version") != FORMAT_VERSION:
-        raise EcgposError(f"{config_path}: export format version {config.get('version')!r} is not supported "
-                          f"(this ecgpos reads version {FORMAT_VERSION})")
+        raise EcgposError(
+            f"{config_path}: export format version {config.get('version')!r} is not supported "
+            f"(this ecgpos reads version {FORMAT_VERSION})"
+        )
     missing = [key for key in ("arch", "preprocess", "weights_sha256") if key not in config]
     if missing:
         raise EcgposError(f"{config_path} lacks {', '.join(missing)}")
@@ -70,8 +73,9 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
     except (RuntimeError, KeyError, TypeError, ValueError) as err:
         # torch's strict-load message spans lines (missing/unexpected/size mismatch): keep it, on one line
         text = " ".join(str(err).split())
-        raise EcgposError(f"{what} does not fit the architecture in {CONFIG_FILE}: "
-                          f"{text[:400]}{'...' if len(text) > 400 else ''}") from None
+        raise EcgposError(
+            f"{what} does not fit the architecture in {CONFIG_FILE}: {text[:400]}{'...' if len(text) > 400 else ''}"
+        ) from None
     # The module must now hold exactly these tensors (the factory compared keys, shapes and dtypes).
     loaded = module.state_dict()
     for name, tensor in state.items():
@@ -80,8 +84,9 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
     return module
 
 
-def check_raw_record(signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec,
-                     policy: ScreenPolicy = DEFAULT_POLICY) -> Screened:
+def check_raw_record(
+    signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+) -> Screened:
     """The record screening of preprocessing (`ecgpos.ecg.screening.screen_record`), before filtering.
 
     Every bad record gets its own reason (SignalError): lead names, rate, empty, NaN/inf, all-zero,
@@ -97,8 +102,9 @@ class ExportedEncoder(nn.Module):
     forward_tokens(x) -> (B, 12 * tokens_per_lead, width); embed(raw, fs, leads) -> (width,) numpy.
     """
 
-    def __init__(self, encoder: nn.Module, spec: PreprocessSpec, arch: dict[str, Any], config: dict[str, Any],
-                 source: str = "") -> None:
+    def __init__(
+        self, encoder: nn.Module, spec: PreprocessSpec, arch: dict[str, Any], config: dict[str, Any], source: str = ""
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.spec = spec
@@ -126,8 +132,9 @@ class ExportedEncoder(nn.Module):
         return self.encoder.forward_tokens(x)
 
     @torch.no_grad()
-    def embed(self, signal: np.ndarray, fs: float, leads: Sequence[str],
-              num_windows: int = DEFAULT_NUM_WINDOWS) -> np.ndarray:
+    def embed(
+        self, signal: np.ndarray, fs: float, leads: Sequence[str], num_windows: int = DEFAULT_NUM_WINDOWS
+    ) -> np.ndarray:
         """Raw (leads, time) mV at any rate, any lead order/naming -> (width,) float32 features.
 
         Applies the exported preprocessing (filter, standardise, resample, canonical lead order),
@@ -136,8 +143,7 @@ class ExportedEncoder(nn.Module):
         """
         signal = np.asarray(signal)
         check_raw_record(signal, fs, list(leads), self.spec)
-        return embed_signal(self, signal, fs, list(leads), self.spec,
-                            num_windows=num_windows, device=self.device)
+        return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
 
 
 _warned_unbound: set[str] = set()
@@ -152,17 +158,22 @@ def check_config_binding(folder: Path, config: dict[str, Any]) -> None:
     if "config_sha256" in config:
         digest = config_sha256(config)
         if digest != config["config_sha256"]:
-            fields = ', '.join(CONFIG_HASH_FIELDS[:3])
-            raise EcgposError(f"{folder / CONFIG_FILE} was edited after export: its {fields} "
-                              f"no longer match config_sha256 ({digest[:12]}... != "
-                              f"{str(config['config_sha256'])[:12]}...); re-export the run instead")
+            fields = ", ".join(CONFIG_HASH_FIELDS[:3])
+            raise EcgposError(
+                f"{folder / CONFIG_FILE} was edited after export: its {fields} "
+                f"no longer match config_sha256 ({digest[:12]}... != "
+                f"{str(config['config_sha256'])[:12]}...); re-export the run instead"
+            )
         return
     key = str(folder.resolve())
     if key not in _warned_unbound:
         _warned_unbound.add(key)
-        print(f"ecgpos: warning: {folder / CONFIG_FILE} has no config_sha256 (an older export): its architecture "
-              "is checked against the weights' shapes only, its preprocess and pooling cannot be checked; "
-              "re-export to bind them", file=sys.stderr)
+        print(
+            f"ecgpos: warning: {folder / CONFIG_FILE} has no config_sha256 (an older export): its architecture "
+            "is checked against the weights' shapes only, its preprocess and pooling cannot be checked; "
+            "re-export to bind them",
+            file=sys.stderr,
+        )
 
 
 def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> ExportedEncoder:
@@ -181,8 +192,10 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     state = read_safetensors(weights_path, "weights in the export folder")
     digest = state_sha256(state)
     if digest != config["weights_sha256"]:
-        raise EcgposError(f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
-                          f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)")
+        raise EcgposError(
+            f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
+            f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)"
+        )
     encoder = build_from_state(config["arch"], state, str(weights_path))  # names the structural mismatch first
     check_config_binding(folder, config)
     exported = ExportedEncoder(encoder.float(), spec, config["arch"], config, source=str(folder.resolve()))

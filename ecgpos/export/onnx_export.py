@@ -5,6 +5,7 @@ batch is dynamic. torch 2.14's default exporter (dynamo=True, torch.export + onn
 when it cannot trace a model, the TorchScript-based exporter (dynamo=False) is tried. Either way
 the file only stays if onnxruntime reproduces PyTorch at batch 1 and 7.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,11 +53,13 @@ class _Features(nn.Module):
 
 
 def _export(model: nn.Module, example: torch.Tensor, path: Path, dynamo: bool) -> None:
-    kwargs: dict[str, Any] = dict(opset_version=OPSET, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                                  dynamo=dynamo)
+    kwargs: dict[str, Any] = dict(
+        opset_version=OPSET, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamo=dynamo
+    )
     if dynamo:
-        kwargs.update(dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=4096)}},
-                      external_data=False, verbose=False)
+        kwargs.update(
+            dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=4096)}}, external_data=False, verbose=False
+        )
     else:
         kwargs["dynamic_axes"] = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
     # The exporters narrate their steps and warn about deprecations on stdout/stderr; the CLI
@@ -89,8 +92,9 @@ def check_onnx(path: str | Path, module: nn.Module, window: int, num_leads: int 
         rel = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-12))
         errors[f"batch_{batch}"] = rel
         if not rel <= RTOL:
-            raise EcgposError(f"ONNX export disagrees with PyTorch at batch {batch}: "
-                              f"max relative error {rel:.2e} > {RTOL:.0e}")
+            raise EcgposError(
+                f"ONNX export disagrees with PyTorch at batch {batch}: max relative error {rel:.2e} > {RTOL:.0e}"
+            )
     return errors
 
 
@@ -109,9 +113,15 @@ def export_onnx(module: nn.Module, path: str | Path, window: int, num_leads: int
             _export(model, example, path, dynamo)
             onnx.checker.check_model(str(path))
             errors = check_onnx(path, module, window, num_leads)
-            return {"file": path.name, "opset": OPSET, "exporter": "dynamo" if dynamo else "torchscript",
-                    "input": INPUT_NAME, "output": OUTPUT_NAME, "dynamic_axes": {"batch": 0},
-                    "max_relative_error": errors}
+            return {
+                "file": path.name,
+                "opset": OPSET,
+                "exporter": "dynamo" if dynamo else "torchscript",
+                "input": INPUT_NAME,
+                "output": OUTPUT_NAME,
+                "dynamic_axes": {"batch": 0},
+                "max_relative_error": errors,
+            }
         except Exception as err:  # exporter internals raise many types; try the other, report both
             text = str(err).strip().splitlines()[0] if str(err).strip() else ""
             name = "" if isinstance(err, EcgposError) else f"{type(err).__name__}: "

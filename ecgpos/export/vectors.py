@@ -9,6 +9,7 @@ test_vectors.npz holds
 No neurokit2 or random-state-dependent library is involved, so any installation regenerates
 the same inputs from numpy alone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,8 +48,12 @@ def _sines(leads: int, length: int, fs: float, seed: int) -> np.ndarray:
 
 def make_inputs(spec: PreprocessSpec, count: int = NUM_INPUTS) -> np.ndarray:
     """(count, 12, spec.window) float32 preprocessed-like windows, identical on every machine."""
-    return np.stack([standardise(_sines(len(CANONICAL_LEADS), spec.window, spec.fs, seed), spec.standardise)
-                     for seed in range(count)])
+    return np.stack(
+        [
+            standardise(_sines(len(CANONICAL_LEADS), spec.window, spec.fs, seed), spec.standardise)
+            for seed in range(count)
+        ]
+    )
 
 
 def make_raw_record() -> tuple[np.ndarray, float, tuple[str, ...]]:
@@ -61,9 +66,14 @@ def build_vectors(module: nn.Module, spec: PreprocessSpec) -> dict[str, np.ndarr
     """Inputs and expected outputs of `module` (eval, CPU float32) as arrays for test_vectors.npz."""
     inputs = make_inputs(spec)
     raw, fs, leads = make_raw_record()
-    return {"inputs": inputs, "features": window_features(module, inputs),
-            "raw_signal": raw, "raw_fs": np.array(fs), "raw_leads": np.array(leads),
-            "raw_features": embed_signal(module, raw, fs, leads, spec)}
+    return {
+        "inputs": inputs,
+        "features": window_features(module, inputs),
+        "raw_signal": raw,
+        "raw_fs": np.array(fs),
+        "raw_leads": np.array(leads),
+        "raw_features": embed_signal(module, raw, fs, leads, spec),
+    }
 
 
 def save_vectors(path: str | Path, vectors: dict[str, np.ndarray]) -> None:
@@ -85,8 +95,12 @@ def load_vectors(path: str | Path) -> dict[str, np.ndarray]:
 def compare(expected: np.ndarray, got: np.ndarray) -> dict[str, Any]:
     """{'ok', 'max_abs', 'max_rel'} for got vs expected under ATOL/RTOL (shapes must agree)."""
     if expected.shape != got.shape:
-        return {"ok": False, "max_abs": float("inf"), "max_rel": float("inf"),
-                "detail": f"shape {got.shape} != expected {expected.shape}"}
+        return {
+            "ok": False,
+            "max_abs": float("inf"),
+            "max_rel": float("inf"),
+            "detail": f"shape {got.shape} != expected {expected.shape}",
+        }
     diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = max_abs / max(float(np.abs(expected).max()) if expected.size else 0.0, 1e-12)
@@ -97,8 +111,9 @@ def compare(expected: np.ndarray, got: np.ndarray) -> dict[str, Any]:
 @torch.no_grad()
 def run_vectors(encoder: Any, vectors: dict[str, np.ndarray]) -> dict[str, dict[str, Any]]:
     """Feed the stored inputs to an ExportedEncoder; comparison per check ('features', 'embed')."""
-    missing = [k for k in ("inputs", "features", "raw_signal", "raw_fs", "raw_leads", "raw_features")
-               if k not in vectors]
+    missing = [
+        k for k in ("inputs", "features", "raw_signal", "raw_fs", "raw_leads", "raw_features") if k not in vectors
+    ]
     if missing:
         raise EcgposError(f"test vectors lack {', '.join(missing)}")
     feats = window_features(encoder, vectors["inputs"], device=encoder.device)

@@ -5,6 +5,7 @@ architecture; forward_features of the stored inputs; `embed` of the stored raw r
 and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime).
 Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,18 +29,31 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
         encoder = load_encoder(folder, device=device)
     except EcgposError as err:
         return False, [_line(False, "weights", str(err))]
-    lines.append(_line(True, "weights", f"sha256 {config['weights_sha256'][:16]}... matches, architecture "
-                                        f"{config['arch'].get('kind')} loaded strictly"))
+    lines.append(
+        _line(
+            True,
+            "weights",
+            f"sha256 {config['weights_sha256'][:16]}... matches, architecture "
+            f"{config['arch'].get('kind')} loaded strictly",
+        )
+    )
     try:
         vectors = load_vectors(folder / VECTORS_FILE)
         results = run_vectors(encoder, vectors)
     except EcgposError as err:
         return False, lines + [_line(False, "test vectors", str(err))]
-    labels = {"features": f"forward_features of {len(vectors['inputs'])} stored inputs",
-              "embed": "embed of the stored raw record (preprocessing, lead mapping)"}
+    labels = {
+        "features": f"forward_features of {len(vectors['inputs'])} stored inputs",
+        "embed": "embed of the stored raw record (preprocessing, lead mapping)",
+    }
     for key, res in results.items():
-        lines.append(_line(res["ok"], labels[key], res["detail"] or
-                           f"max abs diff {res['max_abs']:.2e}, max rel diff {res['max_rel']:.2e}"))
+        lines.append(
+            _line(
+                res["ok"],
+                labels[key],
+                res["detail"] or f"max abs diff {res['max_abs']:.2e}, max rel diff {res['max_rel']:.2e}",
+            )
+        )
     passed = all(res["ok"] for res in results.values())
     if (folder / ONNX_FILE).is_file():
         try:

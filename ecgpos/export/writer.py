@@ -5,6 +5,7 @@ training checkpoint's features (and, with --onnx, against onnxruntime) before it
 so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
 is replaced (re-running a pipeline works); any other non-empty DIR is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,9 +45,16 @@ def weights_state(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def write_export(module: nn.Module, spec: Any, arch: dict[str, Any], training: dict[str, Any], out: Path,
-                 onnx: bool = False, probe_results: Path | None = None,
-                 decoders: dict[str, nn.Module] | None = None) -> dict[str, Any]:
+def write_export(
+    module: nn.Module,
+    spec: Any,
+    arch: dict[str, Any],
+    training: dict[str, Any],
+    out: Path,
+    onnx: bool = False,
+    probe_results: Path | None = None,
+    decoders: dict[str, nn.Module] | None = None,
+) -> dict[str, Any]:
     """Write all export files of a CPU float32 eval `module` into the (empty) folder `out`; return config.
     `decoders` (level -> objective module) adds decoders.safetensors for reconstruction scoring."""
     from safetensors.torch import save_file
@@ -56,11 +64,18 @@ def write_export(module: nn.Module, spec: Any, arch: dict[str, Any], training: d
     vectors = build_vectors(module, spec)
     save_vectors(out / VECTORS_FILE, vectors)
     config: dict[str, Any] = {
-        "format": FORMAT, "version": FORMAT_VERSION, "ecgpos_version": __version__,
-        "arch": arch, "preprocess": spec.to_dict(), "pooling": POOLING,
-        "io": {"input": ["batch", len(spec.leads), spec.window], "input_dtype": "float32",
-               "features": int(vectors["features"].shape[1]),
-               "tokens": list(module.forward_tokens(torch.from_numpy(vectors["inputs"][:1])).shape[1:])},
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "ecgpos_version": __version__,
+        "arch": arch,
+        "preprocess": spec.to_dict(),
+        "pooling": POOLING,
+        "io": {
+            "input": ["batch", len(spec.leads), spec.window],
+            "input_dtype": "float32",
+            "features": int(vectors["features"].shape[1]),
+            "tokens": list(module.forward_tokens(torch.from_numpy(vectors["inputs"][:1])).shape[1:]),
+        },
         "weights_sha256": state_sha256(state),
         "test_vectors": {"file": VECTORS_FILE, "atol": ATOL, "rtol": RTOL},
         "training": training,

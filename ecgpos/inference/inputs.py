@@ -18,6 +18,7 @@ id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. 
 and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
 was skipped).
 """
+
 from __future__ import annotations
 
 import csv
@@ -60,18 +61,21 @@ class EmbedResult:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
 
 
-def raw_thunk(signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec,
-              policy: ScreenPolicy = DEFAULT_POLICY) -> Callable[[], np.ndarray]:
+def raw_thunk(
+    signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+) -> Callable[[], np.ndarray]:
     """Deferred screening + preprocessing of one raw record (signal may be a memory-mapped array).
 
     The screening is preprocessing's own (`screen_record`): a record preprocessing would skip
     (all-zero, flat, too many dead leads, too short, bad rate) is skipped with the same reason.
     """
+
     def run() -> np.ndarray:
         x = np.asarray(signal, dtype=np.float32)
         ok = check_raw_record(x, fs, leads, spec, policy)
         y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
         return pad_to(y, spec.window) if policy.pad_short else y
+
     return run
 
 
@@ -89,10 +93,13 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
 
     def records() -> Iterator[Record]:
         for record_id, base in zip(ids, bases):
+
             def run(base: Path = base) -> np.ndarray:
                 raw = read_wfdb_record(base)
                 return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy)()
+
             yield record_id, run
+
     return Source("WFDB records", len(bases), records())
 
 
@@ -114,20 +121,25 @@ def shard_source(path: Path, spec: PreprocessSpec) -> Source:
                 signals, lengths = handle["signals"], handle["lengths"][:]
                 ids = [x.decode() if isinstance(x, bytes) else str(x) for x in handle["record_id"][:]]
                 for row, record_id in enumerate(ids):
-                    def run(row: int = row, signals: h5py.Dataset = signals,
-                            lengths: np.ndarray = lengths) -> np.ndarray:
+
+                    def run(
+                        row: int = row, signals: h5py.Dataset = signals, lengths: np.ndarray = lengths
+                    ) -> np.ndarray:
                         # a --pad-short record (length < window) is used zero-padded as stored,
                         # exactly the input pretraining saw; stored T is always >= window
                         stop = max(int(lengths[row]), min(spec.window, signals.shape[-1]))
                         x = np.asarray(signals[row, :, :stop], dtype=np.float32)
                         check_finite(x)
                         return x
+
                     yield record_id, run
+
     return Source("shard records", sum(counts), records())
 
 
-def npy_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec,
-               policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
+def npy_source(
+    path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+) -> Source:
     if fs is None or not leads:
         raise EcgposError("a .npy input needs --fs HZ and --leads I,II,... (its rows' lead names)")
     try:
@@ -148,8 +160,9 @@ def npy_source(path: Path, fs: float | None, leads: str | None, spec: Preprocess
     return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec, policy)) for rid, x in items))
 
 
-def open_source(path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec,
-                policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
+def open_source(
+    path: Path, fs: float | None, leads: str | None, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+) -> Source:
     """The right reader for PATH (see module docstring); --fs/--leads only belong to .npy inputs."""
     if path.suffix == ".npy":
         if not path.is_file():
@@ -164,14 +177,16 @@ def open_source(path: Path, fs: float | None, leads: str | None, spec: Preproces
     raise EcgposError(f"{path}: not a WFDB record, a folder of records or shards, or a .npy file")
 
 
-def source_windows(source: Source, window: int, num_windows: int, skipped: list[tuple[str, str, str]],
-                   prog: str, progress: bool = True) -> Iterator[tuple[str, np.ndarray]]:
+def source_windows(
+    source: Source, window: int, num_windows: int, skipped: list[tuple[str, str, str]], prog: str, progress: bool = True
+) -> Iterator[tuple[str, np.ndarray]]:
     """(record id, windows) of every good record of `source`; each bad one is appended to `skipped`
     as (id, reason, detail) and reported on stderr, and the others go on."""
     from tqdm import tqdm
 
-    bar = tqdm(source.records, total=source.count, unit="rec", desc=prog.split()[-1], disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        source.records, total=source.count, unit="rec", desc=prog.split()[-1], disable=not progress, file=sys.stderr
+    )
     for record_id, load in bar:
         try:
             windows = record_windows(load(), window, num_windows)
@@ -185,8 +200,13 @@ def source_windows(source: Source, window: int, num_windows: int, skipped: list[
     bar.close()
 
 
-def embed_records(encoder: ExportedEncoder, source: Source, num_windows: int = DEFAULT_NUM_WINDOWS,
-                  batch_size: int = 64, progress: bool = True) -> EmbedResult:
+def embed_records(
+    encoder: ExportedEncoder,
+    source: Source,
+    num_windows: int = DEFAULT_NUM_WINDOWS,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> EmbedResult:
     """Features (mean over each record's windows) of every good record; bad ones listed with reasons."""
     result = EmbedResult()
     records = source_windows(source, encoder.spec.window, num_windows, result.skipped, "ecgpos embed", progress)

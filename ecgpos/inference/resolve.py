@@ -4,6 +4,7 @@
 checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
 baseline). Anything unloadable raises EcgposError with one line.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,14 @@ def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
     model, cfg, checkpoint, info = load_run_model(run_dir)
     module = _freeze(trainable_encoder(model))
     step = read_trainer_state(checkpoint)["step"]
-    details = {"stage": cfg.stage, "step": step, "checkpoint": str(checkpoint), "run_dir": str(Path(run_dir)),
-               "steps": cfg.optim.steps, "finished": bool(info.get("finished", False)) and step >= cfg.optim.steps}
+    details = {
+        "stage": cfg.stage,
+        "step": step,
+        "checkpoint": str(checkpoint),
+        "run_dir": str(Path(run_dir)),
+        "steps": cfg.optim.steps,
+        "finished": bool(info.get("finished", False)) and step >= cfg.optim.steps,
+    }
     if cfg.stage == 1:
         details["stage0"] = info.get("stage0")
     return LoadedEncoder(module, cfg.preprocess, _arch(module), str(Path(run_dir)), details)
@@ -64,11 +71,19 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
     """
     cfg = load_run_config(config_path)
     encoder = dataclasses.asdict(cfg.encoder)
-    arch = ({"kind": "stage0", "encoder": encoder} if cfg.stage == 0 else
-            {"kind": "nested", "stage0": encoder, "stage1": encoder})
+    arch = (
+        {"kind": "stage0", "encoder": encoder}
+        if cfg.stage == 0
+        else {"kind": "nested", "stage0": encoder, "stage1": encoder}
+    )
     module = random_init(arch, seed)
-    return LoadedEncoder(module, cfg.preprocess, arch, f"random:{config_path}",
-                         {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder})
+    return LoadedEncoder(
+        module,
+        cfg.preprocess,
+        arch,
+        f"random:{config_path}",
+        {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder},
+    )
 
 
 def load_export(path: str | Path) -> LoadedEncoder:
@@ -85,11 +100,13 @@ def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
         return random_encoder(text.split(":", 1)[1])
     path = Path(text)
     if not path.exists():
-        raise EcgposError(f"encoder {path} does not exist (expected a run folder, an export folder or "
-                          "random:<config.yaml>)")
+        raise EcgposError(
+            f"encoder {path} does not exist (expected a run folder, an export folder or random:<config.yaml>)"
+        )
     if is_export_dir(path):
         return load_export(path)
     if is_run_dir(path):
         return load_run_encoder(path)
-    raise EcgposError(f"{path} is neither a training run folder (config.yaml + checkpoints/) nor an export "
-                      "folder (config.json)")
+    raise EcgposError(
+        f"{path} is neither a training run folder (config.yaml + checkpoints/) nor an export folder (config.json)"
+    )

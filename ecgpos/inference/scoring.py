@@ -8,6 +8,7 @@ for every record and batch) and over the record's windows, so a record always ge
 The decoders come from run folders (a Stage-1 run finds the Stage-0 decoder through the Stage-0 run it
 was trained on) or from an export written with `ecgpos export --with-decoders`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -104,8 +105,9 @@ def _encoder_of(model: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def window_scores(models: ReconModels, windows: np.ndarray, masks: int, device: str | torch.device = "cpu",
-                  batch_size: int = 64) -> dict[str, np.ndarray]:
+def window_scores(
+    models: ReconModels, windows: np.ndarray, masks: int, device: str | torch.device = "cpu", batch_size: int = 64
+) -> dict[str, np.ndarray]:
     """Per-window scores (N,) per level: masked error averaged over `masks` fixed masks."""
     out: dict[str, np.ndarray] = {}
     for level, model in models.levels.items():
@@ -114,7 +116,7 @@ def window_scores(models: ReconModels, windows: np.ndarray, masks: int, device: 
         fixed = [fixed_masking(enc.num_leads, enc.num_patches, model.mask_ratio, seed) for seed in range(masks)]
         parts = []
         for start in range(0, len(windows), batch_size):
-            x = torch.from_numpy(np.ascontiguousarray(windows[start:start + batch_size], dtype=np.float32)).to(device)
+            x = torch.from_numpy(np.ascontiguousarray(windows[start : start + batch_size], dtype=np.float32)).to(device)
             errors = [model.masked_errors(x, expand_masking(m, len(x), device)) for m in fixed]
             parts.append(torch.stack(errors).mean(dim=0).cpu().numpy())
         out[level] = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
@@ -128,8 +130,16 @@ class ScoreResult:
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
 
 
-def score_records(models: ReconModels, source: Source, masks: int = 8, num_windows: int = 1, batch_size: int = 64,
-                  device: str | torch.device = "cpu", progress: bool = True, prog: str = "ecgpos score") -> ScoreResult:
+def score_records(
+    models: ReconModels,
+    source: Source,
+    masks: int = 8,
+    num_windows: int = 1,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    progress: bool = True,
+    prog: str = "ecgpos score",
+) -> ScoreResult:
     """Scores of every good record of an `ecgpos embed` source; bad records are reported on stderr
     with their reason and skipped."""
     result = ScoreResult(scores={level: [] for level in models.levels})
@@ -145,8 +155,13 @@ def score_records(models: ReconModels, source: Source, masks: int = 8, num_windo
     return result
 
 
-def auroc_by_level(ids: Sequence[str], scores: dict[str, Sequence[float]], labels: dict[str, str],
-                   nominal: Sequence[str], anomalous: Sequence[str]) -> tuple[dict[str, float], dict[str, int]]:
+def auroc_by_level(
+    ids: Sequence[str],
+    scores: dict[str, Sequence[float]],
+    labels: dict[str, str],
+    nominal: Sequence[str],
+    anomalous: Sequence[str],
+) -> tuple[dict[str, float], dict[str, int]]:
     """AUROC of anomalous (positive) vs nominal records per level, and the record counts used."""
     from sklearn.metrics import roc_auc_score
 
@@ -158,6 +173,8 @@ def auroc_by_level(ids: Sequence[str], scores: dict[str, Sequence[float]], label
             rows.append(row)
     counts = {"nominal": y.count(0), "anomalous": y.count(1), "unlabelled": len(ids) - len(y)}
     if not counts["nominal"] or not counts["anomalous"]:
-        raise EcgposError(f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
-                          "records; AUROC needs both")
+        raise EcgposError(
+            f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
+            "records; AUROC needs both"
+        )
     return {level: float(roc_auc_score(y, np.asarray(values)[rows])) for level, values in scores.items()}, counts

@@ -4,6 +4,7 @@ STMEMEncoder (Stage 0) reads signal patches; LatentEncoder (Stage 1) reads froze
 NestedEncoder = Stage 0 -> Stage 1 for probes and export. What they are trained with lives in
 ecgpos.objectives. factory: arch dicts <-> modules, random init, strict weight loading.
 """
+
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.factory import (
     build_encoder,
@@ -19,8 +20,23 @@ from ecgpos.models.nested import NestedEncoder
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder, TokenEncoder, param_count, patchify, unpatchify
 
 __all__ = [
-    "DecoderConfig", "EncoderConfig", "LatentEncoder", "NestedEncoder", "PerLeadDecoder", "STMEMEncoder",
-    "TokenEncoder", "build_encoder", "build_nested", "check_mask_ratio", "encoder_arch", "encoder_config",
-    "encoder_from_state", "module_from_arch", "num_kept", "param_count", "patchify", "random_masking",
+    "DecoderConfig",
+    "EncoderConfig",
+    "LatentEncoder",
+    "NestedEncoder",
+    "PerLeadDecoder",
+    "STMEMEncoder",
+    "TokenEncoder",
+    "build_encoder",
+    "build_nested",
+    "check_mask_ratio",
+    "encoder_arch",
+    "encoder_config",
+    "encoder_from_state",
+    "module_from_arch",
+    "num_kept",
+    "param_count",
+    "patchify",
+    "random_masking",
     "unpatchify",
 ]

@@ -3,6 +3,7 @@
 Each lead's N + 2 tokens (SEP, patches, SEP) are decoded on their own, with the blocks' weights
 shared across leads; Stage 0 decodes to signal patches (P values), Stage 1 to latent tokens (W).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,14 +29,12 @@ class DecoderConfig:
         check_transformer_config(self, "decoder")
 
 
-
 class PerLeadDecoder(nn.Module):
     """Linear(in -> Dw), mask tokens, position + lead embeddings, blocks per lead, LayerNorm,
     Linear(Dw -> out_dim). Leads are folded into the batch ((B*L, N+2, Dw)) so the blocks share
     their weights across leads and attention stays inside a lead."""
 
-    def __init__(self, in_width: int, cfg: DecoderConfig, num_leads: int, num_patches: int,
-                 out_dim: int) -> None:
+    def __init__(self, in_width: int, cfg: DecoderConfig, num_leads: int, num_patches: int, out_dim: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.num_leads = num_leads
@@ -45,8 +44,8 @@ class PerLeadDecoder(nn.Module):
         self.register_buffer("pos_embed", sincos_1d(cfg.width, num_patches), persistent=False)
         self.lead_embed = nn.Parameter(torch.zeros(num_leads, cfg.width))
         self.blocks = nn.ModuleList(
-            Block(cfg.width, cfg.heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=True)
-            for _ in range(cfg.depth))
+            Block(cfg.width, cfg.heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=True) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.width, eps=1e-6)
         self.head = nn.Linear(cfg.width, out_dim)
         self.apply(init_weights)

@@ -5,6 +5,7 @@ arch formats:
     {"kind": "nested", "stage0": {EncoderConfig}, "stage1": {EncoderConfig}}     -> NestedEncoder
 `encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,8 +43,7 @@ def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEnc
     raise ConfigError(f"unknown encoder kind {kind!r} (expected one of {', '.join(ENCODER_KINDS)})")
 
 
-def build_nested(stage0: EncoderConfig | Mapping[str, Any],
-                 stage1: EncoderConfig | Mapping[str, Any]) -> NestedEncoder:
+def build_nested(stage0: EncoderConfig | Mapping[str, Any], stage1: EncoderConfig | Mapping[str, Any]) -> NestedEncoder:
     """Freshly initialised NestedEncoder(STMEMEncoder(stage0), LatentEncoder(stage1))."""
     return NestedEncoder(build_encoder("stage0", stage0), build_encoder("stage1", stage1))
 
@@ -53,8 +53,11 @@ def encoder_arch(module: nn.Module) -> dict[str, Any]:
     if isinstance(module, STMEMEncoder):
         return {"kind": "stage0", "encoder": dataclasses.asdict(module.cfg)}
     if isinstance(module, NestedEncoder):
-        return {"kind": "nested", "stage0": dataclasses.asdict(module.stage0.cfg),
-                "stage1": dataclasses.asdict(module.stage1.cfg)}
+        return {
+            "kind": "nested",
+            "stage0": dataclasses.asdict(module.stage0.cfg),
+            "stage1": dataclasses.asdict(module.stage1.cfg),
+        }
     raise EcgposError(f"no encoder arch for {type(module).__name__} (expected STMEMEncoder or NestedEncoder)")
 
 
@@ -77,13 +80,23 @@ def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, tor
     empty when every tensor fits. The one state-dict comparison for runs, exports and probes."""
     missing = [k for k in expected if k not in found]
     unexpected = [k for k in found if k not in expected]
-    shapes = [f"{k} {tuple(found[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items()
-              if k in found and tuple(found[k].shape) != tuple(v.shape)]
-    dtypes = [f"{k} {found[k].dtype} vs {v.dtype}" for k, v in expected.items()
-              if k in found and tuple(found[k].shape) == tuple(v.shape) and found[k].dtype != v.dtype]
+    shapes = [
+        f"{k} {tuple(found[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in found and tuple(found[k].shape) != tuple(v.shape)
+    ]
+    dtypes = [
+        f"{k} {found[k].dtype} vs {v.dtype}"
+        for k, v in expected.items()
+        if k in found and tuple(found[k].shape) == tuple(v.shape) and found[k].dtype != v.dtype
+    ]
     parts = []
-    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", shapes),
-                         ("dtype mismatch", dtypes)):
+    for label, items in (
+        ("missing", missing),
+        ("unexpected", unexpected),
+        ("shape mismatch", shapes),
+        ("dtype mismatch", dtypes),
+    ):
         if items:
             more = f" (+{len(items) - 3} more)" if len(items) > 3 else ""
             parts.append(f"{label}: {', '.join(items[:3])}{more}")
@@ -112,6 +125,5 @@ def encoder_from_state(arch: Mapping[str, Any], state_dict: Mapping[str, torch.T
     try:
         module.load_state_dict(dict(state_dict), strict=True)
     except RuntimeError as exc:  # anything the checks above did not foresee
-        raise EcgposError(f"weights do not load into the {arch['kind']} encoder: "
-                          f"{str(exc).splitlines()[0]}") from None
+        raise EcgposError(f"weights do not load into the {arch['kind']} encoder: {str(exc).splitlines()[0]}") from None
     return module.eval()

@@ -3,6 +3,7 @@
 Used by probes (several windows per CPSC record) and by exported encoders' `embed`, so a
 record gets the same features whichever path it takes.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,22 +27,24 @@ def record_windows(x: np.ndarray, window: int, num_windows: int = DEFAULT_NUM_WI
     """
     length = x.shape[-1]
     count = max(1, min(num_windows, 1 + max(0, length - window) // max(1, window // 2)))
-    return np.stack([x[:, s:s + window] for s in window_starts(length, window, count)])
+    return np.stack([x[:, s : s + window] for s in window_starts(length, window, count)])
 
 
 @torch.no_grad()
-def window_features(module: torch.nn.Module, windows: np.ndarray, batch_size: int = 128,
-                    device: str | torch.device = "cpu") -> np.ndarray:
+def window_features(
+    module: torch.nn.Module, windows: np.ndarray, batch_size: int = 128, device: str | torch.device = "cpu"
+) -> np.ndarray:
     """forward_features over (N, 12, window) float32 windows, in batches -> (N, D) float32."""
     out = []
     for start in range(0, len(windows), batch_size):
-        batch = torch.from_numpy(np.ascontiguousarray(windows[start:start + batch_size], dtype=np.float32))
+        batch = torch.from_numpy(np.ascontiguousarray(windows[start : start + batch_size], dtype=np.float32))
         out.append(module.forward_features(batch.to(device)).float().cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), np.float32)
 
 
-def record_means(records: Iterable[tuple[K, np.ndarray]], window_fn: Callable[[np.ndarray], dict[str, np.ndarray]],
-                 batch_size: int) -> Iterator[tuple[K, dict[str, np.ndarray]]]:
+def record_means(
+    records: Iterable[tuple[K, np.ndarray]], window_fn: Callable[[np.ndarray], dict[str, np.ndarray]], batch_size: int
+) -> Iterator[tuple[K, dict[str, np.ndarray]]]:
     """Per record, the mean over its windows of each output of `window_fn`, in input order.
 
     records: (key, windows (n_i, leads, window)). The windows of consecutive records are handed to
@@ -54,7 +57,7 @@ def record_means(records: Iterable[tuple[K, np.ndarray]], window_fn: Callable[[n
         outputs = window_fn(np.concatenate([w for _, w in pending]))
         bounds = np.cumsum([0] + [len(w) for _, w in pending])
         for k, (key, _) in enumerate(pending):
-            yield key, {name: values[bounds[k]:bounds[k + 1]].mean(axis=0) for name, values in outputs.items()}
+            yield key, {name: values[bounds[k] : bounds[k + 1]].mean(axis=0) for name, values in outputs.items()}
         pending.clear()
 
     for key, windows in records:
@@ -65,9 +68,15 @@ def record_means(records: Iterable[tuple[K, np.ndarray]], window_fn: Callable[[n
         yield from flush()
 
 
-def embed_signal(module: torch.nn.Module, signal: np.ndarray, fs: float, leads: Sequence[str],
-                 spec: PreprocessSpec, num_windows: int = DEFAULT_NUM_WINDOWS,
-                 device: str | torch.device = "cpu") -> np.ndarray:
+def embed_signal(
+    module: torch.nn.Module,
+    signal: np.ndarray,
+    fs: float,
+    leads: Sequence[str],
+    spec: PreprocessSpec,
+    num_windows: int = DEFAULT_NUM_WINDOWS,
+    device: str | torch.device = "cpu",
+) -> np.ndarray:
     """Raw (leads, time) mV record -> (D,) feature: mean of forward_features over its windows."""
     x = preprocess_signal(signal, fs, leads, spec)
     return window_features(module, record_windows(x, spec.window, num_windows), device=device).mean(axis=0)

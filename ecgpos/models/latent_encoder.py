@@ -1,4 +1,5 @@
 """Stage-1 encoder: the same transformer as Stage 0's, over frozen Stage-0 tokens instead of signal patches."""
+
 from __future__ import annotations
 
 import torch
@@ -21,9 +22,8 @@ class LatentEncoder(TokenEncoder):
     def __init__(self, cfg: EncoderConfig) -> None:
         super().__init__(cfg)
         self.token_embed = nn.Sequential(
-            nn.LayerNorm(cfg.width, eps=1e-6),
-            nn.Linear(cfg.width, cfg.width),
-            nn.LayerNorm(cfg.width, eps=1e-6))
+            nn.LayerNorm(cfg.width, eps=1e-6), nn.Linear(cfg.width, cfg.width), nn.LayerNorm(cfg.width, eps=1e-6)
+        )
         self._init_parameters()
 
     def check_input(self, tokens: torch.Tensor) -> None:

@@ -5,6 +5,7 @@ tokens (7 of 30 at mask_ratio 0.75, the same integer rule ST-MEM uses), so every
 the same number of visible tokens and a batch stays a dense tensor. SEP tokens are not part of
 the N patch positions, so they are never masked; callers add them back around the kept tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,14 +24,20 @@ def check_mask_ratio(mask_ratio: float, num_patches: int) -> None:
         raise ConfigError(f"mask_ratio must lie in (0, 1), got {mask_ratio}")
     kept = num_kept(num_patches, mask_ratio)
     if kept < 1 or kept >= num_patches:
-        raise ConfigError(f"mask_ratio {mask_ratio} keeps {kept} of {num_patches} patches per lead; "
-                          "each lead must keep at least one patch and mask at least one")
+        raise ConfigError(
+            f"mask_ratio {mask_ratio} keeps {kept} of {num_patches} patches per lead; "
+            "each lead must keep at least one patch and mask at least one"
+        )
 
 
-def random_masking(batch: int, num_leads: int, num_patches: int, mask_ratio: float,
-                   device: torch.device | str = "cpu",
-                   generator: torch.Generator | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def random_masking(
+    batch: int,
+    num_leads: int,
+    num_patches: int,
+    mask_ratio: float,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Draw an independent random mask per (sample, lead).
 
     Returns
@@ -45,12 +52,12 @@ def random_masking(batch: int, num_leads: int, num_patches: int, mask_ratio: flo
     noise_device = generator.device if generator is not None else device
     noise = torch.rand(batch, num_leads, num_patches, generator=generator, device=noise_device)
     noise = noise.to(device)
-    ids_shuffle = torch.argsort(noise, dim=-1)           # ascending: smallest noise is kept
+    ids_shuffle = torch.argsort(noise, dim=-1)  # ascending: smallest noise is kept
     ids_restore = torch.argsort(ids_shuffle, dim=-1)
     ids_keep = ids_shuffle[..., :keep]
     mask = torch.ones(batch, num_leads, num_patches, dtype=torch.bool, device=device)
     mask[..., :keep] = False
-    mask = torch.gather(mask, -1, ids_restore)            # back to time order
+    mask = torch.gather(mask, -1, ids_restore)  # back to time order
     return ids_keep, mask, ids_restore
 
 
@@ -60,8 +67,7 @@ def gather_tokens(tokens: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.gather(tokens, 2, index)
 
 
-def unshuffle_with_mask_tokens(kept: torch.Tensor, mask_token: torch.Tensor,
-                               ids_restore: torch.Tensor) -> torch.Tensor:
+def unshuffle_with_mask_tokens(kept: torch.Tensor, mask_token: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
     """Re-insert mask tokens and restore time order.
 
     kept (B, L, K, D), mask_token (D,) or broadcastable to (1, 1, 1, D), ids_restore (B, L, N)
@@ -70,12 +76,13 @@ def unshuffle_with_mask_tokens(kept: torch.Tensor, mask_token: torch.Tensor,
     b, l, k, d = kept.shape
     n = ids_restore.shape[-1]
     fill = mask_token.reshape(1, 1, 1, d).to(kept.dtype).expand(b, l, n - k, d)
-    full = torch.cat([kept, fill], dim=2)                # shuffled order: kept first
+    full = torch.cat([kept, fill], dim=2)  # shuffled order: kept first
     return gather_tokens(full, ids_restore)
 
 
-def fixed_masking(num_leads: int, num_patches: int, mask_ratio: float, seed: int
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def fixed_masking(
+    num_leads: int, num_patches: int, mask_ratio: float, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One reproducible mask (ids_keep, mask, ids_restore), each (1, L, ...), drawn from `seed`.
 
     Used for scoring: the same masks for every record, whatever the batch it is scored in.
@@ -83,7 +90,8 @@ def fixed_masking(num_leads: int, num_patches: int, mask_ratio: float, seed: int
     return random_masking(1, num_leads, num_patches, mask_ratio, generator=torch.Generator().manual_seed(seed))
 
 
-def expand_masking(masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int,
-                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def expand_masking(
+    masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A (1, L, ...) masking repeated over a batch and moved to `device`."""
     return tuple(t.to(device).expand(batch, *t.shape[1:]) for t in masking)  # type: ignore[return-value]

@@ -6,6 +6,7 @@ Same interface as STMEMEncoder, so probes and export treat both alike:
                                                            patch tokens (SEP excluded), then its norm
 State-dict keys: "stage0.*" (STMEMEncoder) and "stage1.*" (LatentEncoder).
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,10 @@ def check_stages_fit(stage0: EncoderConfig, stage1: EncoderConfig, what: str = "
     """ConfigError (one line) unless a Stage-1 encoder config can read `stage0`'s tokens."""
     for name in SHARED_LAYOUT:
         if getattr(stage0, name) != getattr(stage1, name):
-            raise ConfigError(f"{what} has {name} {getattr(stage0, name)} but the Stage-1 encoder's {name} is "
-                              f"{getattr(stage1, name)} (Stage 1 runs at the Stage-0 width and token layout)")
+            raise ConfigError(
+                f"{what} has {name} {getattr(stage0, name)} but the Stage-1 encoder's {name} is "
+                f"{getattr(stage1, name)} (Stage 1 runs at the Stage-0 width and token layout)"
+            )
 
 
 class NestedEncoder(nn.Module):

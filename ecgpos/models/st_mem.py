@@ -14,6 +14,7 @@ F.scaled_dot_product_attention).
 `TokenEncoder` holds everything except the input embedding, so the Stage-1 `LatentEncoder`
 (latent_mae.py) is a network "of the same form" over Stage-0 tokens instead of raw patches.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,8 +57,9 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         check_transformer_config(self, "encoder", ("num_leads", "seq_len", "patch_size"))
         if self.seq_len % self.patch_size:
-            raise ConfigError(f"encoder.seq_len {self.seq_len} is not a multiple of "
-                              f"encoder.patch_size {self.patch_size}")
+            raise ConfigError(
+                f"encoder.seq_len {self.seq_len} is not a multiple of encoder.patch_size {self.patch_size}"
+            )
 
     @property
     def num_patches(self) -> int:
@@ -115,8 +117,8 @@ class TokenEncoder(nn.Module):
         self.register_buffer("pos_embed", sincos_1d(cfg.width, cfg.num_patches), persistent=False)
         self.lead_embed = nn.Parameter(torch.zeros(cfg.num_leads, cfg.width))
         self.blocks = nn.ModuleList(
-            Block(cfg.width, cfg.heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias)
-            for _ in range(cfg.depth))
+            Block(cfg.width, cfg.heads, mlp_ratio=cfg.mlp_ratio, qkv_bias=cfg.qkv_bias) for _ in range(cfg.depth)
+        )
         self.norm = nn.LayerNorm(cfg.width, eps=1e-6)
 
     def _init_parameters(self) -> None:
@@ -158,10 +160,13 @@ class TokenEncoder(nn.Module):
         """Same as `forward_features` (B, W), so a bare module call exports the probe features."""
         return self.forward_features(x)
 
-    def embed_masked(self, x: torch.Tensor, mask_ratio: float,
-                     generator: torch.Generator | None = None,
-                     masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def embed_masked(
+        self,
+        x: torch.Tensor,
+        mask_ratio: float,
+        generator: torch.Generator | None = None,
+        masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Embedded visible tokens before the blocks.
 
         Returns tokens (B, L, K + 2, W) = [SEP, K kept patches, SEP] per lead, mask (B, L, N) bool
@@ -173,14 +178,18 @@ class TokenEncoder(nn.Module):
         if masking is not None:
             ids_keep, mask, ids_restore = masking
         else:
-            ids_keep, mask, ids_restore = random_masking(b, self.num_leads, self.num_patches, mask_ratio,
-                                                         device=patches.device, generator=generator)
+            ids_keep, mask, ids_restore = random_masking(
+                b, self.num_leads, self.num_patches, mask_ratio, device=patches.device, generator=generator
+            )
         return with_sep(gather_tokens(patches, ids_keep), seps), mask, ids_restore
 
-    def forward_masked(self, x: torch.Tensor, mask_ratio: float,
-                       generator: torch.Generator | None = None,
-                       masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_masked(
+        self,
+        x: torch.Tensor,
+        mask_ratio: float,
+        generator: torch.Generator | None = None,
+        masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Masked encoder pass used by the autoencoders.
 
         Returns latent (B, L, K + 2, W) after the final norm (kept tokens in shuffled order between
@@ -204,9 +213,10 @@ class STMEMEncoder(TokenEncoder):
         super().__init__(cfg)
         self.patch_size = cfg.patch_size
         self.patch_embed = nn.Sequential(
-            nn.LayerNorm(cfg.patch_size, eps=1e-6),      # normalises each patch's amplitude profile
+            nn.LayerNorm(cfg.patch_size, eps=1e-6),  # normalises each patch's amplitude profile
             nn.Linear(cfg.patch_size, cfg.width),
-            nn.LayerNorm(cfg.width, eps=1e-6))
+            nn.LayerNorm(cfg.width, eps=1e-6),
+        )
         self.sep_token = nn.Parameter(torch.zeros(cfg.width))
         self._init_parameters()
         nn.init.normal_(self.sep_token, std=0.02)
@@ -214,15 +224,14 @@ class STMEMEncoder(TokenEncoder):
     def check_input(self, x: torch.Tensor) -> None:
         """Raise EcgposError unless x is (B, num_leads, seq_len); only static dims are checked."""
         if x.ndim != 3 or x.shape[1] != self.num_leads or x.shape[2] != self.cfg.seq_len:
-            raise EcgposError(f"expected ECG input (B, {self.num_leads}, {self.cfg.seq_len}), "
-                              f"got {tuple(x.shape)}")
+            raise EcgposError(f"expected ECG input (B, {self.num_leads}, {self.cfg.seq_len}), got {tuple(x.shape)}")
 
     def embed(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L, T) -> patch tokens (B, L, N, W), SEP tokens (B, L, 2, W)."""
         self.check_input(x)
         patches = self.patch_embed(patchify(x, self.patch_size))
         patches = patches + self.pos_embed[None, None] + self.lead_embed[None, :, None]
-        sep = (self.sep_token[None, :] + self.lead_embed)[None, :, None]         # (1, L, 1, W)
+        sep = (self.sep_token[None, :] + self.lead_embed)[None, :, None]  # (1, L, 1, W)
         seps = sep.expand(patches.shape[0], -1, 2, -1)
         return patches, seps
 
@@ -230,4 +239,3 @@ class STMEMEncoder(TokenEncoder):
 def param_count(module: nn.Module) -> int:
     """Number of parameters (for logs and the model card)."""
     return sum(p.numel() for p in module.parameters())
-

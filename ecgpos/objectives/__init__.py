@@ -5,9 +5,17 @@ LatentMaskedAutoencoder (Stage 1): masked reconstruction of frozen Stage-0 token
 Dynamic Push and Pull (push_pull.py). Each returns a dict with "loss" (what is minimised) and "log"
 (the scalar terms the trainer records in metrics.jsonl), so a new term is a one-file change.
 """
+
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder, masked_mse, normalise_tokens
 
-__all__ = ["LatentMaskedAutoencoder", "MaskedECGAutoencoder", "PushPullConfig", "masked_mse", "normalise_tokens",
-           "perturb", "push_pull_loss"]
+__all__ = [
+    "LatentMaskedAutoencoder",
+    "MaskedECGAutoencoder",
+    "PushPullConfig",
+    "masked_mse",
+    "normalise_tokens",
+    "perturb",
+    "push_pull_loss",
+]

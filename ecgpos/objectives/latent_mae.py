@@ -11,6 +11,7 @@ Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 p
 x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
 loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,9 +36,15 @@ class LatentMaskedAutoencoder(nn.Module):
     than inference_mode: inference tensors could not be saved for Stage 1's backward.
     """
 
-    def __init__(self, stage0: STMEMEncoder, encoder: LatentEncoder, decoder: DecoderConfig,
-                 mask_ratio: float = 0.75, norm_target: bool = False,
-                 push_pull: PushPullConfig | None = None) -> None:
+    def __init__(
+        self,
+        stage0: STMEMEncoder,
+        encoder: LatentEncoder,
+        decoder: DecoderConfig,
+        mask_ratio: float = 0.75,
+        norm_target: bool = False,
+        push_pull: PushPullConfig | None = None,
+    ) -> None:
         super().__init__()
         check_stages_fit(stage0.cfg, encoder.cfg)
         check_mask_ratio(mask_ratio, encoder.num_patches)
@@ -49,8 +56,7 @@ class LatentMaskedAutoencoder(nn.Module):
         self.mask_ratio = float(mask_ratio)
         self.norm_target = bool(norm_target)
         self.push_pull = push_pull if push_pull is not None else PushPullConfig()
-        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches,
-                                      encoder.width)
+        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.width)
 
     def train(self, mode: bool = True) -> LatentMaskedAutoencoder:
         """Switch Stage 1 to train/eval; Stage 0 always stays in eval mode (frozen)."""
@@ -98,14 +104,13 @@ class LatentMaskedAutoencoder(nn.Module):
             loss = loss + pp.lambda_pp * pp_loss
             log["pp_loss"], log["push_active"] = pp_loss, active
         if pp.lambda_sp > 0:
-            sp_loss = latent[:, :, 1:-1].float().abs().mean()   # L1 on visible Stage-1 latent tokens
+            sp_loss = latent[:, :, 1:-1].float().abs().mean()  # L1 on visible Stage-1 latent tokens
             loss = loss + pp.lambda_sp * sp_loss
             log["sp_loss"] = sp_loss
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
 
     @torch.no_grad()
-    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                      ) -> torch.Tensor:
+    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Per-sample masked reconstruction error (B,) of the Stage-0 latent tokens under a given mask,
         in the loss's target space."""
         tokens = self.latent_tokens(x)
@@ -113,8 +118,9 @@ class LatentMaskedAutoencoder(nn.Module):
         return masked_mse_per_sample(self.decoder(latent, ids_restore), self.target(tokens), mask)
 
     @torch.no_grad()
-    def push_violations(self, x: torch.Tensor, generator: torch.Generator | None = None,
-                        per_sample_noise: bool = False) -> torch.Tensor:
+    def push_violations(
+        self, x: torch.Tensor, generator: torch.Generator | None = None, per_sample_noise: bool = False
+    ) -> torch.Tensor:
         """(B,) bool: Push margin violated for the perturbed Stage-0 tokens of each sample.
 
         The run's push-pull perturbation and alpha (the defaults of PushPullConfig when push-pull is

@@ -9,6 +9,7 @@ away from the perturbed input, so the model cannot simply reproduce perturbation
 removes the hinge and leaves a denoising objective. The complete objective adds it to the
 ordinary reconstruction loss: L = L_recon + lambda_pp * L_PP (+ lambda_sp * sparsity).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,9 @@ class PushPullConfig:
 
     def __post_init__(self) -> None:
         if self.perturbation not in PERTURBATIONS:
-            raise ConfigError(f"push_pull.perturbation must be one of {', '.join(PERTURBATIONS)}, "
-                              f"got {self.perturbation!r}")
+            raise ConfigError(
+                f"push_pull.perturbation must be one of {', '.join(PERTURBATIONS)}, got {self.perturbation!r}"
+            )
         if self.alpha < 0:
             raise ConfigError(f"push_pull.alpha must be >= 0, got {self.alpha}")
         if self.lambda_pp < 0 or self.lambda_sp < 0:
@@ -51,8 +53,7 @@ class PushPullConfig:
             raise ConfigError(f"push_pull.scale must be > 0 (and < 1 for 'mask'), got {self.scale}")
 
 
-def perturb(x: torch.Tensor, kind: str, scale: float,
-            generator: torch.Generator | None = None) -> torch.Tensor:
+def perturb(x: torch.Tensor, kind: str, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Perturbed copy x~ of latent tokens x (B, ..., D); same shape, no gradient to x.
 
     'gaussian': x + scale * std_j * N(0, 1), std_j the std of dimension j over all other axes,
@@ -63,7 +64,7 @@ def perturb(x: torch.Tensor, kind: str, scale: float,
     x = x.detach()
     device = generator.device if generator is not None else x.device
     if kind == "gaussian":
-        std = x.float().flatten(0, -2).std(dim=0)                       # (D,)
+        std = x.float().flatten(0, -2).std(dim=0)  # (D,)
         noise = torch.randn(x.shape, generator=generator, device=device).to(x.device)
         return (x.float() + scale * std * noise).to(x.dtype)
     if kind == "mask":
@@ -77,8 +78,9 @@ def per_sample_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.linalg.vector_norm((a.float() - b.float()).flatten(1), dim=1)
 
 
-def push_pull_loss(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor,
-                   alpha: float) -> tuple[torch.Tensor, torch.Tensor]:
+def push_pull_loss(
+    x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor, alpha: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """L_PP averaged over the batch, and the fraction of samples whose push hinge is active.
 
     x (clean), x_tilde (perturbed), x_hat (reconstruction of x_tilde): (B, ...) of equal shape.
@@ -93,8 +95,7 @@ def push_pull_loss(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor,
     return (pull + push).mean(), active
 
 
-def push_margin_violated(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor,
-                         alpha: float) -> torch.Tensor:
+def push_margin_violated(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Tensor, alpha: float) -> torch.Tensor:
     """(B,) bool: alpha * d(x~, x) > d(x^, x~), the samples whose reconstruction still violates the
     Push margin (the preprint's label-free criterion for whether a level needs further carving)."""
     return alpha * per_sample_distance(x_tilde, x) > per_sample_distance(x_hat, x_tilde)

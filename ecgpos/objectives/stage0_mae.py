@@ -7,6 +7,7 @@ Three stages, as in MAE:
 The decoder is `ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
 its output size, and `masked_mse` / `normalise_tokens` as its loss.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,19 +52,22 @@ class MaskedECGAutoencoder(nn.Module):
     `to_signal_units(x, pred)` maps pred back to the input's units for figures.
     """
 
-    def __init__(self, encoder: STMEMEncoder, decoder: DecoderConfig, mask_ratio: float = 0.75,
-                 norm_target: bool = True) -> None:
+    def __init__(
+        self, encoder: STMEMEncoder, decoder: DecoderConfig, mask_ratio: float = 0.75, norm_target: bool = True
+    ) -> None:
         super().__init__()
         check_mask_ratio(mask_ratio, encoder.num_patches)
         self.encoder = encoder
         self.decoder_cfg = decoder
         self.mask_ratio = float(mask_ratio)
         self.norm_target = bool(norm_target)
-        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches,
-                                      encoder.patch_size)
+        self.decoder = PerLeadDecoder(
+            encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.patch_size
+        )
 
-    def forward_encoder(self, x: torch.Tensor, generator: torch.Generator | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward_encoder(
+        self, x: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, L, T) -> latent (B, L, K+2, W), mask (B, L, N) bool, ids_restore (B, L, N)."""
         return self.encoder.forward_masked(x, self.mask_ratio, generator)
 
@@ -76,8 +80,9 @@ class MaskedECGAutoencoder(nn.Module):
         patches = patchify(x, self.encoder.patch_size)
         return normalise_tokens(patches) if self.norm_target else patches
 
-    def forward_loss(self, x: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_loss(
+        self, x: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """MSE over masked patches only -> (loss scalar float32, target (B, L, N, P))."""
         target = self.target(x)
         return masked_mse(pred, target, mask), target
@@ -92,8 +97,7 @@ class MaskedECGAutoencoder(nn.Module):
         return {"loss": loss, "log": {}, "pred": pred, "target": target, "mask": mask}
 
     @torch.no_grad()
-    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-                      ) -> torch.Tensor:
+    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Per-sample masked reconstruction error (B,) under a given mask, in the loss's target space."""
         latent, mask, ids_restore = self.encoder.forward_masked(x, self.mask_ratio, masking=masking)
         return masked_mse_per_sample(self.forward_decoder(latent, ids_restore), self.target(x), mask)

@@ -1,4 +1,5 @@
 """`python -m ecgpos.pretrain` / `accelerate launch -m ecgpos.pretrain`: the `ecgpos pretrain` command."""
+
 import sys
 
 from ecgpos.cli import run_command

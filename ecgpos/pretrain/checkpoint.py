@@ -7,6 +7,7 @@ step-0001000.tmp/ and renamed only when complete, so a crash mid-write leaves at
 folder (ignored and removed later), never a half-written step-N folder, and never touches the
 previous checkpoint. Old checkpoints are deleted only after the new one is in place.
 """
+
 from __future__ import annotations
 
 import base64
@@ -56,8 +57,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
 
 
-def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_state: dict[str, Any],
-                    keep: int) -> Path:
+def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `step` atomically on all processes (collective call); prune to `keep`.
 
     trainer_state: JSON-able dict (step, epoch, batch_in_epoch, ...); the RNG states of every
@@ -147,14 +147,23 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
             reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
             skipped.append({"checkpoint": str(path), "reason": reason})
             if accelerator.is_main_process:
-                print(f"ecgpos pretrain: checkpoint {path.name} does not load ({reason}); "
-                      "trying the previous one", file=sys.stderr, flush=True)
+                print(
+                    f"ecgpos pretrain: checkpoint {path.name} does not load ({reason}); trying the previous one",
+                    file=sys.stderr,
+                    flush=True,
+                )
             continue
         if skipped and accelerator.is_main_process:
-            print(f"ecgpos pretrain: resuming from {path.name} (skipped {len(skipped)} newer checkpoint(s) "
-                  "that do not load; see run_info.json skipped_checkpoints)", file=sys.stderr, flush=True)
+            print(
+                f"ecgpos pretrain: resuming from {path.name} (skipped {len(skipped)} newer checkpoint(s) "
+                "that do not load; see run_info.json skipped_checkpoints)",
+                file=sys.stderr,
+                flush=True,
+            )
         return Resumed(state, path, skipped)
     if found:
-        raise EcgposError(f"none of the {len(found)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} loads "
-                          f"(newest: {skipped[0]['reason']}); start a new --run-dir")
+        raise EcgposError(
+            f"none of the {len(found)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} loads "
+            f"(newest: {skipped[0]['reason']}); start a new --run-dir"
+        )
     return Resumed()

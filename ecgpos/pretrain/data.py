@@ -15,6 +15,7 @@
   index.csv): a record is held out when a hash of its id falls below val_fraction, so the split
   does not depend on the seed, the shard layout or which folders are pooled.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,9 +41,9 @@ class RecordIndex:
     """Where each record lives: shard file, row, true length and id (read once, files closed)."""
 
     paths: tuple[Path, ...]
-    shard: np.ndarray       # (n,) int index into paths
-    row: np.ndarray         # (n,) int row in that shard
-    length: np.ndarray      # (n,) int true length in samples
+    shard: np.ndarray  # (n,) int index into paths
+    row: np.ndarray  # (n,) int row in that shard
+    length: np.ndarray  # (n,) int true length in samples
     record_id: tuple[str, ...]
 
     def __len__(self) -> int:
@@ -50,8 +51,9 @@ class RecordIndex:
 
     def subset(self, keep: np.ndarray) -> RecordIndex:
         keep = np.asarray(keep, dtype=np.int64)
-        return RecordIndex(self.paths, self.shard[keep], self.row[keep], self.length[keep],
-                           tuple(self.record_id[i] for i in keep))
+        return RecordIndex(
+            self.paths, self.shard[keep], self.row[keep], self.length[keep], tuple(self.record_id[i] for i in keep)
+        )
 
 
 def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
@@ -143,7 +145,7 @@ class ShardDataset(Dataset):
         length = int(self.index.length[i])
         start = window_start(length, self.window, self.train, self.seed, epoch, i)
         signals = self._file(int(self.index.shard[i]))["signals"]
-        x = np.asarray(signals[int(self.index.row[i]), :, start:start + self.window], dtype=np.float32)
+        x = np.asarray(signals[int(self.index.row[i]), :, start : start + self.window], dtype=np.float32)
         if x.shape[-1] < self.window:  # stored width shorter than the window cannot happen for valid shards
             x = np.pad(x, ((0, 0), (0, self.window - x.shape[-1])))
         return torch.from_numpy(x)
@@ -167,14 +169,25 @@ class StepBatchSampler(Sampler):
     Micro-batch m (of grad_accum) for process p takes a fixed slice of per_process items.
     """
 
-    def __init__(self, num_records: int, global_batch: int, grad_accum: int, num_processes: int,
-                 process_index: int, seed: int, start_step: int = 0) -> None:
+    def __init__(
+        self,
+        num_records: int,
+        global_batch: int,
+        grad_accum: int,
+        num_processes: int,
+        process_index: int,
+        seed: int,
+        start_step: int = 0,
+    ) -> None:
         if global_batch % (grad_accum * num_processes):
-            raise ConfigError(f"train.batch_size {global_batch} is not divisible by grad_accum {grad_accum} "
-                              f"x {num_processes} processes")
+            raise ConfigError(
+                f"train.batch_size {global_batch} is not divisible by grad_accum {grad_accum} "
+                f"x {num_processes} processes"
+            )
         if num_records < global_batch:
-            raise ConfigError(f"the shards hold {num_records} training records, fewer than the global batch "
-                              f"{global_batch}")
+            raise ConfigError(
+                f"the shards hold {num_records} training records, fewer than the global batch {global_batch}"
+            )
         self.num_records = num_records
         self.global_batch = global_batch
         self.grad_accum = grad_accum
@@ -198,7 +211,7 @@ class StepBatchSampler(Sampler):
     def global_batch_indices(self, step: int) -> np.ndarray:
         """Record indices of the whole global batch of optimizer step `step`."""
         epoch, b = self.position(step)
-        return self._perm(epoch)[b * self.global_batch:(b + 1) * self.global_batch]
+        return self._perm(epoch)[b * self.global_batch : (b + 1) * self.global_batch]
 
     def micro_batches(self, step: int) -> list[list[tuple[int, int]]]:
         """This process's grad_accum micro-batches of (index, epoch) for step `step`."""
@@ -207,7 +220,7 @@ class StepBatchSampler(Sampler):
         out = []
         for m in range(self.grad_accum):
             first = (m * self.num_processes + self.process_index) * self.per_process
-            out.append([(int(i), epoch) for i in batch[first:first + self.per_process]])
+            out.append([(int(i), epoch) for i in batch[first : first + self.per_process]])
         return out
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
@@ -219,22 +232,29 @@ class StepBatchSampler(Sampler):
 
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
     """DataLoader over the endless sampler; its own generator so it never touches the global RNG."""
-    return DataLoader(dataset, batch_sampler=sampler, num_workers=num_workers,
-                      persistent_workers=num_workers > 0, pin_memory=torch.cuda.is_available(),
-                      prefetch_factor=4 if num_workers > 0 else None,
-                      generator=torch.Generator().manual_seed(0))
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if num_workers > 0 else None,
+        generator=torch.Generator().manual_seed(0),
+    )
 
 
-def eval_batches(dataset: ShardDataset, batch_size: int, max_batches: int, process_index: int = 0,
-                 num_processes: int = 1) -> list[list[int]]:
+def eval_batches(
+    dataset: ShardDataset, batch_size: int, max_batches: int, process_index: int = 0, num_processes: int = 1
+) -> list[list[int]]:
     """Fixed evaluation batches (the first max_batches * batch_size records, split over processes)."""
     n = min(len(dataset), batch_size * max_batches)
     mine = list(range(process_index, n, num_processes))
-    return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
+    return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
 
 
 def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_workers: int) -> DataLoader:
     """Loader for the validation set; persistent workers because it is iterated again and again."""
     workers = min(num_workers, 2)
-    return DataLoader(dataset, batch_sampler=[list(b) for b in batches], num_workers=workers,
-                      persistent_workers=workers > 0)
+    return DataLoader(
+        dataset, batch_sampler=[list(b) for b in batches], num_workers=workers, persistent_workers=workers > 0
+    )

@@ -3,6 +3,7 @@
 All functions take numpy arrays and a path, write one PNG and return the path; no pyplot state
 survives a call (figures are closed), so they are safe in long training runs.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,12 +28,18 @@ def _plt():
 def _shade_masked(ax, mask_row: np.ndarray, patch_size: int, fs: float, offset: int = 0) -> None:
     """Grey spans over the masked patches of one lead; mask_row (N,) bool."""
     for j in np.flatnonzero(mask_row):
-        ax.axvspan((offset + j * patch_size) / fs, (offset + (j + 1) * patch_size) / fs,
-                   color="0.85", lw=0, zorder=0)
+        ax.axvspan((offset + j * patch_size) / fs, (offset + (j + 1) * patch_size) / fs, color="0.85", lw=0, zorder=0)
 
 
-def plot_reconstruction(x: np.ndarray, recon: np.ndarray | None, mask: np.ndarray, path: str | Path,
-                        fs: float = 250.0, title: str = "", leads: Sequence[str] = CANONICAL_LEADS) -> Path:
+def plot_reconstruction(
+    x: np.ndarray,
+    recon: np.ndarray | None,
+    mask: np.ndarray,
+    path: str | Path,
+    fs: float = 250.0,
+    title: str = "",
+    leads: Sequence[str] = CANONICAL_LEADS,
+) -> Path:
     """12-lead ECG: input (black), masked patches shaded, reconstruction of the masked patches (red).
 
     x (12, T) input window; recon (12, N, P) reconstruction in the input's units (None: only the
@@ -63,9 +70,17 @@ def plot_reconstruction(x: np.ndarray, recon: np.ndarray | None, mask: np.ndarra
     return _save(fig, path)
 
 
-def plot_latent_reconstruction(x: np.ndarray, target: np.ndarray, pred: np.ndarray, mask: np.ndarray,
-                               path: str | Path, fs: float = 250.0, title: str = "",
-                               lead: int = 1, leads: Sequence[str] = CANONICAL_LEADS) -> Path:
+def plot_latent_reconstruction(
+    x: np.ndarray,
+    target: np.ndarray,
+    pred: np.ndarray,
+    mask: np.ndarray,
+    path: str | Path,
+    fs: float = 250.0,
+    title: str = "",
+    lead: int = 1,
+    leads: Sequence[str] = CANONICAL_LEADS,
+) -> Path:
     """Stage 1: the Stage-0 input with masked latent-token positions shaded, and for one lead the
     target and reconstructed latent tokens as heatmaps (token position x channel).
 
@@ -90,7 +105,7 @@ def plot_latent_reconstruction(x: np.ndarray, target: np.ndarray, pred: np.ndarr
         ax.margins(x=0)
     lo, hi = np.percentile(np.concatenate([target[lead].ravel(), pred[lead].ravel()]), [1, 99])
     for col, (name, data) in enumerate((("target tokens", target[lead]), ("reconstruction", pred[lead]))):
-        ax = fig.add_subplot(grid[leads_n // 4:, col])
+        ax = fig.add_subplot(grid[leads_n // 4 :, col])
         image = ax.imshow(data.T, aspect="auto", cmap="coolwarm", vmin=lo, vmax=hi, interpolation="nearest")
         for j in np.flatnonzero(~mask[lead]):  # visible tokens are not reconstructed by the objective: fade them
             ax.axvspan(j - 0.5, j + 0.5, color="white", alpha=0.65, lw=0)

@@ -9,6 +9,7 @@ nothing waits for the device. The trainer reads the flag only where it has to ac
 validation, figure and checkpoint steps, the end): the weights are then still those of the last
 good step, and no checkpoint is ever written after a non-finite step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

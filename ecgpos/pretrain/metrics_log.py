@@ -9,6 +9,7 @@ sp_loss). Validation
 records hold step and val_loss. On resume, records after the checkpoint's step are dropped, so
 the file reads as one uninterrupted run.
 """
+
 from __future__ import annotations
 
 import json
@@ -104,8 +105,12 @@ class MetricsLog:
         # sorted keys: the records read the same whatever order the objective returns them in
         means = dict(zip(self.keys, values[:-1].tolist()))
         record.update({k: means[k] for k in sorted(means)})
-        record.update(lr=self.lr, grad_norm=local[-1],
-                      samples_per_s=global_batch * self.steps / max(float(values[-1]), 1e-9), time=time.time())
+        record.update(
+            lr=self.lr,
+            grad_norm=local[-1],
+            samples_per_s=global_batch * self.steps / max(float(values[-1]), 1e-9),
+            time=time.time(),
+        )
         self._reset()
         if self.is_main:
             self._write(record)
@@ -132,8 +137,10 @@ class MetricsLog:
     def describe(record: dict[str, Any], total: int) -> str:
         standard = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "time")
         extra = "".join(f" {k} {v:.4f}" for k, v in record.items() if k not in standard)
-        return (f"step {record['step']}/{total} loss {record['loss']:.4f}{extra} lr {record['lr']:.3e} "
-                f"grad_norm {record['grad_norm']:.3f} {record['samples_per_s']:.1f} samples/s")
+        return (
+            f"step {record['step']}/{total} loss {record['loss']:.4f}{extra} lr {record['lr']:.3e} "
+            f"grad_norm {record['grad_norm']:.3f} {record['samples_per_s']:.1f} samples/s"
+        )
 
     def close(self) -> None:
         if self.writer is not None:

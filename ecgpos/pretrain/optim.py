@@ -1,4 +1,5 @@
 """The optimiser of both stages: AdamW groups as in MAE, fused, and the optional whole-model compile."""
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,13 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
     """The fused AdamW of both stages (one kernel per step on CUDA and CPU). Being fused, it also
     honours a `found_inf` flag on the device: the trainer skips a non-finite step without a sync."""
-    return torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=lr_at(0, cfg.optim),
-                             betas=cfg.optim.betas, eps=cfg.optim.eps, fused=True)
+    return torch.optim.AdamW(
+        param_groups(model, cfg.optim.weight_decay),
+        lr=lr_at(0, cfg.optim),
+        betas=cfg.optim.betas,
+        eps=cfg.optim.eps,
+        fused=True,
+    )
 
 
 def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:

@@ -5,6 +5,7 @@ preprocessing spec), the Stage-0 encoder (missing, incomplete, other spec or wid
 folder (an existing run needs --resume auto, with the same config). Each problem is an
 EcgposError: one line on stderr and exit code 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ class RunPlan:
     run_dir: Path
     shards_spec: PreprocessSpec
     resume: bool = False
-    stage0: Any = None              # STMEMEncoder for Stage 1
+    stage0: Any = None  # STMEMEncoder for Stage 1
     stage0_source: str | None = None
     stage0_info: dict = field(default_factory=dict)
 
@@ -61,17 +62,22 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
         if run_stage != 0:
             raise ConfigError(f"--stage0 {path} is a Stage-{run_stage} run, not a Stage-0 run")
     elif not is_export_dir(path):
-        raise ConfigError(f"--stage0 {path} is neither a Stage-0 run folder (config.yaml + checkpoints/) "
-                          "nor an export folder (config.json)")
+        raise ConfigError(
+            f"--stage0 {path} is neither a Stage-0 run folder (config.yaml + checkpoints/) "
+            "nor an export folder (config.json)"
+        )
     loaded = resolve_encoder(path)
     if loaded.arch.get("kind") != "stage0":
-        raise ConfigError(f"--stage0 {path} is an export of a {loaded.arch.get('kind')!r} encoder, "
-                          "not of a Stage-0 encoder")
+        raise ConfigError(
+            f"--stage0 {path} is an export of a {loaded.arch.get('kind')!r} encoder, not of a Stage-0 encoder"
+        )
     if "run_dir" in loaded.info:
         step, steps = loaded.info["step"], loaded.info["steps"]
         if not loaded.info["finished"]:
-            raise ConfigError(f"--stage0 {path} is incomplete (newest checkpoint at step {step} of {steps}): "
-                              "finish it with --resume auto, or export that checkpoint and pass the export folder")
+            raise ConfigError(
+                f"--stage0 {path} is incomplete (newest checkpoint at step {step} of {steps}): "
+                "finish it with --resume auto, or export that checkpoint and pass the export folder"
+            )
         info = {"kind": "run", "checkpoint": loaded.info["checkpoint"]}
     else:
         info = {"kind": "export"}
@@ -95,8 +101,9 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     if not has_run:
         return False
     if not resume:
-        raise ConfigError(f"--run-dir {run_dir} already holds a run: pass --resume auto to continue it, "
-                          "or choose a new folder")
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds a run: pass --resume auto to continue it, or choose a new folder"
+        )
     if (run_dir / RUN_CONFIG).is_file():
         diffs = config_differences(load_config(RunConfig, run_dir / RUN_CONFIG), cfg)
         if diffs:

@@ -5,6 +5,7 @@ scheduler object would run faster with more processes. The trainer instead sets 
 group's lr from `lr_at(step)` before every optimizer step, which is right for any number of
 processes, any gradient accumulation, and after a resume (nothing to save).
 """
+
 from __future__ import annotations
 
 import math

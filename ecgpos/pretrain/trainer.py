@@ -17,6 +17,7 @@
   (all-reduce) at the next log step; then a checkpoint is saved and the run exits 0. Under
   `accelerate launch`, SIGTERM to the launcher reaches the workers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -61,8 +62,9 @@ def resolve_mixed_precision(mode: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def step_generator(seed: int, step: int, slice_index: int, salt: int = 0,
-                   device: torch.device | str = "cpu") -> torch.Generator:
+def step_generator(
+    seed: int, step: int, slice_index: int, salt: int = 0, device: torch.device | str = "cpu"
+) -> torch.Generator:
     """Generator for the masks of one micro-batch slice of one step, on `device`: the numbers are
     drawn where the model runs (no copy that waits), and the same seed gives the same run on a
     given device type (CPU and CUDA streams differ)."""
@@ -84,16 +86,22 @@ class Trainer:
         cfg = self.cfg
         # cpu=True on hosts without CUDA: under torchrun / `accelerate launch --multi_gpu` it makes
         # Accelerate use gloo (MULTI_CPU) instead of silently running N independent 1-process jobs.
-        self.acc = Accelerator(mixed_precision=resolve_mixed_precision(cfg.train.mixed_precision),
-                               cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+        self.acc = Accelerator(
+            mixed_precision=resolve_mixed_precision(cfg.train.mixed_precision),
+            cpu=not torch.cuda.is_available(),
+            step_scheduler_with_optimizer=False,
+        )
         p = self.acc.num_processes
         if cfg.train.batch_size % (p * cfg.train.grad_accum):
-            raise ConfigError(f"train.batch_size {cfg.train.batch_size} is not divisible by {p} processes x "
-                              f"train.grad_accum {cfg.train.grad_accum}")
+            raise ConfigError(
+                f"train.batch_size {cfg.train.batch_size} is not divisible by {p} processes x "
+                f"train.grad_accum {cfg.train.grad_accum}"
+            )
         index = read_index(self.plan.shards)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
-        self.sampler = StepBatchSampler(len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p,
-                                        self.acc.process_index, cfg.train.seed)
+        self.sampler = StepBatchSampler(
+            len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
+        )
         self.train_set = ShardDataset(train_index, cfg.preprocess.window, train=True, seed=cfg.train.seed)
         self.figure_set = ShardDataset(val_index or train_index, cfg.preprocess.window, train=False)
         self.val_set = ShardDataset(val_index, cfg.preprocess.window, train=False) if val_index else None
@@ -110,8 +118,10 @@ class Trainer:
         state = self.resumed.state
         if state is not None:
             if state.get("num_train_records") != len(train_index):
-                raise ConfigError(f"the shards hold {len(train_index)} training records but the run was started on "
-                                  f"{state.get('num_train_records')}: resume on the same shards")
+                raise ConfigError(
+                    f"the shards hold {len(train_index)} training records but the run was started on "
+                    f"{state.get('num_train_records')}: resume on the same shards"
+                )
             self.start_step = int(state["step"])
         self.sampler.start_step = self.start_step
         self.metrics = MetricsLog(self.run_dir, self.acc.is_main_process, self.start_step, self.plan.resume)
@@ -129,14 +139,25 @@ class Trainer:
         if not self.acc.is_main_process:
             return
         checkpoint = newest_checkpoint(self.run_dir)
-        info = {"stage": self.cfg.stage, "step": getattr(self, "step", self.start_step), "steps": self.cfg.optim.steps,
-                "finished": finished, "stage0": self.plan.stage0_source,
-                "shards": [str(folder.resolve()) for folder in self.plan.shards],
-                "checkpoint": str(checkpoint) if checkpoint else None, "num_processes": self.acc.num_processes,
-                "global_batch": self.cfg.train.batch_size, "per_process_batch": self.sampler.per_process,
-                "grad_accum": self.cfg.train.grad_accum, "mixed_precision": self.acc.mixed_precision,
-                "num_train_records": self.sampler.num_records, "steps_per_epoch": self.sampler.steps_per_epoch,
-                "ecgpos_version": __version__, **self.resumed.run_info(), **extra}
+        info = {
+            "stage": self.cfg.stage,
+            "step": getattr(self, "step", self.start_step),
+            "steps": self.cfg.optim.steps,
+            "finished": finished,
+            "stage0": self.plan.stage0_source,
+            "shards": [str(folder.resolve()) for folder in self.plan.shards],
+            "checkpoint": str(checkpoint) if checkpoint else None,
+            "num_processes": self.acc.num_processes,
+            "global_batch": self.cfg.train.batch_size,
+            "per_process_batch": self.sampler.per_process,
+            "grad_accum": self.cfg.train.grad_accum,
+            "mixed_precision": self.acc.mixed_precision,
+            "num_train_records": self.sampler.num_records,
+            "steps_per_epoch": self.sampler.steps_per_epoch,
+            "ecgpos_version": __version__,
+            **self.resumed.run_info(),
+            **extra,
+        }
         if self.plan.stage0_info:
             info["stage0_encoder"] = self.plan.stage0_info["encoder"]
             info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
@@ -164,8 +185,11 @@ class Trainer:
             terms = {"loss": out["loss"], **out.get("log", {})}
             if self.stat_keys is None:
                 self.stat_keys = list(terms)
-            parts.append(torch.stack([torch.as_tensor(terms[k], device=acc.device).detach().float().reshape(())
-                                      for k in self.stat_keys]))
+            parts.append(
+                torch.stack(
+                    [torch.as_tensor(terms[k], device=acc.device).detach().float().reshape(()) for k in self.stat_keys]
+                )
+            )
         stats = torch.stack(parts).mean(0)
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         # the gradients are already all-reduced (no scaler with bf16), so torch's clipping is Accelerate's
@@ -194,19 +218,32 @@ class Trainer:
         self.step = bad.step - 1  # the weights are those after this step
         self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {bad.step}")
         if self.acc.is_main_process:
-            print(f"ecgpos pretrain: error: non-finite loss or gradient at step {bad.step} "
-                  f"(loss {bad.loss}, grad norm {bad.grad_norm}); that update and any after it were skipped. "
-                  f"Last good checkpoint: {last or 'none'}", file=sys.stderr)
+            print(
+                f"ecgpos pretrain: error: non-finite loss or gradient at step {bad.step} "
+                f"(loss {bad.loss}, grad norm {bad.grad_norm}); that update and any after it were skipped. "
+                f"Last good checkpoint: {last or 'none'}",
+                file=sys.stderr,
+            )
         return True
 
     # -- periodic work -----------------------------------------------------------------------------
     def _checkpoint(self, step: int) -> None:
         epoch, batch = self.sampler.position(step)
-        save_checkpoint(self.acc, self.run_dir, step,
-                        {"epoch": epoch, "batch_in_epoch": batch, "samples_seen": step * self.cfg.train.batch_size,
-                         "num_train_records": self.sampler.num_records, "seed": self.cfg.train.seed,
-                         "num_processes": self.acc.num_processes, "stage": self.cfg.stage},
-                        self.cfg.train.keep_checkpoints)
+        save_checkpoint(
+            self.acc,
+            self.run_dir,
+            step,
+            {
+                "epoch": epoch,
+                "batch_in_epoch": batch,
+                "samples_seen": step * self.cfg.train.batch_size,
+                "num_train_records": self.sampler.num_records,
+                "seed": self.cfg.train.seed,
+                "num_processes": self.acc.num_processes,
+                "stage": self.cfg.stage,
+            },
+            self.cfg.train.keep_checkpoints,
+        )
         self.saved_step = step
         self._write_run_info(finished=False)
 
@@ -216,8 +253,13 @@ class Trainer:
             return
         model = self.model
         model.eval()
-        batches = eval_batches(self.val_set, self.sampler.per_process, self.cfg.train.val_batches,
-                               self.acc.process_index, self.acc.num_processes)
+        batches = eval_batches(
+            self.val_set,
+            self.sampler.per_process,
+            self.cfg.train.val_batches,
+            self.acc.process_index,
+            self.acc.num_processes,
+        )
         total = torch.zeros(3, device=self.acc.device)
         carving = getattr(self.acc.unwrap_model(model), "push_violations", None)  # Stage 1 only
         for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
@@ -225,8 +267,7 @@ class Trainer:
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
             draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
-            violated = (carving(x, draw).float().sum() if carving is not None
-                        else torch.zeros((), device=total.device))
+            violated = carving(x, draw).float().sum() if carving is not None else torch.zeros((), device=total.device)
             total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
         model.train()
         self._keep_stage0_frozen()
@@ -253,13 +294,24 @@ class Trainer:
         title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
         if self.cfg.stage == 0:
             recon = model.to_signal_units(x, out["pred"])[0].float().cpu().numpy()
-            plot_reconstruction(x_np, recon, mask, folder / f"recon-step-{step:07d}.png", self.cfg.preprocess.fs,
-                                f"Stage 0 {title} (input black, masked grey, reconstruction red)")
+            plot_reconstruction(
+                x_np,
+                recon,
+                mask,
+                folder / f"recon-step-{step:07d}.png",
+                self.cfg.preprocess.fs,
+                f"Stage 0 {title} (input black, masked grey, reconstruction red)",
+            )
         else:
-            plot_latent_reconstruction(x_np, out["target"][0].float().cpu().numpy(),
-                                       out["pred"][0].float().cpu().numpy(), mask,
-                                       folder / f"latent-step-{step:07d}.png", self.cfg.preprocess.fs,
-                                       f"Stage 1 {title}")
+            plot_latent_reconstruction(
+                x_np,
+                out["target"][0].float().cpu().numpy(),
+                out["pred"][0].float().cpu().numpy(),
+                mask,
+                folder / f"latent-step-{step:07d}.png",
+                self.cfg.preprocess.fs,
+                f"Stage 1 {title}",
+            )
         plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
 
     def _keep_stage0_frozen(self) -> None:
@@ -299,12 +351,19 @@ class Trainer:
         batches = iter(loader)
         self.model.train()
         self._keep_stage0_frozen()
-        acc.print(f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
-                  f"global batch {cfg.train.batch_size} "
-                  f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
-                  f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}")
-        bar = tqdm(total=total, initial=self.step, disable=not (acc.is_main_process and sys.stderr.isatty()),
-                   dynamic_ncols=True, desc=f"stage {cfg.stage}")
+        acc.print(
+            f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
+            f"global batch {cfg.train.batch_size} "
+            f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
+            f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}"
+        )
+        bar = tqdm(
+            total=total,
+            initial=self.step,
+            disable=not (acc.is_main_process and sys.stderr.isatty()),
+            dynamic_ncols=True,
+            desc=f"stage {cfg.stage}",
+        )
         self.metrics.restart()
         while self.step < total:
             self._train_step(batches, self.step)
@@ -338,8 +397,9 @@ class Trainer:
             if stop and not last:  # a signal during the last step: just finish
                 name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another process"
                 self._write_run_info(finished=False, stopped=f"{name} at step {step}")
-                acc.print(f"ecgpos pretrain: stopped by {name} at step {step}; checkpoint saved, "
-                          "continue with --resume auto")
+                acc.print(
+                    f"ecgpos pretrain: stopped by {name} at step {step}; checkpoint saved, continue with --resume auto"
+                )
                 bar.close()
                 self.metrics.close()
                 return 0

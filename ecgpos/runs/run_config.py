@@ -4,6 +4,7 @@ A `RunConfig` says everything a pretraining run depends on except where the data
 Stage-0 encoder live (command-line paths). Impossible values raise ConfigError (one line) when
 the config is built, i.e. before any data is read or any model is created.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -60,24 +61,32 @@ SEED_MAX = 2**32 - 1
 class TrainConfig:
     """Batching, precision, data loading and the run folder's cadence (all in optimizer steps)."""
 
-    batch_size: int = 64          # global: per-process batch * processes * grad_accum
+    batch_size: int = 64  # global: per-process batch * processes * grad_accum
     grad_accum: int = 1
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
-    num_workers: int = 4          # DataLoader workers per process
+    num_workers: int = 4  # DataLoader workers per process
     seed: int = 0
     log_every: int = 50
     checkpoint_every: int = 5_000
     keep_checkpoints: int = 3
     figure_every: int = 5_000
-    val_fraction: float = 0.0     # records held out (by record id) for the validation loss
+    val_fraction: float = 0.0  # records held out (by record id) for the validation loss
     val_every: int = 5_000
     val_batches: int = 8
     # torch.compile of the whole model: false (eager, the reference), true (= "default"), or a mode
     compile: bool | Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = False
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "grad_accum", "log_every", "checkpoint_every", "keep_checkpoints",
-                     "figure_every", "val_every", "val_batches"):
+        for name in (
+            "batch_size",
+            "grad_accum",
+            "log_every",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "figure_every",
+            "val_every",
+            "val_batches",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.num_workers < 0:
@@ -85,8 +94,9 @@ class TrainConfig:
         if not 0 <= self.seed <= SEED_MAX:  # numpy's SeedSequence and torch.manual_seed accept this range
             raise ConfigError(f"train.seed must be in 0..{SEED_MAX}, got {self.seed}")
         if self.batch_size % self.grad_accum:
-            raise ConfigError(f"train.batch_size {self.batch_size} is not a multiple of "
-                              f"train.grad_accum {self.grad_accum}")
+            raise ConfigError(
+                f"train.batch_size {self.batch_size} is not a multiple of train.grad_accum {self.grad_accum}"
+            )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"train.val_fraction must lie in [0, 1), got {self.val_fraction}")
 
@@ -110,14 +120,19 @@ class RunConfig:
         if self.stage not in (0, 1):
             raise ConfigError(f"stage must be 0 or 1, got {self.stage}")
         if self.preprocess.window % self.encoder.patch_size:
-            raise ConfigError(f"preprocess.window {self.preprocess.window} is not a multiple of "
-                              f"encoder.patch_size {self.encoder.patch_size}")
+            raise ConfigError(
+                f"preprocess.window {self.preprocess.window} is not a multiple of "
+                f"encoder.patch_size {self.encoder.patch_size}"
+            )
         if self.encoder.seq_len != self.preprocess.window:
-            raise ConfigError(f"encoder.seq_len {self.encoder.seq_len} must equal preprocess.window "
-                              f"{self.preprocess.window}")
+            raise ConfigError(
+                f"encoder.seq_len {self.encoder.seq_len} must equal preprocess.window {self.preprocess.window}"
+            )
         if self.encoder.num_leads != len(self.preprocess.leads):
-            raise ConfigError(f"encoder.num_leads {self.encoder.num_leads} must equal the "
-                              f"{len(self.preprocess.leads)} leads of the preprocessing spec")
+            raise ConfigError(
+                f"encoder.num_leads {self.encoder.num_leads} must equal the "
+                f"{len(self.preprocess.leads)} leads of the preprocessing spec"
+            )
         check_mask_ratio(self.mask_ratio, self.encoder.num_patches)
         if self.stage == 0 and self.push_pull.enabled:
             raise ConfigError("push_pull.enabled is a Stage-1 objective; set stage: 1 or disable it")
@@ -132,8 +147,12 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stag
     cfg = load_config(RunConfig, path, overrides)
     if stage is not None and cfg.stage != stage:
         from ecgpos.config import read_yaml
-        if path is not None and "stage" in read_yaml(path) or any(o.split("=", 1)[0].strip() == "stage"
-                                                                  for o in overrides):
+
+        if (
+            path is not None
+            and "stage" in read_yaml(path)
+            or any(o.split("=", 1)[0].strip() == "stage" for o in overrides)
+        ):
             raise ConfigError(f"--stage {stage} contradicts stage: {cfg.stage} in the config")
         cfg = dataclasses.replace(cfg, stage=stage)
     return cfg
@@ -141,9 +160,17 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stag
 
 # Keys that only change how a run is operated, not what it computes: they may differ between
 # the run's saved config.yaml and the command line on --resume.
-OPERATIONAL_KEYS = ("train.num_workers", "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
-                    "train.figure_every", "train.val_every", "train.val_batches", "train.mixed_precision",
-                    "train.compile")
+OPERATIONAL_KEYS = (
+    "train.num_workers",
+    "train.log_every",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.figure_every",
+    "train.val_every",
+    "train.val_batches",
+    "train.mixed_precision",
+    "train.compile",
+)
 
 
 def flat_dict(cfg: Any) -> dict[str, Any]:
@@ -156,6 +183,7 @@ def flat_dict(cfg: Any) -> dict[str, Any]:
                 walk(f"{prefix}{key}.", value)
         else:
             out[prefix.rstrip(".")] = node
+
     walk("", to_dict(cfg) if dataclasses.is_dataclass(cfg) else cfg)
     return out
 
@@ -163,5 +191,8 @@ def flat_dict(cfg: Any) -> dict[str, Any]:
 def config_differences(saved: RunConfig, new: RunConfig) -> list[str]:
     """Keys (other than OPERATIONAL_KEYS) whose values differ, as 'key: saved -> new'."""
     a, b = flat_dict(saved), flat_dict(new)
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
-            if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)]
+    return [
+        f"{k}: {a.get(k)!r} -> {b.get(k)!r}"
+        for k in sorted(set(a) | set(b))
+        if k not in OPERATIONAL_KEYS and a.get(k) != b.get(k)
+    ]

@@ -1,14 +1,15 @@
 """A run folder: the name of every file a pretraining run writes, and reading a run back.
 
-    RUN/config.yaml        the resolved run config (ecgpos.runs.run_config)
-    RUN/spec.json          the preprocessing spec of its shards
-    RUN/run_info.json      provenance: versions, shards, Stage-0 source, finished/stopped
-    RUN/metrics.jsonl      one record per logged step (ecgpos.pretrain.metrics_log)
-    RUN/tb/                TensorBoard events
-    RUN/figures/           reconstructions and the training curve (ecgpos.pretrain.figures)
-    RUN/checkpoints/step-0001000/   model.safetensors, optimizer.bin, random_states_*.pkl,
-                                    trainer_state.json (ecgpos.pretrain.checkpoint)
+RUN/config.yaml        the resolved run config (ecgpos.runs.run_config)
+RUN/spec.json          the preprocessing spec of its shards
+RUN/run_info.json      provenance: versions, shards, Stage-0 source, finished/stopped
+RUN/metrics.jsonl      one record per logged step (ecgpos.pretrain.metrics_log)
+RUN/tb/                TensorBoard events
+RUN/figures/           reconstructions and the training curve (ecgpos.pretrain.figures)
+RUN/checkpoints/step-0001000/   model.safetensors, optimizer.bin, random_states_*.pkl,
+                                trainer_state.json (ecgpos.pretrain.checkpoint)
 """
+
 from __future__ import annotations
 
 import json
@@ -97,8 +98,10 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
         raise EcgposError(f"{run_dir} is not a training run folder (no {RUN_CONFIG})")
     checkpoint = newest_checkpoint(run_dir)
     if checkpoint is None:
-        raise EcgposError(f"{run_dir} has no complete checkpoint (checkpoints/step-*/ with {WEIGHTS_FILE}): "
-                          "the run is incomplete or still before its first checkpoint")
+        raise EcgposError(
+            f"{run_dir} has no complete checkpoint (checkpoints/step-*/ with {WEIGHTS_FILE}): "
+            "the run is incomplete or still before its first checkpoint"
+        )
     cfg = load_config(RunConfig, run_dir / RUN_CONFIG)
     info = read_run_info(run_dir)
     stage0 = None
@@ -155,9 +158,11 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
         "batch_size": train.get("batch_size"),
         "lr": optim.get("lr"),
         "mask_ratio": config.get("mask_ratio"),
-        "push_pull": (f"on (alpha {push_pull.get('alpha')}, lambda {push_pull.get('lambda_pp')}, "
-                      f"{push_pull.get('perturbation')})") if push_pull.get("enabled") else
-                     ("off" if push_pull else None),
+        "push_pull": (
+            f"on (alpha {push_pull.get('alpha')}, lambda {push_pull.get('lambda_pp')}, {push_pull.get('perturbation')})"
+        )
+        if push_pull.get("enabled")
+        else ("off" if push_pull else None),
         "records": run_info.get("num_train_records"),
         "stage0": run_info.get("stage0"),
         "checkpoint": run_info.get("checkpoint") or info.get("checkpoint"),
@@ -176,8 +181,9 @@ def _pretraining_folders(run_info: dict[str, Any]) -> list[str]:
     stage0 = run_info.get("stage0")
     if stage0 and isinstance(stage0, str):
         folders += [str(f) for f in _read_json(Path(stage0) / RUN_INFO).get("shards") or []]
-        folders += [str(f) for f in (_read_json(Path(stage0) / "config.json").get("training") or {}).get("shards")
-                    or []]
+        folders += [
+            str(f) for f in (_read_json(Path(stage0) / "config.json").get("training") or {}).get("shards") or []
+        ]
     return list(dict.fromkeys(folders))
 
 

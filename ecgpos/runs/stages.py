@@ -4,6 +4,7 @@ Stage 0: MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, ...).
 Stage 1: LatentMaskedAutoencoder(frozen Stage-0 encoder, LatentEncoder(cfg.encoder), ...), where
 cfg.encoder describes the latent encoder and must have the Stage-0 width and token layout.
 """
+
 from __future__ import annotations
 
 from torch import nn
@@ -18,8 +19,9 @@ from ecgpos.runs.run_config import RunConfig
 
 def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
     """Fresh Stage-0 masked autoencoder (initialised from the current torch RNG)."""
-    return MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio,
-                                norm_target=cfg.norm_target)
+    return MaskedECGAutoencoder(
+        STMEMEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio, norm_target=cfg.norm_target
+    )
 
 
 def check_stage0_fits(stage0: STMEMEncoder, cfg: RunConfig, what: str) -> None:
@@ -33,8 +35,14 @@ def build_stage1_model(cfg: RunConfig, stage0: STMEMEncoder) -> nn.Module:
     from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 
     check_stage0_fits(stage0, cfg, "the Stage-0 encoder")
-    return LatentMaskedAutoencoder(stage0, LatentEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio,
-                                   norm_target=cfg.norm_target, push_pull=cfg.push_pull)
+    return LatentMaskedAutoencoder(
+        stage0,
+        LatentEncoder(cfg.encoder),
+        cfg.decoder,
+        mask_ratio=cfg.mask_ratio,
+        norm_target=cfg.norm_target,
+        push_pull=cfg.push_pull,
+    )
 
 
 def build_model(cfg: RunConfig, stage0: STMEMEncoder | None = None) -> nn.Module:
