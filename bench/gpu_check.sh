@@ -56,25 +56,25 @@ for config in $CONFIGS; do
     e2e=()
     [ -d "$SHARDS" ] && e2e=(--e2e "$SHARDS" --e2e-steps "$E2E_STEPS" --set "train.num_workers=$WORKERS")
     step "$name eager b$BATCH +e2e" 150 "^train_step" "$PY" bench/train_step.py --config "$config" --batch "$BATCH" \
+        --set train.compile=false \
         --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
 done
-bare0=$(grep -E "^train_step stage=0 .*compile=False" "$LOG" | tail -1 | sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
-compiled() {  # compiled() CONFIG [MODE]
-    step "$(basename "$1" .yaml) compile=${2:-true} b$BATCH" 120 "^train_step" "$PY" bench/train_step.py \
-        --config "$1" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" --compile ${2:+"$2"}
-}
 read -r -a configs <<< "$CONFIGS"
-compiled "${configs[0]}"
+# train.compile=auto, the default: CUDA graphs (reduce-overhead) on one GPU; bare step and end to end
+for config in "${configs[@]}"; do
+    e2e=()
+    [ -d "$SHARDS" ] && e2e=(--e2e "$SHARDS" --e2e-steps "$E2E_STEPS" --set "train.num_workers=$WORKERS")
+    step "$(basename "$config" .yaml) auto b$BATCH +e2e" 150 "^train_step" "$PY" bench/train_step.py \
+        --config "$config" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
+done
+bare0=$(grep -E "^train_step stage=0 .*compile=reduce-overhead" "$LOG" | tail -1 |
+    sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
 if [ -d "$SHARDS" ]; then
     step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \
         --batch "$BATCH" --batches 60 ${bare0:+--train-samples-per-s "$bare0"}
 fi
 # shellcheck disable=SC2086  # PYTEST_EXTRA is a list of arguments
-step "pytest" 270 "passed|failed|error" "$PY" -m pytest -q -m "not slurm" -x -p no:cacheprovider $PYTEST_EXTRA
-for config in "${configs[@]:1}"; do
-    compiled "$config"
-done
-compiled "${configs[0]}" reduce-overhead
+[ -n "${SKIP_PYTEST:-}" ] || step "pytest" 270 "passed|failed|error" "$PY" -m pytest -q -m "not slurm" -x -p no:cacheprovider $PYTEST_EXTRA
 printf 'total %ss\n' $(($(date +%s) - START)) >> "$SUMMARY"
 echo
 cat "$SUMMARY"

@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
 from ecgpos.pretrain.guard import NonFiniteGuard  # noqa: E402
-from ecgpos.pretrain.optim import build_optimizer
+from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile  # noqa: E402
 from ecgpos.pretrain.trainer import resolve_mixed_precision, step_generator  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
-from ecgpos.runs.stages import build_model, compile_model  # noqa: E402
+from ecgpos.runs.stages import build_model  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -180,7 +180,8 @@ def main() -> None:
         loss.backward()
     optimizer.zero_grad(set_to_none=True)
     flops_per_sample = counter.get_total_flops() / batch
-    compile_model(model, cfg.train.compile)  # in place; latent_tokens (a method) stays eager
+    compile_mode = resolve_compile(cfg.train.compile, device)
+    compile_model(model, compile_mode)  # in place; latent_tokens (a method) stays eager
     sums = torch.zeros(1, dtype=torch.float64, device=device)
 
     def step(i: int) -> None:  # what Trainer._train_step does per step, less the loader
@@ -205,7 +206,7 @@ def main() -> None:
         f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
         f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
         f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
-        f"compile {cfg.train.compile}, device {name}, {attention}"
+        f"compile {compile_mode}, device {name}, {attention}"
     )
     print(
         f"flops: {flops_per_sample / 1e9:.2f} GFLOP per sample (forward + backward, FlopCounterMode); "
@@ -228,7 +229,7 @@ def main() -> None:
         e2e_rate = e2e(args, overrides, stage0, batch)
         end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
     print(
-        f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={cfg.train.compile} "
+        f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={compile_mode} "
         f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
         f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}"
     )

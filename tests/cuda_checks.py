@@ -35,6 +35,8 @@ FAST = [
     "train.figure_every=1000",
     "--set",
     "train.checkpoint_every=1000",
+    "--set",
+    "train.compile=false",  # eager unless a check says otherwise ("auto" compiles on CUDA)
 ]
 
 
@@ -94,10 +96,11 @@ def no_sync(work: Path) -> None:
 
 
 def compiled_agrees(work: Path) -> None:
-    """Same seed, eager and whole-model compiled: the same loss curve within bf16 noise."""
+    """Same seed, eager and compiled as "auto" compiles on one GPU (CUDA graphs): the same loss curve
+    within bf16 noise."""
     common = ("--set", "optim.steps=20", "--set", "train.mixed_precision=bf16")
     assert trainer(work, "eager", *common).run() == 0
-    assert trainer(work, "compiled", *common, "--set", "train.compile=true").run() == 0
+    assert trainer(work, "compiled", *common, "--set", "train.compile=reduce-overhead").run() == 0
     eager, compiled = losses(work / "eager"), losses(work / "compiled")
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled))
     assert len(eager) == len(compiled) == 20 and worst < 0.03, (eager, compiled)

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 
 from ecgpos.config import apply_overrides, from_dict, load_config, save_config, to_dict
 from ecgpos.errors import ConfigError
+from ecgpos.pretrain.optim import resolve_compile
 from ecgpos.resources import config_dir
 from ecgpos.runs.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
 
@@ -128,7 +130,10 @@ def test_config_differences_ignore_operational_keys() -> None:
 
 
 def test_train_compile_takes_a_bool_or_a_mode_and_is_operational() -> None:
-    assert load_run_config("tiny/stage0").train.compile is False
+    assert load_run_config("tiny/stage0").train.compile == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cuda) == "reduce-overhead"
+    assert resolve_compile("auto", cuda, num_processes=2) is False and resolve_compile(True, cpu) is True
     assert load_run_config("tiny/stage0", ["train.compile=true"]).train.compile is True
     assert load_run_config("tiny/stage0", ["train.compile=off"]).train.compile is False  # YAML reads off as false
     for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):

@@ -46,7 +46,7 @@ from ecgpos.pretrain.data import (
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
-from ecgpos.pretrain.optim import build_optimizer, compile_model
+from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile
 from ecgpos.pretrain.plan import RunPlan
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
@@ -109,7 +109,8 @@ class Trainer:
         model = build_model(cfg, self.plan.stage0)
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
-        compile_model(self.acc.unwrap_model(self.model), cfg.train.compile)
+        self.compile_mode = resolve_compile(cfg.train.compile, self.acc.device, self.acc.num_processes)
+        compile_model(self.acc.unwrap_model(self.model), self.compile_mode)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.guard = NonFiniteGuard(self.acc.device, p)
         self.stat_keys: list[str] | None = None

@@ -73,8 +73,9 @@ class TrainConfig:
     val_fraction: float = 0.0  # records held out (by record id) for the validation loss
     val_every: int = 5_000
     val_batches: int = 8
-    # torch.compile of the whole model: false (eager, the reference), true (= "default"), or a mode
-    compile: bool | Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = False
+    # torch.compile of the whole model: "auto" (CUDA graphs on one CUDA process, eager otherwise),
+    # false (eager, the reference), true (= "default"), or a torch.compile mode
+    compile: bool | Literal["auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "auto"
 
     def __post_init__(self) -> None:
         for name in (
