@@ -39,7 +39,7 @@ def test_preprocess_bench_prints_both_ratios_last(shared_data: Path, tmp_path: P
 
 
 @pytest.mark.slow
-def test_probe_bench_prints_its_figure_last() -> None:
+def test_probe_bench_prints_its_figure_last(shared_data: Path) -> None:  # the bench reads the sample records
     lines = run_bench("probe.py", "--epochs", "1", "--seeds", "1")
     assert re.match(r"full probe protocol on 2 CPU cores: \d+\.\d s wall", lines[-1]), lines[-1]
 
