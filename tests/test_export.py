@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import wfdb
+from tiny_runs import pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.ecg.leads import CANONICAL_LEADS
@@ -46,23 +47,7 @@ def _tiny_run(request: pytest.FixtureRequest, name: str, build) -> Path:  # noqa
 def stage0_run(request, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # noqa: ANN001
     def build() -> Path:
         run = tmp_path_factory.mktemp("export-stage0") / "run"
-        assert (
-            main(
-                [
-                    "pretrain",
-                    "--stage",
-                    "0",
-                    "--config",
-                    str(CONFIG_DIR / "tiny" / "stage0.yaml"),
-                    "--shards",
-                    str(arrhythmia_shards),
-                    "--run-dir",
-                    str(run),
-                    *FAST,
-                ]
-            )
-            == 0
-        )
+        pretrain_tiny(0, arrhythmia_shards, run, *FAST)
         return run
 
     return _tiny_run(request, "tiny_stage0_run", build)
@@ -72,25 +57,7 @@ def stage0_run(request, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # n
 def stage1_run(request, stage0_run: Path, arrhythmia_shards: Path, tmp_path_factory) -> Path:  # noqa: ANN001
     def build() -> Path:
         run = tmp_path_factory.mktemp("export-stage1") / "run"
-        assert (
-            main(
-                [
-                    "pretrain",
-                    "--stage",
-                    "1",
-                    "--config",
-                    str(CONFIG_DIR / "tiny" / "stage1.yaml"),
-                    "--shards",
-                    str(arrhythmia_shards),
-                    "--stage0",
-                    str(stage0_run),
-                    "--run-dir",
-                    str(run),
-                    *FAST,
-                ]
-            )
-            == 0
-        )
+        pretrain_tiny(1, arrhythmia_shards, run, *FAST, stage0=stage0_run)
         return run
 
     return _tiny_run(request, "tiny_stage1_run", build)

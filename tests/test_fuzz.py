@@ -24,6 +24,7 @@ from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shard_fixtures import write_tiny_shards
+from tiny_runs import pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.resources import config_dir
@@ -109,27 +110,8 @@ def real(shared_data) -> Path:
 def export(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fuzz-export")
     shards = write_tiny_shards(root / "shards", n_records=12, records_per_shard=12)
-    assert (
-        main(
-            [
-                "pretrain",
-                "--stage",
-                "0",
-                "--config",
-                str(config_dir() / "tiny" / "stage0.yaml"),
-                "--shards",
-                str(shards),
-                "--run-dir",
-                str(root / "run"),
-                "--set",
-                "optim.steps=1",
-                "--set",
-                "train.batch_size=4",
-                "--set",
-                "train.num_workers=0",
-            ]
-        )
-        == 0
+    pretrain_tiny(
+        0, shards, root / "run", "--set", "optim.steps=1", "--set", "train.batch_size=4", "--set", "train.num_workers=0"
     )
     assert main(["export", "--run-dir", str(root / "run"), "--out", str(root / "enc")]) == 0
     return root / "enc"

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 import torch
 import wfdb
+from tiny_runs import pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.ecg.spec import DEFAULT_SPEC
@@ -408,27 +409,16 @@ def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys
     assert not any(p.requires_grad for p in twin.module.parameters())
 
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--stage",
-                "0",
-                "--config",
-                str(TINY),
-                "--shards",
-                str(arrhythmia_shards),
-                "--run-dir",
-                str(run),
-                "--set",
-                "optim.steps=2",
-                "--set",
-                "train.batch_size=4",
-                "--set",
-                "train.num_workers=0",
-            ]
-        )
-        == 0
+    pretrain_tiny(
+        0,
+        arrhythmia_shards,
+        run,
+        "--set",
+        "optim.steps=2",
+        "--set",
+        "train.batch_size=4",
+        "--set",
+        "train.num_workers=0",
     )
     folder = _custom_task(tmp_path / "synthetic")
     rc, out, err = _probe(

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_runs import pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.ecg.wfdb_io import read_wfdb_record
@@ -24,47 +25,19 @@ PTBXL = "ptbxl/records500/00000"
 @pytest.fixture(scope="module")
 def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("score-runs")
-    assert (
-        main(
-            [
-                "pretrain",
-                "--stage",
-                "0",
-                "--config",
-                str(CONFIG_DIR / "tiny" / "stage0.yaml"),
-                "--shards",
-                str(arrhythmia_shards),
-                "--run-dir",
-                str(root / "s0"),
-                *FAST,
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "pretrain",
-                "--stage",
-                "1",
-                "--config",
-                str(CONFIG_DIR / "tiny" / "stage1.yaml"),
-                "--shards",
-                str(arrhythmia_shards),
-                "--stage0",
-                str(root / "s0"),
-                "--run-dir",
-                str(root / "s1"),
-                *FAST,
-                "--set",
-                "train.val_fraction=0.1",
-                "--set",
-                "train.val_every=1",
-                "--set",
-                "train.val_batches=1",
-            ]
-        )
-        == 0
+    pretrain_tiny(0, arrhythmia_shards, root / "s0", *FAST)
+    pretrain_tiny(
+        1,
+        arrhythmia_shards,
+        root / "s1",
+        *FAST,
+        "--set",
+        "train.val_fraction=0.1",
+        "--set",
+        "train.val_every=1",
+        "--set",
+        "train.val_batches=1",
+        stage0=root / "s0",
     )
     return {"stage0": root / "s0", "stage1": root / "s1"}
 

@@ -1,22 +1,11 @@
-"""What `ecgpos embed` reads and writes: records (WFDB, shards, .npy) in, feature files out.
+"""What `ecgpos embed` and `ecgpos score` read and write: records in, feature files out.
 
-PATH is one of
-- a WFDB record (`.../JS00001`, with or without `.hea`) or a folder searched recursively for `*.hea`;
-  record ids are the record name (single record) or the path relative to the folder, no suffix;
-- an HDF5 shard folder written by `ecgpos preprocess` (`shard-*.h5`), or one shard file: its
-  stored signals are already preprocessed, so only the spec is checked against the encoder's and
-  windows are cut exactly as in evaluation (centre window, or `--num-windows` spread windows;
-  a record stored zero-padded by --pad-short is used padded, as pretraining saw it);
-  ids from `record_id`;
-- a `.npy` array (leads, time) or (N, leads, time) in mV with `--fs` and `--leads`; ids are the file
-  stem (2-D) or the row index (3-D).
-FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
-`.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
-suffix `.ids.txt` beside it, since .npy holds a single array). Raw records go through the record
-screening of preprocessing (`ecgpos.ecg.screening`): bad records are reported on stderr with their
-id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv)
-and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
-was skipped).
+Inputs (`open_source`): WFDB records or folders of them, HDF5 shard folders or files (already
+preprocessed: only the spec is checked), and `.npy` arrays with their rate and lead names. Raw
+records go through preprocessing's record screening (`ecgpos.ecg.screening`); a refused record is
+reported with its reason and the others go on. Outputs (`write_features`): .csv, .h5, .npz or .npy,
+and FILE's `.skipped.csv` listing the refused records. The command's help (ecgpos/cli/embed.py)
+spells out ids and formats.
 """
 
 from __future__ import annotations
