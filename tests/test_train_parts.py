@@ -14,7 +14,14 @@ from shard_fixtures import write_tiny_shards
 
 from ecgpos.errors import ConfigError
 from ecgpos.pretrain.checkpoint import prune_checkpoints
-from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, split_index, train_loader, window_start
+from ecgpos.pretrain.data import (
+    ShardDataset,
+    StepBatchSampler,
+    read_index,
+    split_index,
+    train_loader,
+    window_start,
+)
 from ecgpos.pretrain.figures import plot_reconstruction, plot_training_curves
 from ecgpos.runs.run_folder import checkpoint_name, list_checkpoints, newest_checkpoint
 
@@ -147,3 +154,14 @@ def test_figures_write_pngs(tmp_path: Path) -> None:
     curves = plot_training_curves(metrics, tmp_path / "c.png")
     for path in (out, curves):
         assert path.read_bytes()[:4] == b"\x89PNG" and path.stat().st_size > 5000
+
+
+def test_batched_reads_equal_per_item_reads_bit_for_bit(shards: Path) -> None:
+    rng = np.random.default_rng(0)
+    index = read_index(shards)
+    for train in (True, False):
+        data = ShardDataset(index, 2250, train=train, seed=4)
+        items = [(int(i), int(e)) for i, e in zip(rng.permutation(30), rng.integers(0, 100, 30))]
+        batch = data.__getitems__(items)
+        assert batch.dtype == torch.float32 and torch.equal(batch, torch.stack([data[item] for item in items]))
+        assert torch.equal(data.__getitems__(list(range(30))), torch.stack([data[i] for i in range(30)]))

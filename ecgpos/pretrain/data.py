@@ -28,7 +28,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from h5py import h5s
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from ecgpos.ecg.shards import shard_files
 from ecgpos.errors import ConfigError
@@ -129,31 +130,80 @@ class ShardDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
-    def _file(self, shard: int) -> h5py.File:
+    def _signals(self, shard: int) -> h5py.Dataset:
+        """The shard's `signals` dataset, its file kept open (LRU-bounded) in this process."""
         if self._pid != os.getpid():  # first use in this process (e.g. a fresh worker): never reuse a parent's handle
             self._files, self._pid = OrderedDict(), os.getpid()
         if shard in self._files:
             self._files.move_to_end(shard)
         else:
             if len(self._files) >= MAX_OPEN_FILES:  # least recently used handle goes (open-file limits)
-                self._files.popitem(last=False)[1].close()
-            self._files[shard] = h5py.File(self.index.paths[shard], "r")
+                self._files.popitem(last=False)[1].file.close()
+            self._files[shard] = h5py.File(self.index.paths[shard], "r")["signals"]
         return self._files[shard]
+
+    def _starts(self, items: Sequence[int | tuple[int, int]]) -> tuple[np.ndarray, list[int]]:
+        pairs = [(item, 0) if isinstance(item, (int, np.integer)) else item for item in items]
+        i = np.array([int(p[0]) for p in pairs], dtype=np.int64)
+        length = self.index.length
+        return i, [
+            window_start(int(length[k]), self.window, self.train, self.seed, e, int(k)) for k, (_, e) in zip(i, pairs)
+        ]
 
     def __getitem__(self, item: int | tuple[int, int]) -> torch.Tensor:
         i, epoch = (item, 0) if isinstance(item, (int, np.integer)) else item
-        length = int(self.index.length[i])
-        start = window_start(length, self.window, self.train, self.seed, epoch, i)
-        signals = self._file(int(self.index.shard[i]))["signals"]
-        x = np.asarray(signals[int(self.index.row[i]), :, start : start + self.window], dtype=np.float32)
+        start = window_start(int(self.index.length[i]), self.window, self.train, self.seed, epoch, i)
+        return self._read(int(i), start)
+
+    def _read(self, i: int, start: int) -> torch.Tensor:
+        x = self._signals(int(self.index.shard[i]))[int(self.index.row[i]), :, start : start + self.window]
         if x.shape[-1] < self.window:  # stored width shorter than the window cannot happen for valid shards
             x = np.pad(x, ((0, 0), (0, self.window - x.shape[-1])))
-        return torch.from_numpy(x)
+        return torch.from_numpy(x).float()  # torch converts float16 several times faster than numpy
+
+    def __getitems__(self, items: Sequence[int | tuple[int, int]]) -> torch.Tensor:
+        """A whole batch -> one float32 tensor (B, 12, window), equal to stacking self[item] for each item:
+        rows read in (shard, row) order straight into one float16 buffer, converted once."""
+        i, starts = self._starts(items)
+        first = self._signals(int(self.index.shard[i[0]]))
+        buf = np.zeros((len(i), first.shape[1], self.window), dtype=first.dtype)
+        memory, plain = h5s.create_simple(buf.shape[1:]), []
+        for k in np.lexsort((self.index.row[i], self.index.shard[i])):
+            signals, start = self._signals(int(self.index.shard[i[k]])), int(starts[k])
+            if signals.dtype != buf.dtype or signals.shape[1] != buf.shape[1] or start + self.window > signals.shape[2]:
+                plain.append(k)  # an odd shard (other dtype or too narrow): the per-item path
+                continue
+            # h5py's low-level read: one hyperslab straight into the buffer's row, without the
+            # per-call selection machinery of dataset[...] (most of a window's read time)
+            space = signals.id.get_space()
+            space.select_hyperslab((int(self.index.row[i[k]]), 0, start), (1, buf.shape[1], self.window))
+            signals.id.read(memory, space, buf[k])
+        out = _batch_tensor(buf.shape).copy_(torch.from_numpy(buf))
+        for k in plain:
+            out[k] = self._read(int(i[k]), int(starts[k]))
+        return out
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state["_files"], state["_pid"] = OrderedDict(), -1  # handles never travel to another process
         return state
+
+
+def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
+    """An empty float32 tensor; in a DataLoader worker it lives in shared memory from the start, as
+    default_collate's output does, so sending it to the main process copies nothing."""
+    if get_worker_info() is None:
+        return torch.empty(shape)
+    try:  # the allocation default_collate itself uses in workers
+        storage = torch.empty(0)._typed_storage()._new_shared(int(np.prod(shape)), device="cpu")
+        return torch.empty(0).new(storage).view(shape)
+    except AttributeError:  # a torch without that internal: the public way, one extra copy
+        return torch.empty(shape).share_memory_()
+
+
+def collate_windows(batch: torch.Tensor | list) -> torch.Tensor | list:
+    """Collate for ShardDataset: a batch from __getitems__ is already one tensor."""
+    return batch if isinstance(batch, torch.Tensor) else default_collate(batch)
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -240,6 +290,7 @@ def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: 
         pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(0),
+        collate_fn=collate_windows,
     )
 
 
@@ -256,5 +307,9 @@ def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_wor
     """Loader for the validation set; persistent workers because it is iterated again and again."""
     workers = min(num_workers, 2)
     return DataLoader(
-        dataset, batch_sampler=[list(b) for b in batches], num_workers=workers, persistent_workers=workers > 0
+        dataset,
+        batch_sampler=[list(b) for b in batches],
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        collate_fn=collate_windows,
     )
