@@ -57,3 +57,65 @@ def arrhythmia_shards(shared_data: Path, tmp_path_factory: pytest.TempPathFactor
     )
     assert rc == 0
     return out
+
+
+# Refusal tests (test_refusals*.py): a real record, tiny shards, a tiny run and its export.
+@pytest.fixture(scope="module")
+def real_record(shared_data) -> Path:
+    return shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010" / "JS00001"
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tmp_path_factory) -> Path:
+    from shard_fixtures import write_tiny_shards
+
+    return write_tiny_shards(tmp_path_factory.mktemp("refusal-shards") / "shards", n_records=24, records_per_shard=12)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_shards, tmp_path_factory) -> Path:
+    """A 4-step Stage-0 run with checkpoints at steps 2 and 4."""
+    from tiny_runs import pretrain_tiny
+
+    out = tmp_path_factory.mktemp("refusal-run") / "run"
+    steps = ["optim.steps=4", "train.batch_size=4", "train.num_workers=0", "train.checkpoint_every=2"]
+    return pretrain_tiny(0, tiny_shards, out, *(arg for s in steps for arg in ("--set", s)))
+
+
+@pytest.fixture(scope="module")
+def export(tiny_run, tmp_path_factory) -> Path:
+    from ecgpos.cli import main
+
+    out = tmp_path_factory.mktemp("refusal-export") / "enc"
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    return out
+
+
+# Pretraining tests (test_train.py, test_pretrain_refusals.py): 48 tiny records and a 40-step Stage-0 run.
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from shard_fixtures import write_tiny_shards
+
+    return write_tiny_shards(tmp_path_factory.mktemp("tiny") / "shards", n_records=48, records_per_shard=20)
+
+
+@pytest.fixture(scope="module")
+def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from pretrain_helpers import pretrain
+
+    run = tmp_path_factory.mktemp("runs") / "stage0"
+    assert (
+        pretrain(
+            0,
+            shards,
+            run,
+            "--set",
+            "optim.steps=40",
+            "--set",
+            "train.checkpoint_every=20",
+            "--set",
+            "train.figure_every=20",
+        )
+        == 0
+    )
+    return run

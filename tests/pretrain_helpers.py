@@ -1,0 +1,48 @@
+"""Shared by the pretraining tests: the tiny configs, quick flags, and reading a run's outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ecgpos.cli import main
+from ecgpos.resources import config_dir
+from ecgpos.runs.run_folder import newest_checkpoint
+
+TINY0 = config_dir() / "tiny" / "stage0.yaml"
+TINY1 = config_dir() / "tiny" / "stage1.yaml"
+# Small and quick: 48 records, global batch 8 -> 6 steps per epoch.
+FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", "train.log_every=1"]
+
+
+def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
+    args = [
+        "pretrain",
+        "--stage",
+        str(stage),
+        "--config",
+        str(config or (TINY0 if stage == 0 else TINY1)),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run),
+        *FAST,
+        *extra,
+    ]
+    return main(args)
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(newest_checkpoint(run) / "model.safetensors"))
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

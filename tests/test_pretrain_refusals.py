@@ -1,0 +1,153 @@
+"""`ecgpos pretrain` refuses bad input before training: one line on stderr, exit 2, nothing started."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from pretrain_helpers import FAST, TINY0, TINY1
+from shard_fixtures import write_tiny_shards
+
+from ecgpos.cli import main
+from ecgpos.runs.run_config import load_run_config
+
+
+def _stage0_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
+    """A copy of the Stage-0 run made incomplete or inconsistent in one way."""
+    copy = tmp_path / f"stage0-{edit}"
+    shutil.copytree(run0, copy)
+    if edit == "no-checkpoint":
+        shutil.rmtree(copy / "checkpoints")
+        (copy / "checkpoints").mkdir()
+        (copy / "checkpoints" / "step-0000040.tmp").mkdir()
+    elif edit == "unfinished":
+        shutil.rmtree(copy / "checkpoints" / "step-0000040")
+        info = json.loads((copy / "run_info.json").read_text())
+        (copy / "run_info.json").write_text(json.dumps({**info, "finished": False, "step": 20}))
+    elif edit == "other-spec":
+        text = (copy / "config.yaml").read_text()
+        (copy / "config.yaml").write_text(text.replace("lowpass_hz: 40.0", "lowpass_hz: 35.0"))
+    return copy
+
+
+BAD_CASES = {
+    "missing shards": (0, lambda s, r0, t: ["--shards", str(t / "nowhere")], "does not exist"),
+    "empty shards": (0, lambda s, r0, t: ["--shards", str((t / "empty").mkdir() or t / "empty")], "no shard-"),
+    "other spec": (
+        0,
+        lambda s, r0, t: [
+            "--shards",
+            str(
+                write_tiny_shards(
+                    t / "s35", n_records=8, spec=load_run_config(TINY0).preprocess.__class__(lowpass_hz=35.0)
+                )
+            ),
+        ],
+        "lowpass_hz",
+    ),
+    "unknown key": (0, lambda s, r0, t: ["--set", "train.bogus=1"], "unknown config key(s): train.bogus"),
+    "unknown yaml key": (
+        0,
+        lambda s, r0, t: ["--config", str(_yaml(t, "optim:\n  lr: 1.0e-3\n  warmup: 5\n"))],
+        "optim.warmup",
+    ),
+    "mask ratio 1": (0, lambda s, r0, t: ["--set", "mask_ratio=1.0"], "mask_ratio"),
+    "mask ratio 0": (0, lambda s, r0, t: ["--set", "mask_ratio=0"], "mask_ratio"),
+    "mask ratio 1.5": (0, lambda s, r0, t: ["--set", "mask_ratio=1.5"], "mask_ratio"),
+    "window not multiple": (
+        0,
+        lambda s, r0, t: ["--set", "preprocess.window=2000", "--set", "encoder.seq_len=2000"],
+        "not a multiple of encoder.patch_size",
+    ),
+    "seq_len != window": (0, lambda s, r0, t: ["--set", "encoder.seq_len=1500"], "must equal preprocess.window"),
+    "batch > records": (0, lambda s, r0, t: ["--set", "train.batch_size=64"], "fewer than the global batch"),
+    "stage contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--stage0", str(r0)], "contradicts"),
+    "stage0 with stage 0": (0, lambda s, r0, t: ["--stage0", str(r0)], "only used with --stage 1"),
+    "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --stage0"),
+    "stage0 missing": (1, lambda s, r0, t: ["--stage0", str(t / "nothing")], "does not exist"),
+    "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a Stage-0 run folder"),
+    "stage0 no checkpoint": (
+        1,
+        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
+        "no complete checkpoint",
+    ),
+    "stage0 unfinished": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "unfinished"))], "is incomplete"),
+    "stage0 other spec": (
+        1,
+        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
+        "the Stage-0 encoder",
+    ),
+    "stage0 width": (1, lambda s, r0, t: ["--stage0", str(r0), "--set", "encoder.width=32"], "width 64"),
+    "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "Stage-1 run"),
+}
+
+
+def _yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def _stage1_like(run0: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "stage1-like"
+    shutil.copytree(run0, copy)
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace("stage: 0", "stage: 1"))
+    return copy
+
+
+@pytest.mark.parametrize("case", list(BAD_CASES))
+def test_bad_input_exits_2_with_one_line_before_training(
+    case: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    stage, extra, expected = BAD_CASES[case]
+    run = tmp_path / "run"
+    args = [
+        "pretrain",
+        "--stage",
+        str(stage),
+        "--config",
+        str(TINY0 if stage == 0 else TINY1),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run),
+        *FAST,
+    ]
+    capsys.readouterr()
+    rc = main(args + extra(shards, run0, tmp_path))  # later --config/--shards flags win in argparse
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("ecgpos pretrain: error: "), err
+    assert expected in err, err
+    assert not run.exists()  # nothing was started
+
+
+def test_existing_run_needs_resume_and_same_config(
+    run0: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    base = [
+        "pretrain",
+        "--stage",
+        "0",
+        "--config",
+        str(TINY0),
+        "--shards",
+        str(shards),
+        "--run-dir",
+        str(run0),
+        *FAST,
+        "--set",
+        "optim.steps=40",
+        "--set",
+        "train.checkpoint_every=20",
+        "--set",
+        "train.figure_every=20",
+    ]
+    before = (run0 / "metrics.jsonl").read_text()
+    assert main(base) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(base + ["--set", "optim.lr=0.01", "--resume", "auto"]) == 2
+    assert "optim.lr: 0.001 -> 0.01" in capsys.readouterr().err
+    assert (run0 / "metrics.jsonl").read_text() == before

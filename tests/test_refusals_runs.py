@@ -1,0 +1,168 @@
+"""What ecgpos refuses, run by run: bad shards, edited exports, corrupt checkpoints, bad --set values
+and unwritable outputs stop in one line (exit 2) before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from refusal_helpers import (
+    FAST,
+    PRETRAIN,
+    copy_record,
+    one_line_error,
+    run,
+)
+
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.wfdb_io import read_wfdb_record
+
+
+def _broken_shards(tmp_path: Path, tiny_shards: Path) -> dict[str, Path]:
+    """Shard folders broken the ways a disk or a hand edit breaks them."""
+    good = sorted(tiny_shards.glob("shard-*.h5"))[0]
+    cases = {}
+    for name in ("truncated", "garbage_header", "empty", "eight_leads"):
+        folder = tmp_path / name
+        folder.mkdir()
+        target = folder / good.name
+        data = good.read_bytes()
+        if name == "truncated":
+            target.write_bytes(data[: len(data) // 2])
+        elif name == "garbage_header":
+            target.write_bytes(b"\x00garbage" * 8 + data[64:])
+        elif name == "empty":
+            target.write_bytes(b"")
+        else:
+            shutil.copyfile(good, target)
+            with h5py.File(target, "r+") as f:
+                signals = f["signals"][:, :8]
+                del f["signals"]
+                f.create_dataset("signals", data=signals)
+        cases[name] = folder
+    return cases
+
+
+def test_unreadable_shards_are_one_line_for_pretrain_and_embed(capsys, tmp_path, tiny_shards, export):
+    for name, folder in _broken_shards(tmp_path, tiny_shards).items():
+        run_dir = tmp_path / f"run-{name}"
+        rc, _, err = run(capsys, *PRETRAIN, "--shards", folder, "--run-dir", run_dir, *FAST)
+        one_line_error(rc, err, "pretrain", "shard")
+        assert not run_dir.exists(), name
+        rc, _, err = run(
+            capsys, "embed", "--encoder", export, "--input", folder, "--out", tmp_path / f"{name}.csv", "--no-progress"
+        )
+        one_line_error(rc, err, "embed", "shard")
+
+
+def test_edited_export_config_is_refused(capsys, tmp_path, export, real_record):
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    embed = ["--input", tmp_path / "x.npy", "--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--no-progress"]
+    edits = {
+        "heads": lambda c: c["arch"]["encoder"].update(heads=c["arch"]["encoder"]["heads"] * 2),
+        "fs": lambda c: c["preprocess"].update(fs=200),
+        "lowpass": lambda c: c["preprocess"].update(lowpass_hz=30.0),
+    }
+    for name, edit in edits.items():
+        copy = tmp_path / f"enc-{name}"
+        shutil.copytree(export, copy)
+        config = json.loads((copy / "config.json").read_text())
+        edit(config)
+        (copy / "config.json").write_text(json.dumps(config, indent=2))
+        rc, _, err = run(capsys, "embed", "--encoder", copy, *embed, "--out", tmp_path / f"{name}.csv")
+        one_line_error(rc, err, "embed", "was edited after export")
+        rc, out, _ = run(capsys, "verify", copy)
+        assert rc == 1 and "FAIL weights" in out
+    # an export written before config_sha256 existed still loads, with one warning
+    old = tmp_path / "enc-old"
+    shutil.copytree(export, old)
+    config = json.loads((old / "config.json").read_text())
+    del config["config_sha256"]
+    (old / "config.json").write_text(json.dumps(config, indent=2))
+    rc, _, err = run(capsys, "embed", "--encoder", old, *embed, "--out", tmp_path / "old.csv")
+    assert rc == 0 and err.count("has no config_sha256") == 1, err
+    assert run(capsys, "verify", export)[0] == 0
+
+
+def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tiny_run, tiny_shards):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert [c.name for c in ckpts] == ["step-0000002", "step-0000004"]
+    (ckpts[1] / "model.safetensors").write_bytes(b"not a safetensors file")
+    args = [
+        *PRETRAIN,
+        "--shards",
+        tiny_shards,
+        "--run-dir",
+        run_dir,
+        *FAST,
+        "--set",
+        "optim.steps=4",
+        "--set",
+        "train.checkpoint_every=2",
+        "--resume",
+        "auto",
+    ]
+    rc, _, err = run(capsys, *args)
+    assert rc == 0 and "Traceback" not in err, err
+    assert "checkpoint step-0000004 does not load" in err and "resuming from step-0000002" in err
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["resumed_from"].endswith("step-0000002") and info["finished"] is True
+    assert info["skipped_checkpoints"][0]["checkpoint"].endswith("step-0000004")
+    # the resumed run rewrote step 4: the same weights as the uninterrupted run (bit-identical resume)
+    from safetensors.torch import load_file
+
+    want, got = (load_file(str(d / "checkpoints" / "step-0000004" / "model.safetensors")) for d in (tiny_run, run_dir))
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    # now every optimizer state is corrupt: one line, exit 2
+    for ckpt in sorted((run_dir / "checkpoints").glob("step-*")):
+        (ckpt / "optimizer.bin").write_bytes(b"\x80\x04garbage")
+    rc, _, err = run(capsys, *args)
+    one_line_error(rc, err.replace("does not load", "warning does not load"), "pretrain", "none of the")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "train.seed=-1",
+        "train.seed=99999999999999999999",
+        "optim.lr=!!python/object/apply:os.system [id]",
+        "optim.lr=.inf",
+    ],
+)
+def test_bad_set_values_are_one_line_before_the_run_folder(capsys, tmp_path, tiny_shards, value):
+    run_dir = tmp_path / "run"
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", value)
+    one_line_error(rc, err, "pretrain", value.split("=")[0])
+    assert not run_dir.exists()
+
+
+def test_unwritable_outputs_are_one_line(capsys, tmp_path, real_record, export):
+    src = tmp_path / "src" / "WFDBRecords" / "01" / "010"
+    copy_record(real_record, src, "JS00001")
+    (tmp_path / "a-file").write_text("x")
+    for out in (tmp_path / "a-file", Path("/proc/ecgpos-test/out")):
+        rc, _, err = run(
+            capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", out
+        )
+        one_line_error(rc, err, "preprocess", str(out))
+    rc, _, err = run(
+        capsys, "embed", "--encoder", export, "--input", src / "JS00001", "--out", "/proc/x.csv", "--no-progress"
+    )
+    one_line_error(rc, err, "embed", "not writable")
+
+
+def test_exporting_an_unfinished_run_warns(capsys, tmp_path, tiny_run):
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    info = json.loads((run_dir / "run_info.json").read_text())
+    (run_dir / "run_info.json").write_text(json.dumps({**info, "finished": False, "step": 2}))
+    rc, _, err = run(capsys, "export", "--run-dir", run_dir, "--out", tmp_path / "enc")
+    assert rc == 0 and "warning" in err and "not finished" in err
