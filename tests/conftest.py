@@ -119,3 +119,49 @@ def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         == 0
     )
     return run
+
+
+# Export and embed tests (test_export.py, test_embed.py): tiny runs of both stages on the real
+# ecg-arrhythmia samples and their exports, built once per session.
+EXPORT_FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
+
+
+@pytest.fixture(scope="session")
+def stage0_run(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_runs import pretrain_tiny
+
+    return pretrain_tiny(0, arrhythmia_shards, tmp_path_factory.mktemp("export-stage0") / "run", *EXPORT_FAST)
+
+
+@pytest.fixture(scope="session")
+def stage1_run(stage0_run: Path, arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_runs import pretrain_tiny
+
+    run = tmp_path_factory.mktemp("export-stage1") / "run"
+    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, stage0=stage0_run)
+
+
+@pytest.fixture(scope="session")
+def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A probe-results folder as `ecgpos probe` writes it (results.csv only: the card must tabulate it)."""
+    folder = tmp_path_factory.mktemp("probe-results")
+    (folder / "results.csv").write_text("task,fraction,macro_auroc\nptbxl_super,0.01,0.6123\n")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def export0(stage0_run: Path, probe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_runs import cli
+
+    out = tmp_path_factory.mktemp("exports") / "stage0"
+    assert cli("export", "--run-dir", stage0_run, "--out", out, "--onnx", "--probe-results", probe_dir) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def export1(stage1_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_runs import cli
+
+    out = tmp_path_factory.mktemp("exports") / "stage1"
+    assert cli("export", "--run-dir", stage1_run, "--out", out) == 0
+    return out

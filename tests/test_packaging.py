@@ -11,8 +11,8 @@ from pathlib import Path
 
 import h5py
 import pytest
+from tiny_runs import cli
 
-from ecgpos.cli import main
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.resources import config_dir, config_path, shipped_configs
@@ -114,21 +114,19 @@ def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(
         shutil.copy(record, src)
     out = tmp_path / "shards"
     assert (
-        main(
-            [
-                "preprocess",
-                "ecg-arrhythmia",
-                "--src",
-                str(tmp_path / "src"),
-                "--subset",
-                "all",
-                "--out",
-                str(out),
-                "--set",
-                "lowpass_hz=45",
-                "--set",
-                "filter_order=2",
-            ]
+        cli(
+            "preprocess",
+            "ecg-arrhythmia",
+            "--src",
+            tmp_path / "src",
+            "--subset",
+            "all",
+            "--out",
+            out,
+            "--set",
+            "lowpass_hz=45",
+            "--set",
+            "filter_order=2",
         )
         == 0
     )
@@ -138,19 +136,7 @@ def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(
     assert (stored.lowpass_hz, stored.filter_order) == (45.0, 2)
     assert json.loads((out / "preprocess.json").read_text())["settings"]["spec"]["lowpass_hz"] == 45.0
     capsys.readouterr()
-    rc = main(
-        [
-            "pretrain",
-            "--stage",
-            "0",
-            "--config",
-            "tiny/stage0",
-            "--shards",
-            str(out),
-            "--run-dir",
-            str(tmp_path / "run"),
-        ]
-    )
+    rc = cli("pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", out, "--run-dir", tmp_path / "run")
     assert rc == 2
     err = capsys.readouterr().err
     assert "lowpass_hz: 40.0 != 45.0" in err and not (tmp_path / "run").exists()

@@ -11,9 +11,8 @@ import pandas as pd
 import pytest
 import torch
 import wfdb
-from tiny_runs import pretrain_tiny
+from tiny_runs import cli, pretrain_tiny
 
-from ecgpos.cli import main
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.resources import config_dir
 from probes.features import encoder_source, raw_source
@@ -27,7 +26,7 @@ TINY = CONFIG_DIR / "tiny" / "stage0.yaml"
 
 
 def _probe(capsys, *args: str) -> tuple[int, str, str]:
-    rc = main(["probe", *map(str, args)])
+    rc = cli("probe", *map(str, args))
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 

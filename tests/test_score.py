@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_runs import pretrain_tiny
+from tiny_runs import cli, pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.ecg.wfdb_io import read_wfdb_record
@@ -60,38 +60,34 @@ def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
 
 def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage1"]),
-                "--input",
-                str(records),
-                "--masks",
-                "3",
-                "--out",
-                str(tmp_path / "a.csv"),
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage1"],
+            "--input",
+            records,
+            "--masks",
+            "3",
+            "--out",
+            tmp_path / "a.csv",
+            "--no-progress",
         )
         == 0
     )
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage1"]),
-                "--input",
-                str(records),
-                "--masks",
-                "3",
-                "--batch-size",
-                "2",
-                "--out",
-                str(tmp_path / "b.csv"),
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage1"],
+            "--input",
+            records,
+            "--masks",
+            "3",
+            "--batch-size",
+            "2",
+            "--out",
+            tmp_path / "b.csv",
+            "--no-progress",
         )
         == 0
     )
@@ -106,19 +102,17 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
     assert len(np.unique(values[:, 0].round(6))) == 6  # the scores tell records apart
     # more masks give a different (averaged) value: the mask count is really used
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage1"]),
-                "--input",
-                str(records),
-                "--masks",
-                "1",
-                "--out",
-                str(tmp_path / "c.csv"),
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage1"],
+            "--input",
+            records,
+            "--masks",
+            "1",
+            "--out",
+            tmp_path / "c.csv",
+            "--no-progress",
         )
         == 0
     )
@@ -128,19 +122,17 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
 
 def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage0"]),
-                "--input",
-                str(records),
-                "--masks",
-                "2",
-                "--out",
-                str(tmp_path / "s.csv"),
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage0"],
+            "--input",
+            records,
+            "--masks",
+            "2",
+            "--out",
+            tmp_path / "s.csv",
+            "--no-progress",
         )
         == 0
     )
@@ -157,42 +149,38 @@ def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tm
     leads = list(raw.leads)
     for name, names in (("a", leads), ("b", [leads[i] for i in order])):
         assert (
-            main(
-                [
-                    "score",
-                    "--run",
-                    str(runs["stage1"]),
-                    "--input",
-                    str(tmp_path / f"{name}.npy"),
-                    "--fs",
-                    str(raw.fs),
-                    "--leads",
-                    ",".join(names),
-                    "--masks",
-                    "2",
-                    "--out",
-                    str(tmp_path / f"{name}.csv"),
-                    "--no-progress",
-                ]
+            cli(
+                "score",
+                "--run",
+                runs["stage1"],
+                "--input",
+                tmp_path / f"{name}.npy",
+                "--fs",
+                raw.fs,
+                "--leads",
+                ",".join(names),
+                "--masks",
+                "2",
+                "--out",
+                tmp_path / f"{name}.csv",
+                "--no-progress",
             )
             == 0
         )
     assert _read(tmp_path / "a.csv")[1]["a"] == _read(tmp_path / "b.csv")[1]["b"]
     # and the .npy path scores the same as the WFDB record it came from
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage1"]),
-                "--input",
-                str(records / "00001_hr"),
-                "--masks",
-                "2",
-                "--out",
-                str(tmp_path / "x.csv"),
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage1"],
+            "--input",
+            records / "00001_hr",
+            "--masks",
+            "2",
+            "--out",
+            tmp_path / "x.csv",
+            "--no-progress",
         )
         == 0
     )
@@ -204,25 +192,23 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     out = tmp_path / "o" / "scores.csv"
     assert (
-        main(
-            [
-                "score",
-                "--run",
-                str(runs["stage1"]),
-                "--input",
-                str(records),
-                "--masks",
-                "2",
-                "--out",
-                str(out),
-                "--labels",
-                str(labels),
-                "--nominal",
-                "N",
-                "--anomalous",
-                "A",
-                "--no-progress",
-            ]
+        cli(
+            "score",
+            "--run",
+            runs["stage1"],
+            "--input",
+            records,
+            "--masks",
+            "2",
+            "--out",
+            out,
+            "--labels",
+            labels,
+            "--nominal",
+            "N",
+            "--anomalous",
+            "A",
+            "--no-progress",
         )
         == 0
     )
@@ -239,27 +225,25 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
 
 def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     plain, full = tmp_path / "plain", tmp_path / "full"
-    assert main(["export", "--run-dir", str(runs["stage1"]), "--out", str(plain)]) == 0
-    assert main(["export", "--run-dir", str(runs["stage1"]), "--out", str(full), "--with-decoders"]) == 0
+    assert cli("export", "--run-dir", runs["stage1"], "--out", plain) == 0
+    assert cli("export", "--run-dir", runs["stage1"], "--out", full, "--with-decoders") == 0
     assert not (plain / "decoders.safetensors").exists()
     assert "decoders" not in json.loads((plain / "config.json").read_text())
     assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
-    assert main(["score", "--run", str(plain), "--input", str(records), "--out", str(tmp_path / "p.csv")]) == 2
+    assert cli("score", "--run", plain, "--input", records, "--out", tmp_path / "p.csv") == 2
     for source, name in ((runs["stage1"], "r"), (full, "e")):
         assert (
-            main(
-                [
-                    "score",
-                    "--run",
-                    str(source),
-                    "--input",
-                    str(records),
-                    "--masks",
-                    "2",
-                    "--out",
-                    str(tmp_path / f"{name}.csv"),
-                    "--no-progress",
-                ]
+            cli(
+                "score",
+                "--run",
+                source,
+                "--input",
+                records,
+                "--masks",
+                "2",
+                "--out",
+                tmp_path / f"{name}.csv",
+                "--no-progress",
             )
             == 0
         )
@@ -267,7 +251,7 @@ def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records
     _, e = _read(tmp_path / "e.csv")
     for key in r:
         assert np.allclose(r[key], e[key], rtol=1e-5)
-    assert main(["verify", str(full)]) == 0
+    assert cli("verify", full) == 0
 
 
 def test_val_push_violation_logged(runs: dict[str, Path]) -> None:
@@ -314,24 +298,22 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
     out = tmp_path / "geo"
     for space in ("features", "reconstruction"):
         assert (
-            main(
-                [
-                    "geometry",
-                    "--encoder",
-                    str(runs["stage1"]),
-                    "--task",
-                    f"custom:{task}",
-                    "--nominal",
-                    "A,B",
-                    "--anomalous",
-                    "X",
-                    "--space",
-                    space,
-                    "--out",
-                    str(out / space),
-                    "--device",
-                    "cpu",
-                ]
+            cli(
+                "geometry",
+                "--encoder",
+                runs["stage1"],
+                "--task",
+                f"custom:{task}",
+                "--nominal",
+                "A,B",
+                "--anomalous",
+                "X",
+                "--space",
+                space,
+                "--out",
+                out / space,
+                "--device",
+                "cpu",
             )
             == 0
         )
@@ -383,40 +365,36 @@ def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: P
         + f"{shared_data / PTBXL / '00002_hr'},0,1,0,0\n"
     )
     assert (
-        main(
-            [
-                "geometry",
-                "--encoder",
-                str(runs["stage1"]),
-                "--task",
-                f"custom:{task5}",
-                "--nominal",
-                "A,B",
-                "--anomalous",
-                "C",
-                "--out",
-                str(tmp_path / "g"),
-            ]
+        cli(
+            "geometry",
+            "--encoder",
+            runs["stage1"],
+            "--task",
+            f"custom:{task5}",
+            "--nominal",
+            "A,B",
+            "--anomalous",
+            "C",
+            "--out",
+            tmp_path / "g",
         )
         == 2
     )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "anomalous record" in err[0]
     assert (
-        main(
-            [
-                "geometry",
-                "--encoder",
-                str(runs["stage0"]),
-                "--task",
-                f"custom:{task4}",
-                "--nominal",
-                "A,B",
-                "--anomalous",
-                "C",
-                "--out",
-                str(tmp_path / "g"),
-            ]
+        cli(
+            "geometry",
+            "--encoder",
+            runs["stage0"],
+            "--task",
+            f"custom:{task4}",
+            "--nominal",
+            "A,B",
+            "--anomalous",
+            "C",
+            "--out",
+            tmp_path / "g",
         )
         == 2
     )

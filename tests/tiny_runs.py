@@ -14,3 +14,8 @@ def pretrain_tiny(stage: int, shards: Path, run_dir: Path, *extra: str, stage0: 
         args += ["--stage0", str(stage0)]
     assert main([*args, "--run-dir", str(run_dir), *extra]) == 0
     return run_dir
+
+
+def cli(*args: object) -> int:
+    """`ecgpos ARGS...` in-process, each argument turned into a string (paths, numbers)."""
+    return main([str(a) for a in args])
