@@ -21,10 +21,19 @@ import numpy as np
 import scipy.io
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.screening import ScreenPolicy, screen_record
+from ecgpos.ecg.signal import preprocess_batch
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import SignalError
 
 CPSC_FS = 500.0
+PROBE_POLICY = ScreenPolicy(pad_short=True)
+"""Probe records pass preprocessing's screening (rate, empty, NaN, all-zero, flat, dead leads) with
+one documented difference: a record shorter than the window is kept and zero-padded at the end
+(as `ecgpos preprocess --pad-short` / `ecgpos embed --pad-short` do), because the probe protocol
+uses the published splits as they are, short CPSC2018 records included. Padded records are logged.
+Features, geometry and the leakage guard all read records through `prepared_record`."""
 CPSC_FORMS = ("original", "cinc2020", "cinc-snomed")  # read-preference order
 
 
@@ -142,3 +151,11 @@ def read_record(path: Path, form: str) -> RawRecord:
     if form == "original":
         return read_cpsc_original(path)
     return read_wfdb_record(path)
+
+
+def prepared_record(path: Path, form: str, spec: PreprocessSpec) -> np.ndarray:
+    """One located record read, screened (PROBE_POLICY) and preprocessed under `spec`: float32
+    (12, T) at spec.fs, possibly shorter than a window. Raises EcgposError with the skip reason."""
+    raw = read_record(path, form)
+    ok = screen_record(raw.signal, raw.fs, raw.leads, spec, PROBE_POLICY)
+    return preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]

@@ -19,23 +19,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ecgpos.ecg.screening import ScreenPolicy, screen_record
-from ecgpos.ecg.signal import pad_to, preprocess_batch
+from ecgpos.ecg.signal import pad_to
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import weights_hash
 from ecgpos.files import atomic_path
 from ecgpos.models.features import record_means, record_windows, window_features
-from probes.datasets import RecordLocator, read_record
+from probes.datasets import RecordLocator, prepared_record
 
 CACHE_VERSION = 2  # 2: records are screened as in preprocessing (earlier caches may hold refused records)
-
-PROBE_POLICY = ScreenPolicy(pad_short=True)
-"""Probe records pass preprocessing's screening (rate, empty, NaN, all-zero, flat, dead leads) with
-one documented difference: a record shorter than the window is kept and zero-padded at the end
-(as `ecgpos preprocess --pad-short` / `ecgpos embed --pad-short` do), because the probe protocol
-uses the published splits as they are, short CPSC2018 records included. Padded records are logged."""
 
 
 @dataclass
@@ -150,9 +142,7 @@ def extract_features(
                 stats.failed[key] = "missing"
                 continue
             try:
-                raw: RawRecord = read_record(*found)
-                ok = screen_record(raw.signal, raw.fs, raw.leads, source.spec, PROBE_POLICY)
-                x = preprocess_batch(ok.signal[None], ok.fs, source.spec, ok.dead[None])[0]
+                x = prepared_record(*found, source.spec)
                 if x.shape[-1] < source.spec.window:
                     stats.padded.append(key)
                 signals.append(x)

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.ecg.signal import pad_to, preprocess_signal
+from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import record_means, record_windows
-from probes.datasets import read_record
+from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
 from probes.run import ProbeConfig, record_column, task_locator, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
@@ -194,8 +194,7 @@ def extract(
     def records() -> Iterator[tuple[tuple[str, str], np.ndarray]]:
         for key, label in zip(sel.keys, sel.labels):
             try:
-                raw = read_record(*locator.locate(key))
-                x = preprocess_signal(raw.signal, raw.fs, raw.leads, spec)
+                x = prepared_record(*locator.locate(key), spec)
                 found = record_windows(pad_to(x, spec.window), spec.window, windows)
             except EcgposError as err:
                 failed[getattr(err, "reason", "unreadable")] += 1
@@ -237,7 +236,7 @@ def summary_markdown(
     args: argparse.Namespace, res: GeometryResult, data: Extracted, sel: Selection, carving: str, nominal: Sequence[str]
 ) -> str:
     counts = Counter(data.labels)
-    excluded = sel.excluded + Counter({f"unreadable ({k})": v for k, v in data.failed.items()})
+    excluded = sel.excluded + Counter({f"skipped ({k})": v for k, v in data.failed.items()})
     lines = [
         f"# PoS representation dynamics: {args.encoder}",
         "",
@@ -284,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = extract(levels, sel, located, nominal, args.space, device, args.batch_size)
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:
-        raise EcgposError(f"{args.task} ({args.split}) after unreadable records: {problem}")
+        raise EcgposError(f"{args.task} ({args.split}) after skipped records: {problem}")
     res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
     present = [c for c in nominal if c in data.labels]
     args.out.mkdir(parents=True, exist_ok=True)

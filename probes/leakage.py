@@ -20,12 +20,11 @@ from pathlib import Path
 
 from ecgpos.ecg.fingerprint import MAX_DISTANCE, FingerprintIndex, fingerprint
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
-from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
 from ecgpos.runs.run_folder import RUN_INFO
-from probes.datasets import RecordLocator, read_record
+from probes.datasets import RecordLocator, prepared_record
 
 CACHE_VERSION = 1
 
@@ -122,11 +121,8 @@ def probe_fingerprints(
         if found is None:
             continue
         try:
-            raw = read_record(*found)
-            store[key] = fingerprint(
-                preprocess_signal(raw.signal, raw.fs, raw.leads, spec), spec.fs, spec.window, spec.dtype
-            )
-        except EcgposError:  # unreadable records are reported by feature extraction
+            store[key] = fingerprint(prepared_record(*found, spec), spec.fs, spec.window, spec.dtype)
+        except EcgposError:  # unreadable and refused records are reported by feature extraction
             continue
     if todo:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
-from probes.datasets import RecordLocator, index_cpsc, read_record
+from probes.datasets import RecordLocator, index_cpsc, prepared_record, read_record
 from probes.tasks import SPLITS, read_split, resolve_task
 
 # CPSC2018 label vocabularies -> MERL's ICBEB class columns
@@ -51,8 +51,9 @@ def test_ptbxl_super_rows_present_under_sample_data(shared_data, records, column
     for key in present[::37]:  # a spread of records, read and preprocessed as probes do
         raw = read_record(*locator.locate(key))
         assert raw.signal.shape == (12, int(10 * fs)) and raw.fs == fs
-        x = preprocess_signal(raw.signal, raw.fs, raw.leads, DEFAULT_SPEC)
+        x = prepared_record(*locator.locate(key), DEFAULT_SPEC)
         assert x.shape == (12, 2500) and np.isfinite(x).all()
+        assert np.array_equal(x, preprocess_signal(raw.signal, raw.fs, raw.leads, DEFAULT_SPEC))
 
 
 def test_cpsc_all_samples_load_in_all_three_forms(shared_data):
@@ -135,3 +136,40 @@ def test_one_percent_subsets_lack_the_classes_merl_documents(shared_data):
         labels = read_split(task, shared_data / "merl_splits", "train").labels
         subset = labels[label_fraction_rows(len(labels), 0.01)]
         assert {c for c, k in zip(task.classes, subset.sum(axis=0)) if k == 0} == classes, name
+
+
+def test_geometry_and_leakage_screen_records_like_preprocessing(shared_data, tmp_path):
+    """A record preprocessing refuses (three dead leads) is neither fingerprinted nor measured."""
+    import wfdb
+
+    from ecgpos.errors import SignalError
+    from probes.leakage import probe_fingerprints
+
+    raw = read_record(*RecordLocator("ptbxl", shared_data).locate(_first_ptbxl(shared_data)))
+    for name, signal in (("good", raw.signal), ("dead", np.where(np.arange(12)[:, None] < 3, 0.0, raw.signal))):
+        wfdb.wrsamp(
+            name,
+            fs=int(raw.fs),
+            units=["mV"] * 12,
+            sig_name=list(raw.leads),
+            p_signal=signal.T.astype(np.float64),
+            fmt=["16"] * 12,
+            adc_gain=[1000.0] * 12,
+            baseline=[0] * 12,
+            write_dir=str(tmp_path),
+        )
+    locator = RecordLocator("custom", tmp_path, tmp_path)
+    dead = read_record(*locator.locate("dead"))
+    assert preprocess_signal(dead.signal, dead.fs, dead.leads, DEFAULT_SPEC).shape == (12, 2500)  # unscreened
+    with pytest.raises(SignalError) as info:
+        prepared_record(*locator.locate("dead"), DEFAULT_SPEC)
+    assert info.value.reason == "dead_leads"
+    prints = probe_fingerprints(["good", "dead"], locator, DEFAULT_SPEC, tmp_path / "cache", "custom:x")
+    assert list(prints) == ["good"]
+
+
+def _first_ptbxl(shared_data: Path) -> str:
+    task = resolve_task("ptbxl-super")
+    locator = RecordLocator("ptbxl", shared_data)
+    keys = read_split(task, shared_data / "merl_splits", "test", "filename_hr").records
+    return next(k for k in keys if locator.locate(k) is not None)

@@ -257,7 +257,7 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
 def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_record, export):
     """Probes zero-pad records shorter than the window (the published splits are used whole) and say
     so; embed refuses them unless --pad-short, which then gives the probe's features."""
-    from probes.features import PROBE_POLICY
+    from probes.datasets import PROBE_POLICY
 
     assert PROBE_POLICY.pad_short and PROBE_POLICY.max_dead_leads == 2
     short = read_wfdb_record(real_record).signal[:, :4000]  # 8 s at 500 Hz = 2000 samples at 250 Hz
@@ -310,8 +310,8 @@ def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_re
 
 
 def test_every_preprocessing_path_refuses_unsupported_rates(real_record):
-    """The library entry points (geometry and leakage call preprocess_signal directly) give the
-    reason, not scipy's filter-design ValueError."""
+    """The library entry point below every screening (`preprocess_signal`) gives the reason, not
+    scipy's filter-design ValueError."""
     from ecgpos.ecg.signal import preprocess_signal
 
     x = read_wfdb_record(real_record).signal

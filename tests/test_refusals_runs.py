@@ -116,6 +116,9 @@ def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tin
     info = json.loads((run_dir / "run_info.json").read_text())
     assert info["resumed_from"].endswith("step-0000002") and info["finished"] is True
     assert info["skipped_checkpoints"][0]["checkpoint"].endswith("step-0000004")
+    aside = run_dir / "checkpoints" / "step-0000004.corrupt"  # kept, but never again taken for the newest
+    assert info["skipped_checkpoints"][0]["moved_to"] == str(aside)
+    assert (aside / "model.safetensors").read_bytes() == b"not a safetensors file"
     # the resumed run rewrote step 4: the same weights as the uninterrupted run (bit-identical resume)
     from safetensors.torch import load_file
 

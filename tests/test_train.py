@@ -342,7 +342,7 @@ def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, floa
     model = build_model(cfg).train()
     losses = []
     for m, items in enumerate(sampler.micro_batches(0)):
-        x = torch.stack([data[item] for item in items])
+        x = torch.stack([data[item] for item in items]).float()
         loss = model(x, generator=step_generator(cfg.train.seed, 0, m))["loss"]
         (loss / micro).backward()
         losses.append(float(loss.detach()))

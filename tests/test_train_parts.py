@@ -17,6 +17,7 @@ from ecgpos.pretrain.checkpoint import prune_checkpoints
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
+    model_input,
     read_index,
     split_index,
     train_loader,
@@ -75,10 +76,10 @@ def test_dataset_reads_true_lengths_and_opens_files_lazily(shards: Path) -> None
     data = ShardDataset(index, 2250, train=False)
     assert len(data._files) == 0  # nothing opened by construction
     x = data[4]
-    assert x.shape == (12, 2250) and x.dtype == torch.float32 and len(data._files) == 1
+    assert x.shape == (12, 2250) and x.dtype == torch.float16 and len(data._files) == 1  # storage precision
     i, start = 4, (int(index.length[4]) - 2250) // 2
     with h5py.File(index.paths[index.shard[i]], "r") as f:
-        expected = f["signals"][index.row[i], :, start : start + 2250].astype(np.float32)
+        expected = f["signals"][index.row[i], :, start : start + 2250]
     assert np.array_equal(x.numpy(), expected)
     clone = pickle.loads(pickle.dumps(data))  # what a worker receives: no handles
     assert len(clone._files) == 0 and torch.equal(clone[4], x)
@@ -114,6 +115,30 @@ def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> N
         del loader
     for a, b in zip(*batches):
         assert torch.equal(a, b)
+
+
+def test_batches_are_widened_to_float32_exactly(shards: Path) -> None:
+    data = ShardDataset(read_index(shards), 2250, train=False)
+    batch = data.__getitems__(list(range(8)))
+    x = model_input(batch, "cpu")
+    assert x.dtype == torch.float32 and np.array_equal(x.numpy(), batch.numpy().astype(np.float32))
+
+
+def test_pooled_float16_and_float32_shards_keep_float32_values(shards: Path, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from ecgpos.ecg.spec import DEFAULT_SPEC
+
+    wide = write_tiny_shards(tmp_path / "f32", n_records=5, seed=3, spec=replace(DEFAULT_SPEC, dtype="float32"))
+    pooled = read_index([shards, wide])
+    assert pooled.dtype == np.float32 and read_index(shards).dtype == np.float16
+    data = ShardDataset(pooled, 2250, train=False)
+    items = [30, 0, 34, 5]  # float32 rows and float16 rows in one batch
+    batch = data.__getitems__(items)
+    assert batch.dtype == torch.float32 and torch.equal(batch, torch.stack([data[i] for i in items]))
+    with h5py.File(pooled.paths[-1], "r") as f:
+        start = (int(pooled.length[34]) - 2250) // 2
+        assert np.array_equal(batch[2].numpy(), f["signals"][pooled.row[34], :, start : start + 2250])
 
 
 def test_validation_split_by_record_id(shards: Path) -> None:
@@ -163,5 +188,5 @@ def test_batched_reads_equal_per_item_reads_bit_for_bit(shards: Path) -> None:
         data = ShardDataset(index, 2250, train=train, seed=4)
         items = [(int(i), int(e)) for i, e in zip(rng.permutation(30), rng.integers(0, 100, 30))]
         batch = data.__getitems__(items)
-        assert batch.dtype == torch.float32 and torch.equal(batch, torch.stack([data[item] for item in items]))
+        assert batch.dtype == torch.float16 and torch.equal(batch, torch.stack([data[item] for item in items]))
         assert torch.equal(data.__getitems__(list(range(30))), torch.stack([data[i] for i in range(30)]))

@@ -136,6 +136,8 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
     A checkpoint whose files do not load (a corrupt model.safetensors, optimizer.bin, RNG or
     trainer state) is reported in one line on stderr and the previous one is tried; the next
     complete checkpoint then restores every state in full, so nothing of the broken one remains.
+    Once one loads, the broken ones are renamed step-N.corrupt: kept for inspection, but no longer
+    taken for the run's newest checkpoint (by export, pruning or the next resume).
     No checkpoint at all: start fresh. Checkpoints, but none loads: EcgposError (exit 2).
     """
     found = list_checkpoints(run_dir)
@@ -153,13 +155,17 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
                     flush=True,
                 )
             continue
-        if skipped and accelerator.is_main_process:
-            print(
-                f"ecgpos pretrain: resuming from {path.name} (skipped {len(skipped)} newer checkpoint(s) "
-                "that do not load; see run_info.json skipped_checkpoints)",
-                file=sys.stderr,
-                flush=True,
-            )
+        if skipped:
+            accelerator.wait_for_everyone()  # every process is done reading before anything is renamed
+            if accelerator.is_main_process:
+                for entry in skipped:
+                    entry["moved_to"] = str(_aside(Path(entry["checkpoint"])))
+                print(
+                    f"ecgpos pretrain: resuming from {path.name} (skipped {len(skipped)} newer checkpoint(s) "
+                    "that do not load, renamed *.corrupt; see run_info.json skipped_checkpoints)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return Resumed(state, path, skipped)
     if found:
         raise EcgposError(
@@ -167,3 +173,12 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
             f"(newest: {skipped[0]['reason']}); start a new --run-dir"
         )
     return Resumed()
+
+
+def _aside(path: Path) -> Path:
+    """Rename a broken checkpoint folder to a free `<name>.corrupt[.k]` name beside it; the new path."""
+    target, k = path.with_name(path.name + ".corrupt"), 1
+    while target.exists():
+        target, k = path.with_name(f"{path.name}.corrupt.{k}"), k + 1
+    path.rename(target)
+    return target

@@ -4,6 +4,9 @@
   process that reads (a DataLoader worker), never in the parent before workers fork: an HDF5
   handle inherited across fork is not safe. Training draws a random window start from
   `lengths` (the true length; shards are zero-padded); evaluation takes the centre window.
+- Windows travel in the shards' storage precision (float16 unless a shard is float32): half the
+  bytes from worker to trainer and to the GPU. `model_input` widens a batch to float32 on the
+  model's device, exactly (every float16 is a float32).
 - `StepBatchSampler` is an endless stream of per-process micro-batches. The order of epoch e is
   a permutation drawn from (seed, e); optimizer step k of the whole run uses global batch
   k mod steps_per_epoch of epoch k // steps_per_epoch, so the data position is a pure function
@@ -46,6 +49,7 @@ class RecordIndex:
     row: np.ndarray  # (n,) int row in that shard
     length: np.ndarray  # (n,) int true length in samples
     record_id: tuple[str, ...]
+    dtype: np.dtype = np.dtype(np.float32)  # storage precision of the windows: the widest of the shards'
 
     def __len__(self) -> int:
         return len(self.record_id)
@@ -53,7 +57,12 @@ class RecordIndex:
     def subset(self, keep: np.ndarray) -> RecordIndex:
         keep = np.asarray(keep, dtype=np.int64)
         return RecordIndex(
-            self.paths, self.shard[keep], self.row[keep], self.length[keep], tuple(self.record_id[i] for i in keep)
+            self.paths,
+            self.shard[keep],
+            self.row[keep],
+            self.length[keep],
+            tuple(self.record_id[i] for i in keep),
+            self.dtype,
         )
 
 
@@ -64,13 +73,14 @@ def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
     paths = [p for folder in folders for p in shard_files(folder)]
     if len({p.resolve() for p in paths}) != len(paths):
         raise ConfigError("the same shard folder is given more than once")
-    shard, row, length, ids = [], [], [], []
+    shard, row, length, ids, dtypes = [], [], [], [], []
     for k, path in enumerate(paths):
         try:
             with h5py.File(path, "r") as f:
                 lengths = np.asarray(f["lengths"][:], dtype=np.int64)
                 names = [str(x) for x in f["record_id"].asstr()[:]]
                 stored = f["signals"].shape
+                dtypes.append(f["signals"].dtype)
         except (OSError, KeyError) as err:
             raise ConfigError(f"{path} is not a readable shard: {str(err).splitlines()[0]}") from None
         if stored[0] != len(lengths) or len(names) != len(lengths) or (lengths > stored[-1]).any():
@@ -81,7 +91,11 @@ def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
         ids += names
     if not ids:
         raise ConfigError(f"shard folder(s) {', '.join(map(str, folders))} hold no records")
-    return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids))
+    dtype = np.result_type(*dtypes)
+    if dtype not in (np.float16, np.float32):
+        found = ", ".join(sorted({str(d) for d in dtypes}))
+        raise ConfigError(f"shard signals must be float16 or float32, not {found}")
+    return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids), dtype)
 
 
 def is_validation(record_id: str, val_fraction: float) -> bool:
@@ -116,7 +130,8 @@ def window_start(length: int, window: int, train: bool, seed: int, epoch: int, i
 class ShardDataset(Dataset):
     """Items are (index, epoch) pairs (from StepBatchSampler) or plain indices (epoch 0).
 
-    __getitem__ -> float32 tensor (12, window).
+    __getitem__ -> tensor (12, window) in the shards' storage precision (`index.dtype`); the
+    trainer widens batches on its device with `model_input`.
     """
 
     def __init__(self, index: RecordIndex, window: int, train: bool = True, seed: int = 0) -> None:
@@ -159,14 +174,15 @@ class ShardDataset(Dataset):
         x = self._signals(int(self.index.shard[i]))[int(self.index.row[i]), :, start : start + self.window]
         if x.shape[-1] < self.window:  # stored width shorter than the window cannot happen for valid shards
             x = np.pad(x, ((0, 0), (0, self.window - x.shape[-1])))
-        return torch.from_numpy(x).float()  # torch converts float16 several times faster than numpy
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=self.index.dtype))
 
     def __getitems__(self, items: Sequence[int | tuple[int, int]]) -> torch.Tensor:
-        """A whole batch -> one float32 tensor (B, 12, window), equal to stacking self[item] for each item:
-        rows read in (shard, row) order straight into one float16 buffer, converted once."""
+        """A whole batch -> one tensor (B, 12, window), equal to stacking self[item] for each item:
+        rows read in (shard, row) order straight into the batch tensor, with no conversion."""
         i, starts = self._starts(items)
-        first = self._signals(int(self.index.shard[i[0]]))
-        buf = np.zeros((len(i), first.shape[1], self.window), dtype=first.dtype)
+        leads = self._signals(int(self.index.shard[i[0]])).shape[1]
+        out = _batch_tensor((len(i), leads, self.window), self.index.dtype)
+        buf = out.numpy()
         memory, plain = h5s.create_simple(buf.shape[1:]), []
         for k in np.lexsort((self.index.row[i], self.index.shard[i])):
             signals, start = self._signals(int(self.index.shard[i[k]])), int(starts[k])
@@ -178,7 +194,6 @@ class ShardDataset(Dataset):
             space = signals.id.get_space()
             space.select_hyperslab((int(self.index.row[i[k]]), 0, start), (1, buf.shape[1], self.window))
             signals.id.read(memory, space, buf[k])
-        out = _batch_tensor(buf.shape).copy_(torch.from_numpy(buf))
         for k in plain:
             out[k] = self._read(int(i[k]), int(starts[k]))
         return out
@@ -189,16 +204,23 @@ class ShardDataset(Dataset):
         return state
 
 
-def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
-    """An empty float32 tensor; in a DataLoader worker it lives in shared memory from the start, as
+def _batch_tensor(shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+    """A zeroed tensor; in a DataLoader worker it lives in shared memory from the start, as
     default_collate's output does, so sending it to the main process copies nothing."""
+    like = torch.from_numpy(np.zeros(0, dtype=dtype))
     if get_worker_info() is None:
-        return torch.empty(shape)
-    try:  # the allocation default_collate itself uses in workers
-        storage = torch.empty(0)._typed_storage()._new_shared(int(np.prod(shape)), device="cpu")
-        return torch.empty(0).new(storage).view(shape)
+        return like.new_zeros(shape)
+    try:  # the allocation default_collate itself uses in workers (shared memory starts zeroed)
+        storage = like._typed_storage()._new_shared(int(np.prod(shape)), device="cpu")
+        return like.new(storage).view(shape)
     except AttributeError:  # a torch without that internal: the public way, one extra copy
-        return torch.empty(shape).share_memory_()
+        return like.new_zeros(shape).share_memory_()
+
+
+def model_input(batch: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A loader batch as the model's float32 input on `device`: copied in storage precision (from
+    pinned memory without waiting), widened there."""
+    return batch.to(device, non_blocking=True).float()
 
 
 def collate_windows(batch: torch.Tensor | list) -> torch.Tensor | list:

@@ -7,12 +7,13 @@
   windows come from the sampler, and the masks (and Stage-1 perturbations) from a generator
   seeded with (seed, step, global micro-batch slice). A resumed run therefore repeats the
   uninterrupted one exactly, and N processes x accum a equals 1 process x accum N*a.
-- Steady-state steps never wait for the device: batches arrive pinned and are copied with
-  non_blocking, the masks' random numbers are drawn on the device, the stats stay device tensors
-  (MetricsLog) and a non-finite loss or grad norm on any process is decided on the device
-  (NonFiniteGuard: the fused AdamW skips that update and every later one). The host reads flags
-  and stats at log, validation, figure and checkpoint steps; a non-finite step found there stops
-  every process with the last good checkpoint named (exit 1) and nothing is saved after it.
+- Steady-state steps never wait for the device: batches arrive pinned, in the shards' float16,
+  are copied with non_blocking and widened on the device; the masks' random numbers are drawn on
+  the device, the stats stay device tensors (MetricsLog) and a non-finite loss or grad norm on any
+  process is decided on the device (NonFiniteGuard: the fused AdamW skips that update and every
+  later one). The host reads flags and stats at log, validation, figure and checkpoint steps; a
+  non-finite step found there stops every process with the last good checkpoint named (exit 1)
+  and nothing is saved after it.
 - SIGUSR1/SIGTERM set a flag; one process acts on it at the next step boundary, several agree
   (all-reduce) at the next log step; then a checkpoint is saved and the run exits 0. Under
   `accelerate launch`, SIGTERM to the launcher reaches the workers.
@@ -40,6 +41,7 @@ from ecgpos.pretrain.data import (
     StepBatchSampler,
     eval_batches,
     eval_loader,
+    model_input,
     read_index,
     split_index,
     train_loader,
@@ -176,7 +178,7 @@ class Trainer:
             group["lr"] = lr
         parts = []
         for m in range(cfg.train.grad_accum):
-            x = next(batches).to(acc.device, non_blocking=True)  # pinned by the loader on CUDA
+            x = model_input(next(batches), acc.device)  # pinned by the loader on CUDA
             slice_index = m * acc.num_processes + acc.process_index
             sync = m == cfg.train.grad_accum - 1
             with contextlib.nullcontext() if sync else acc.no_sync(self.model):
@@ -264,7 +266,7 @@ class Trainer:
         total = torch.zeros(3, device=self.acc.device)
         carving = getattr(self.acc.unwrap_model(model), "push_violations", None)  # Stage 1 only
         for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
-            x = x.to(self.acc.device)
+            x = model_input(x, self.acc.device)
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
             draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
@@ -285,7 +287,7 @@ class Trainer:
             return
         model = self.acc.unwrap_model(self.model)
         model.eval()
-        x = self.figure_set[0][None].to(self.acc.device)
+        x = model_input(self.figure_set[0][None], self.acc.device)
         with self.acc.autocast():
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2, device=self.acc.device))
         model.train()
