@@ -156,9 +156,8 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     rc, _, err = run(capsys, *args, "--out", "/proc/ecgpos-test/s.csv")
     one_line_error(rc, err, "score", "not writable")
     (tmp_path / "labels.csv").write_bytes(b"\xff\xfe\x00garbage\x81")
-    rc, _, err = run(
-        capsys, *args, "--out", tmp_path / "s.csv", "--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"
-    )
+    labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
+    rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
     one_line_error(rc, err, "score", "not a readable CSV")
     assert not (tmp_path / "s.csv").exists()
 
@@ -170,6 +169,7 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
         (b"optim:\n  lr: 1.0e-3\noptim:\n  warmup_steps: 1\n", "duplicate key 'optim'"),
         (b"optim:\n  lr: \xff\xfe\n", "not a UTF-8 text file"),
     ],
+    ids=["duplicate-lr", "duplicate-section", "binary"],
 )
 def test_config_file_with_duplicate_keys_or_binary_is_refused(capsys, tmp_path, tiny_shards, text, needle):
     config = tmp_path / "c.yaml"
@@ -180,7 +180,7 @@ def test_config_file_with_duplicate_keys_or_binary_is_refused(capsys, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("value", ["=3", "optim..lr=3", "optim={lr: 1, lr: 2}"])
+@pytest.mark.parametrize("value", ["=3", "optim..lr=3", "optim={lr: 1, lr: 2}"], ids=["no-key", "empty-part", "dup"])
 def test_set_without_a_key_or_with_duplicate_keys_is_refused(capsys, tmp_path, tiny_shards, value):
     rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", tmp_path / "run", *FAST, "--set", value)
     one_line_error(rc, err, "pretrain", "--set")
@@ -212,9 +212,8 @@ def test_unreadable_csv_and_vector_files_are_one_line(capsys, tmp_path, tiny_run
         (results / "results.csv").write_bytes(data)
         rc, _, err = run(capsys, "probe", "--compare", results, "--out", tmp_path / "cmp")
         one_line_error(rc, err, "probe", "cannot read CSV")
-    rc, _, err = run(
-        capsys, "export", "--run-dir", tiny_run, "--out", tmp_path / "enc", "--probe-results", tmp_path / "results-binary"
-    )
+    export_args = ["export", "--run-dir", tiny_run, "--out", tmp_path / "enc"]
+    rc, _, err = run(capsys, *export_args, "--probe-results", tmp_path / "results-binary")
     one_line_error(rc, err, "export", "not a probe results folder")
     assert not (tmp_path / "enc").exists()
     copy = tmp_path / "enc-copy"

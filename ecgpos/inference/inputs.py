@@ -236,7 +236,9 @@ def check_writable(out: Path, input_path: Path | None = None) -> None:
             target = path.resolve()
             beside = target.match(SHARD_GLOB) and target.parent in (source, source.parent)
             if target == source or beside:
-                raise EcgposError(f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere")
+                raise EcgposError(
+                    f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere"
+                )
     probe = out.with_name(f".{out.name}.{os.getpid()}.write-test")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
