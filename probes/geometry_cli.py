@@ -33,7 +33,7 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
-from ecgpos.models.features import record_means, record_windows
+from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
 from probes.run import ProbeConfig, record_column, task_locator, task_windows
@@ -272,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
+    device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)
     if problem:
@@ -279,7 +280,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     levels = load_levels(args.encoder)
     if args.space == "reconstruction" and levels.stage1 is None:
         raise EcgposError(f"--space reconstruction needs the Stage-1 decoder: {levels.note}")
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     data = extract(levels, sel, located, nominal, args.space, device, args.batch_size)
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:

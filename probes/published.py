@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from probes.tasks import TASKS
+from probes.tasks import TASKS, read_table
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
 COUNTERPART = "Stage 1"  # what an encoder whose name matches no published row is compared with
@@ -25,10 +25,11 @@ def read_reference(name: str) -> tuple[pd.DataFrame, str]:
     path = REFERENCES.get(name, Path(name))
     if not path.is_file():
         raise EcgposError(f"--reference {name}: not a known reference ({', '.join(REFERENCES)}) or a CSV file")
-    lines = path.read_text().splitlines()
+    table = read_table(path, comment="#")
+    lines = path.read_text().splitlines()  # read_table has shown it is text
     source = " ".join(line.lstrip("# ").strip() for line in lines if line.startswith("#"))
     try:
-        table = pd.read_csv(path, comment="#").set_index("model")
+        table = table.set_index("model")
     except (ValueError, KeyError) as err:
         raise EcgposError(f"{path}: not a reference table (model column + one column per task): {err}") from None
     unknown = [c for c in table.columns if c not in TASKS]

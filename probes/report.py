@@ -10,7 +10,7 @@ import pandas as pd
 
 from ecgpos.errors import EcgposError
 from probes.intervals import INTERVAL_COLUMNS
-from probes.tasks import TASKS
+from probes.tasks import TASKS, read_table
 
 RESULT_COLUMNS = [
     "encoder",
@@ -45,7 +45,7 @@ def read_results(folder: Path) -> pd.DataFrame:
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
-    frame = pd.read_csv(path, keep_default_na=True).fillna({"excluded_val": "", "excluded_test": "", "note": ""})
+    frame = read_table(path, keep_default_na=True).fillna({"excluded_val": "", "excluded_test": "", "note": ""})
     missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
     if missing:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")

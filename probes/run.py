@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ecgpos.errors import EcgposError
+from ecgpos.models.features import resolve_device
 from probes.datasets import RecordLocator
 from probes.features import FeatureSource, FeatureStats, extract_features
 from probes.linear import ProtocolConfig, label_fraction_rows, train_probe_groups
@@ -65,9 +66,8 @@ class TaskData:
 
 
 def extraction_device(cfg: ProbeConfig) -> str:
-    if cfg.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.device
+    """The feature extraction device ('auto': cuda when available); EcgposError when unusable."""
+    return str(resolve_device(cfg.device))
 
 
 def task_windows(cfg: ProbeConfig, dataset: str) -> int:

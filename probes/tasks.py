@@ -105,12 +105,20 @@ def task_names(spec: str, include_csn: bool = False) -> list[str]:
     return names
 
 
+def read_table(path: Path, **kwargs: object) -> pd.DataFrame:
+    """pandas.read_csv of a user-given CSV; any failure (empty, not text, malformed) is one EcgposError line."""
+    try:
+        return pd.read_csv(path, **kwargs)
+    except Exception as err:  # pandas raises many types (EmptyDataError, ParserError, UnicodeDecodeError)
+        raise EcgposError(f"{path}: cannot read CSV ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+
+
 def _custom_task(folder: Path) -> TaskDef:
     """A custom task: classes are the columns after `record` in train.csv."""
     path = folder / "train.csv"
     if not path.is_file():
         raise EcgposError(f"custom task folder {folder} has no train.csv (needs train.csv, val.csv, test.csv)")
-    header = list(pd.read_csv(path, nrows=0).columns)
+    header = list(read_table(path, nrows=0).columns)
     if "record" not in header:
         raise EcgposError(f"{path}: no 'record' column (columns: {', '.join(header)})")
     classes = tuple(header[header.index("record") + 1 :])
@@ -145,10 +153,7 @@ def read_split(task: TaskDef, splits_root: Path | None, split: str, record_colum
     path = Path(rel) if Path(rel).is_absolute() else Path(splits_root or ".") / rel
     if not path.is_file():
         raise EcgposError(f"task {task.name}: split file {path} not found (--splits must hold the MERL split folders)")
-    try:
-        frame = pd.read_csv(path, dtype={record_column or task.record_column: str})
-    except Exception as err:  # pandas raises many types for malformed files
-        raise EcgposError(f"{path}: cannot read CSV ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    frame = read_table(path, dtype={record_column or task.record_column: str})
     column = record_column or task.record_column
     if column not in frame.columns:
         raise EcgposError(f"{path}: no record column {column!r}")

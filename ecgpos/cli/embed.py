@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     policy = ScreenPolicy(pad_short=args.pad_short, max_dead_leads=args.max_dead_leads)  # ConfigError if bad
-    check_writable(args.out)
+    check_writable(args.out, args.input)
     encoder = load_encoder(args.encoder, device=args.device)
     source = open_source(args.input, args.fs, args.leads, encoder.spec, policy)
     result = embed_records(encoder, source, args.num_windows, args.batch_size, progress=not args.no_progress)

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.inference.inputs import open_source
+from ecgpos.files import atomic_path, atomic_write_text
+from ecgpos.inference.inputs import check_writable, open_source
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
+from ecgpos.models.features import resolve_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,11 +52,14 @@ def read_labels(path: Path) -> dict[str, str]:
     """record_id -> label from a CSV with those two columns."""
     if not path.is_file():
         raise EcgposError(f"--labels {path} does not exist")
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
-            raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
-        return {row["record_id"]: row["label"] for row in reader}
+    try:
+        with path.open(newline="") as handle:
+            reader = csv.DictReader(handle)
+            if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
+                raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
+            return {row["record_id"]: row["label"] for row in reader}
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise EcgposError(f"--labels {path} is not a readable CSV: {err}") from None
 
 
 def summary_markdown(
@@ -92,18 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError("--nominal/--anomalous need --labels CSV")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
+    device = resolve_device(args.device)
+    check_writable(args.out, args.input)  # before any record is scored
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
     source = open_source(args.input, args.fs, args.leads, models.spec)
     result = score_records(
-        models, source, args.masks, args.num_windows, args.batch_size, args.device, progress=not args.no_progress
+        models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )
     if not result.ids:
         raise EcgposError(f"none of the {source.count} {source.kind} could be scored ({len(result.skipped)} skipped)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     levels = list(result.scores)
-    with args.out.open("w", newline="") as handle:
+    with atomic_path(args.out) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
         for row, record_id in enumerate(result.ids):
@@ -118,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
         path = args.out.parent / "scores_summary.md"
-        path.write_text(text)
+        atomic_write_text(path, text, sync=False)
         print(text, end="")
         print(f"wrote {path}")
     return 0

@@ -4,11 +4,11 @@ Preprocessing (shards), `embed` and probes all call `screen_record` before `prep
 so a recording that preprocessing skips is never embedded or probed with a made-up feature
 vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
 
-Checks, in order: lead names (missing_lead / duplicate_lead / unknown_lead), the rate
-(sampling_rate outside the spec's supported range; unexpected_fs when a corpus fixes another),
-no samples at all (empty), NaN/inf (non_finite), every sample zero (all_zero), every lead flat
-(flat), more dead leads than allowed (dead_leads), shorter than one window after resampling
-(too_short, unless pad_short).
+Checks, in order: real-number samples (dtype: not complex, text, booleans or objects), lead
+names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate outside the spec's
+supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), NaN/inf
+(non_finite), every sample zero (all_zero), every lead flat (flat), more dead leads than allowed
+(dead_leads), shorter than one window after resampling (too_short, unless pad_short).
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ def screen_record(
 ) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
     x = np.asarray(signal)
+    if x.dtype.kind not in "iuf":  # complex would lose its imaginary part, text and booleans are no mV
+        raise SignalError("dtype", f"samples must be real numbers in mV, got dtype {x.dtype}")
     if x.ndim != 2:
         raise SignalError("shape", f"expected a (leads, time) array, got shape {x.shape}")
     if x.shape[0] != len(leads):

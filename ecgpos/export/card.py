@@ -54,13 +54,16 @@ def probe_section(folder: str | Path) -> str:
     """Markdown for a probe results folder: its summary.md if present, else results.csv as a table."""
     folder = Path(folder)
     summary, results = folder / "summary.md", folder / "results.csv"
-    if summary.is_file():
-        body = summary.read_text().strip()
-        # demote headings so the summary nests under the card's own section
-        return "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
-    if results.is_file():
-        with results.open(newline="") as handle:
-            return _table(list(csv.DictReader(handle)))
+    try:
+        if summary.is_file():
+            body = summary.read_text().strip()
+            # demote headings so the summary nests under the card's own section
+            return "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
+        if results.is_file():
+            with results.open(newline="") as handle:
+                return _table(list(csv.DictReader(handle)))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
     raise EcgposError(f"--probe-results {folder}: no summary.md or results.csv there (run `ecgpos probe` first)")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ecgpos.export.format import (
     state_sha256,
 )
 from ecgpos.files import read_safetensors
-from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal
+from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal, resolve_device
 from ecgpos.runs.run_folder import is_run_dir
 
 
@@ -125,11 +126,28 @@ class ExportedEncoder(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 12, window) preprocessed float32 -> (B, width) pooled features."""
-        return self.encoder.forward_features(x)
+        return self.encoder.forward_features(self._check_input(x))
 
     def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """(B, 12, window) preprocessed float32 -> (B, 12 * tokens_per_lead, width) token features."""
-        return self.encoder.forward_tokens(x)
+        return self.encoder.forward_tokens(self._check_input(x))
+
+    def _check_input(self, x: torch.Tensor) -> torch.Tensor:
+        """One EcgposError line for an input the weights cannot take (torch's own errors name matmul
+        internals); the shape is checked by the encoder itself."""
+        weight = next(self.parameters())
+        if not isinstance(x, torch.Tensor):
+            raise EcgposError(
+                f"expected a torch.Tensor (B, 12, {self.spec.window}), got {type(x).__name__}; "
+                "use torch.from_numpy(x).float(), or embed() for raw records"
+            )
+        if x.dtype != weight.dtype or x.device != weight.device:
+            raise EcgposError(
+                f"expected a {str(weight.dtype).replace('torch.', '')} tensor on {weight.device}, got "
+                f"{str(x.dtype).replace('torch.', '')} on {x.device}; convert with x.to({str(weight.device)!r}, "
+                f"{weight.dtype})"
+            )
+        return x
 
     @torch.no_grad()
     def embed(
@@ -141,6 +159,10 @@ class ExportedEncoder(nn.Module):
         cuts up to `num_windows` windows spread over the record (1 = the centre window) and
         averages their features. Raises SignalError for records that cannot be preprocessed.
         """
+        if isinstance(leads, str) or not isinstance(leads, Sequence):
+            raise EcgposError(f"leads must be a list of lead names, one per row of signal, got {leads!r}")
+        if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
+            raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
         signal = np.asarray(signal)
         check_raw_record(signal, fs, list(leads), self.spec)
         return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
@@ -183,6 +205,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     from config.json, or the weights do not fit the architecture.
     """
     folder = Path(path)
+    device = resolve_device(device)
     config = read_export_config(folder)
     try:
         spec = PreprocessSpec.from_dict(config["preprocess"])

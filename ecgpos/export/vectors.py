@@ -12,6 +12,7 @@ the same inputs from numpy alone.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def load_vectors(path: str | Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # EOFError: empty; BadZipFile: cut short
         raise EcgposError(f"{path} is not a readable test-vector file: {err}") from None
 
 

@@ -14,6 +14,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.format import ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import load_encoder, read_export_config
 from ecgpos.export.vectors import compare, load_vectors, run_vectors
+from ecgpos.models.features import resolve_device
 
 
 def _line(ok: bool | None, what: str, detail: str) -> str:
@@ -22,7 +23,9 @@ def _line(ok: bool | None, what: str, detail: str) -> str:
 
 
 def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
-    """(all passed, report lines). Raises EcgposError only when `folder` is not an export."""
+    """(all passed, report lines). Raises EcgposError only when `folder` is not an export or
+    `device` is unusable (neither is a failed check of the export)."""
+    resolve_device(device)
     config = read_export_config(folder)
     lines = []
     try:

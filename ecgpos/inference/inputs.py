@@ -27,6 +27,7 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
+from ecgpos.files import atomic_path, atomic_write_text
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -138,8 +139,12 @@ def npy_source(
     names = [name.strip() for name in leads.split(",") if name.strip()]
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, EOFError) as err:  # EOFError: an empty file
         raise EcgposError(f"{path} is not a readable .npy array: {err}") from None
+    if not isinstance(array, np.ndarray):  # np.load opens a zip archive (.npz) under any name
+        raise EcgposError(f"{path} is an .npz archive, not a .npy array; save one array with np.save")
+    if array.dtype.kind not in "iuf":  # one dtype for every row: the run's error, not N skips
+        raise EcgposError(f"{path}: samples must be real numbers in mV, got dtype {array.dtype}")
     if array.ndim == 2:
         items = [(path.stem, array)]
     elif array.ndim == 3:
@@ -214,10 +219,26 @@ def skipped_path(out: Path) -> Path:
     return out.with_name(f"{out.stem}.skipped.csv")
 
 
-def check_writable(out: Path) -> None:
-    """--out must be a file this process can create: one line otherwise, before any record is embedded."""
+def output_paths(out: Path) -> list[Path]:
+    """Every file written for --out FILE: FILE, its `.skipped.csv` and, for .npy, its `.ids.txt`."""
+    return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
+
+
+def check_writable(out: Path, input_path: Path | None = None) -> None:
+    """--out must be a file this process can create, and none of its files may be (or join) the
+    input: one line otherwise, before any record is read. An output over the input would destroy it
+    after it was read, and a `shard-*.h5` written beside the input shards would join them."""
     if out.is_dir():
         raise EcgposError(f"--out {out} is a folder; give a file name")
+    if input_path is not None:
+        source = input_path.resolve()
+        for path in output_paths(out):
+            target = path.resolve()
+            beside = target.match(SHARD_GLOB) and target.parent in (source, source.parent)
+            if target == source or beside:
+                raise EcgposError(
+                    f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere"
+                )
     probe = out.with_name(f".{out.name}.{os.getpid()}.write-test")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +251,7 @@ def check_writable(out: Path) -> None:
 def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
     """`record_id,reason,detail` of every refused record (header only when none was refused)."""
     path = skipped_path(out)
-    with path.open("w", newline="") as handle:
+    with atomic_path(path) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["record_id", "reason", "detail"])
         writer.writerows(skipped)
@@ -246,28 +267,30 @@ def write_features(out: Path, ids: list[str], features: np.ndarray, encoder: Exp
 
 
 def _write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
+    # each file is written under a temporary name and renamed: an interrupted run leaves no half file
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix == ".csv":
-        with out.open("w", newline="") as handle:
-            writer = csv.writer(handle)
-            writer.writerow(["record_id"] + [f"f{i}" for i in range(features.shape[1])])
-            for record_id, row in zip(ids, features):
-                writer.writerow([record_id] + [f"{v:.9g}" for v in row])
-        return [out]
-    if out.suffix == ".h5":
-        import h5py
+    with atomic_path(out, suffix=out.suffix) as tmp:  # the suffix keeps np.save from appending its own
+        if out.suffix == ".csv":
+            with tmp.open("w", newline="") as handle:
+                writer = csv.writer(handle)
+                writer.writerow(["record_id"] + [f"f{i}" for i in range(features.shape[1])])
+                for record_id, row in zip(ids, features):
+                    writer.writerow([record_id] + [f"{v:.9g}" for v in row])
+        elif out.suffix == ".h5":
+            import h5py
 
-        with h5py.File(out, "w") as handle:
-            handle.create_dataset("features", data=features)
-            handle.create_dataset("record_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
-            handle.attrs["encoder"] = encoder.source
-            handle.attrs["weights_sha256"] = encoder.config["weights_sha256"]
-            handle.attrs["spec"] = encoder.spec.to_json()
+            with h5py.File(tmp, "w") as handle:
+                handle.create_dataset("features", data=features)
+                handle.create_dataset("record_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+                handle.attrs["encoder"] = encoder.source
+                handle.attrs["weights_sha256"] = encoder.config["weights_sha256"]
+                handle.attrs["spec"] = encoder.spec.to_json()
+        elif out.suffix == ".npz":
+            np.savez(tmp, features=features, record_id=np.array(ids, dtype=str))
+        else:
+            np.save(tmp, features)
+    if out.suffix != ".npy":
         return [out]
-    if out.suffix == ".npz":
-        np.savez(out, features=features, record_id=np.array(ids, dtype=str))
-        return [out]
-    np.save(out, features)
     ids_file = out.with_suffix(".ids.txt")
-    ids_file.write_text("".join(f"{record_id}\n" for record_id in ids))
+    atomic_write_text(ids_file, "".join(f"{record_id}\n" for record_id in ids), sync=False)
     return [out, ids_file]

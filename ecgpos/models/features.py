@@ -14,9 +14,32 @@ import torch
 
 from ecgpos.ecg.signal import preprocess_signal, window_starts
 from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError
 
 K = TypeVar("K")
 DEFAULT_NUM_WINDOWS = 1  # centre window; probes may ask for more on long records
+
+
+def resolve_device(name: str | torch.device) -> torch.device:
+    """The torch device of a `--device` value ('auto': cuda when available, else cpu).
+
+    A name torch does not know, a device this machine lacks (cuda without a GPU, cuda:7 on two) or
+    the data-less 'meta' device is one EcgposError line, before any model is moved there.
+    """
+    if isinstance(name, str) and name.strip() == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name.strip() if isinstance(name, str) else name)
+    except (RuntimeError, TypeError) as err:
+        raise EcgposError(f"device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1): {err}") from None
+    if device.type == "meta":
+        raise EcgposError("device 'meta' holds no data; use cpu or cuda")
+    try:
+        torch.empty(1, device=device)  # the one check that covers every backend: can it hold a tensor?
+    except (RuntimeError, AssertionError, AttributeError) as err:  # AssertionError: torch built without CUDA
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise EcgposError(f"device {str(device)!r} is not available on this machine: {detail}") from None
+    return device
 
 
 def record_windows(x: np.ndarray, window: int, num_windows: int = DEFAULT_NUM_WINDOWS) -> np.ndarray:

@@ -93,10 +93,13 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
     from ecgpos.config import load_config
+    from ecgpos.ecg.shards import SHARD_GLOB
     from ecgpos.runs.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
 
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--run-dir {run_dir} exists and is not a folder")
+    if run_dir.is_dir() and any(run_dir.glob(SHARD_GLOB)):  # e.g. --run-dir given one of the --shards folders
+        raise ConfigError(f"--run-dir {run_dir} holds shard files ({SHARD_GLOB}): a run goes in a folder of its own")
     has_run = run_dir.is_dir() and ((run_dir / METRICS_FILE).exists() or newest_checkpoint(run_dir) is not None)
     if not has_run:
         return False

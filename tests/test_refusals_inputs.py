@@ -1,0 +1,223 @@
+"""What ecgpos refuses at its edges: odd arrays, outputs over inputs, devices, unreadable text files.
+
+Each bad input was once a traceback or a silently wrong result; each test drives the CLI in-process
+(or the Python API a researcher calls) and checks the one stderr line, exit 2 and what was written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from refusal_helpers import FAST, PRETRAIN, one_line_error, read_rows, run
+
+from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.errors import EcgposError, SignalError
+
+LEADS = ",".join(CANONICAL_LEADS)
+
+
+def _embed_npy(capsys, export: Path, npy: Path, out: Path, *extra) -> tuple[int, str, str]:
+    args = ["embed", "--encoder", export, "--input", npy, "--fs", "500", "--leads", LEADS, "--out", out]
+    return run(capsys, *args, "--no-progress", *extra)
+
+
+def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, export):
+    """complex lost its imaginary part silently; text, an empty file and an .npz under a .npy name
+    were tracebacks (UFuncTypeError, EOFError, AttributeError)."""
+    x = read_wfdb_record(real_record).signal
+    cases = {
+        "complex": (x.astype(np.complex64) + 1j, "got dtype complex64"),
+        "text": (x.astype(str), "got dtype <U"),
+        "bool": (x > 0, "got dtype bool"),
+    }
+    for name, (array, needle) in cases.items():
+        np.save(tmp_path / f"{name}.npy", array)
+        rc, _, err = _embed_npy(capsys, export, tmp_path / f"{name}.npy", tmp_path / f"{name}.csv")
+        one_line_error(rc, err, "embed", needle)
+        assert not (tmp_path / f"{name}.csv").exists()
+    (tmp_path / "empty.npy").write_bytes(b"")
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "empty.npy", tmp_path / "e.csv")
+    one_line_error(rc, err, "embed", "not a readable .npy array")
+    np.savez(tmp_path / "archive.npz", x=x)
+    shutil.copyfile(tmp_path / "archive.npz", tmp_path / "archive.npy")
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "archive.npy", tmp_path / "a.csv")
+    one_line_error(rc, err, "embed", ".npz archive")
+    # integers (ADC counts scaled to mV by the caller) and float64 stay accepted
+    np.save(tmp_path / "int.npy", (x * 1000).astype(np.int32))
+    assert _embed_npy(capsys, export, tmp_path / "int.npy", tmp_path / "i.csv")[0] == 0
+
+
+def test_api_refuses_what_it_cannot_embed(real_record, export):
+    from ecgpos.export.load import load_encoder
+
+    enc = load_encoder(export)
+    x = read_wfdb_record(real_record).signal
+    for bad in (x.astype(np.complex128), x.astype(str), x.astype(object), x > 0):
+        with pytest.raises(SignalError) as info:
+            enc.embed(bad, 500, CANONICAL_LEADS)
+        assert info.value.reason == "dtype"
+    with pytest.raises(EcgposError, match="list of lead names"):
+        enc.embed(x, 500, None)
+    with pytest.raises(EcgposError, match="list of lead names"):
+        enc.embed(x, 500, LEADS)  # a comma-joined string is not twelve names
+    for windows in (0, -1, 2.5):  # were silently one window
+        with pytest.raises(EcgposError, match="num_windows"):
+            enc.embed(x, 500, CANONICAL_LEADS, num_windows=windows)
+    window = enc.spec.window
+    for bad, needle in (
+        (torch.zeros(2, 12, window, dtype=torch.float64), "float32 tensor on cpu, got float64"),
+        (torch.zeros(2, 12, window, dtype=torch.int64), "got int64"),
+        (np.zeros((2, 12, window), np.float32), "got ndarray"),
+    ):
+        for call in (enc.forward_features, enc.forward_tokens):
+            with pytest.raises(EcgposError, match=needle):
+                call(bad)
+    assert enc.forward_features(torch.zeros(2, 12, window)).shape == (2, enc.width)
+    for device, needle in (("meta", "holds no data"), ("bogus", "not a torch device"), ("cuda", "not available")):
+        with pytest.raises(EcgposError, match=needle):
+            load_encoder(export, device=device)
+
+
+def test_unusable_device_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
+    """--device cuda on a machine without one (CUDA is hidden from the tests) was a torch traceback."""
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    for device in ("cuda", "bogus", "meta"):
+        rc, _, err = _embed_npy(capsys, export, tmp_path / "x.npy", tmp_path / "f.csv", "--device", device)
+        one_line_error(rc, err, "embed", f"device '{device}'")
+        rc, _, err = run(capsys, "verify", export, "--device", device)
+        one_line_error(rc, err, "verify", f"device '{device}'")  # not a FAIL of the export's weights
+        args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS]
+        rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", "--device", device, "--no-progress")
+        one_line_error(rc, err, "score", f"device '{device}'")
+    assert not (tmp_path / "f.csv").exists() and not (tmp_path / "s.csv").exists()
+
+
+def test_out_over_the_input_is_refused(capsys, tmp_path, real_record, tiny_shards, tiny_run, export):
+    """--out equal to the .npy input replaced it with the features; --out shards/shard-N.h5 replaced
+    a shard or joined the set as a shard of features."""
+    npy = tmp_path / "x.npy"
+    np.save(npy, read_wfdb_record(real_record).signal)
+    before = npy.read_bytes()
+    rc, _, err = _embed_npy(capsys, export, npy, npy)
+    one_line_error(rc, err, "embed", "would overwrite or join the input")
+    assert npy.read_bytes() == before
+    shards = tmp_path / "shards"
+    shutil.copytree(tiny_shards, shards)
+    first = sorted(shards.glob("shard-*.h5"))[0]
+    for out, source in ((first, first), (shards / "shard-00009.h5", shards), (shards / "shard-00001.h5", first)):
+        kept = sorted(p.name for p in shards.iterdir())
+        rc, _, err = run(capsys, "embed", "--encoder", export, "--input", source, "--out", out, "--no-progress")
+        one_line_error(rc, err, "embed", "would overwrite or join the input")
+        rc, _, err = run(capsys, "score", "--run", tiny_run, "--input", source, "--out", out, "--no-progress")
+        one_line_error(rc, err, "score", "would overwrite or join the input")
+        assert sorted(p.name for p in shards.iterdir()) == kept
+    # features beside the shards under another name are fine
+    rc, _, err = run(capsys, "embed", "--encoder", export, "--input", shards, "--out", shards / "f.h5", "--no-progress")
+    assert rc == 0, err
+
+
+def test_interrupted_feature_write_keeps_the_previous_file(tmp_path, export):
+    """Feature files are written under a temporary name and renamed: Ctrl-C mid-write used to leave
+    a half CSV under the final name."""
+    from ecgpos.export.load import load_encoder
+    from ecgpos.inference.inputs import write_features
+
+    enc = load_encoder(export)
+    features = np.ones((3, enc.width), np.float32)
+    for suffix in (".csv", ".npy", ".npz", ".h5"):
+        out = tmp_path / f"f{suffix}"
+        assert write_features(out, ["a", "b", "c"], features, enc)[0] == out
+
+    def interrupted():  # Ctrl-C after the first row (the CSV writer consumes ids row by row)
+        yield "a"
+        raise KeyboardInterrupt
+
+    before = (tmp_path / "f.csv").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        write_features(tmp_path / "f.csv", interrupted(), features, enc)
+    assert (tmp_path / "f.csv").read_bytes() == before
+    assert read_rows(tmp_path / "f.csv")[2]["record_id"] == "c"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.csv", "f.h5", "f.ids.txt", "f.npy", "f.npz"]
+
+
+def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_record, tiny_run):
+    """An --out folder or unwritable path failed after every record was scored; a --labels file
+    that is not text was a UnicodeDecodeError."""
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS, "--no-progress"]
+    (tmp_path / "folder").mkdir()
+    rc, _, err = run(capsys, *args, "--out", tmp_path / "folder")
+    one_line_error(rc, err, "score", "is a folder")
+    rc, _, err = run(capsys, *args, "--out", "/proc/ecgpos-test/s.csv")
+    one_line_error(rc, err, "score", "not writable")
+    (tmp_path / "labels.csv").write_bytes(b"\xff\xfe\x00garbage\x81")
+    labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
+    rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
+    one_line_error(rc, err, "score", "not a readable CSV")
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        (b"optim:\n  lr: 1.0e-3\n  lr: 5\n", "duplicate key 'lr'"),  # PyYAML kept lr: 5 silently
+        (b"optim:\n  lr: 1.0e-3\noptim:\n  warmup_steps: 1\n", "duplicate key 'optim'"),
+        (b"optim:\n  lr: \xff\xfe\n", "not a UTF-8 text file"),
+    ],
+    ids=["duplicate-lr", "duplicate-section", "binary"],
+)
+def test_config_file_with_duplicate_keys_or_binary_is_refused(capsys, tmp_path, tiny_shards, text, needle):
+    config = tmp_path / "c.yaml"
+    config.write_bytes(text)
+    args = ["pretrain", "--stage", "0", "--config", config, "--shards", tiny_shards, "--run-dir", tmp_path / "run"]
+    rc, _, err = run(capsys, *args, *FAST)
+    one_line_error(rc, err, "pretrain", needle)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["=3", "optim..lr=3", "optim={lr: 1, lr: 2}"], ids=["no-key", "empty-part", "dup"])
+def test_set_without_a_key_or_with_duplicate_keys_is_refused(capsys, tmp_path, tiny_shards, value):
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", tmp_path / "run", *FAST, "--set", value)
+    one_line_error(rc, err, "pretrain", "--set")
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_dir_that_holds_shards_is_refused(capsys, tmp_path, tiny_shards):
+    """--run-dir given the shard folder itself trained and wrote the run among the shards."""
+    shards = tmp_path / "shards"
+    shutil.copytree(tiny_shards, shards)
+    before = sorted(p.name for p in shards.iterdir())
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", shards, "--run-dir", shards, *FAST)
+    one_line_error(rc, err, "pretrain", "holds shard files")
+    assert sorted(p.name for p in shards.iterdir()) == before
+
+
+def test_unreadable_csv_and_vector_files_are_one_line(capsys, tmp_path, tiny_run, export):
+    """Empty or binary split, results and probe-results files were pandas/Unicode tracebacks; an
+    empty test_vectors.npz was an EOFError in verify."""
+    binary = b"\x89\xee\x00\xff" * 16
+    for name, data in (("empty", b""), ("binary", binary)):
+        task = tmp_path / f"task-{name}"
+        task.mkdir()
+        (task / "train.csv").write_bytes(data)
+        rc, _, err = run(capsys, "probe", "--encoder", export, "--task", f"custom:{task}", "--out", tmp_path / "p")
+        one_line_error(rc, err, "probe", "cannot read CSV")
+        results = tmp_path / f"results-{name}"
+        results.mkdir()
+        (results / "results.csv").write_bytes(data)
+        rc, _, err = run(capsys, "probe", "--compare", results, "--out", tmp_path / "cmp")
+        one_line_error(rc, err, "probe", "cannot read CSV")
+    export_args = ["export", "--run-dir", tiny_run, "--out", tmp_path / "enc"]
+    rc, _, err = run(capsys, *export_args, "--probe-results", tmp_path / "results-binary")
+    one_line_error(rc, err, "export", "not a probe results folder")
+    assert not (tmp_path / "enc").exists()
+    copy = tmp_path / "enc-copy"
+    shutil.copytree(export, copy)
+    (copy / "test_vectors.npz").write_bytes(b"")
+    rc, out, err = run(capsys, "verify", copy)
+    assert rc == 1 and "Traceback" not in err and "FAIL test vectors" in out and "not a readable" in out, out + err
