@@ -159,6 +159,9 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
     rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
     one_line_error(rc, err, "score", "not a readable CSV")
+    (tmp_path / "labels.csv").write_text("record_id,label\nx,a\ny,c\n")  # nothing labelled b
+    rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
+    one_line_error(rc, err, "score", "has no record labelled --anomalous b")
     assert not (tmp_path / "s.csv").exists()
 
 

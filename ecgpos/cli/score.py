@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.labels is not None:
         nominal, anomalous = _names(args.nominal, "--nominal"), _names(args.anomalous, "--anomalous")
         labels = read_labels(args.labels)
+        for flag, names in (("--nominal", nominal), ("--anomalous", anomalous)):
+            if not set(names) & set(labels.values()):  # AUROC needs both sides: say so before scoring
+                raise EcgposError(f"--labels {args.labels} has no record labelled {flag} {','.join(names)}")
     elif args.nominal or args.anomalous:
         raise EcgposError("--nominal/--anomalous need --labels CSV")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
