@@ -1,4 +1,5 @@
-"""Small shard sets in the documented layout, written directly (no WFDB reading, no filtering).
+"""Small shard sets in the documented layout, written directly (no WFDB reading, no filtering),
+and single WFDB records in mV for the readers.
 
 Signals are cheap ECG-like waveforms: a periodic train of Gaussian "QRS" and "T" bumps per lead
 with a per-record heart rate, per-lead gain and noise, standardised per lead, stored as float16
@@ -12,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import wfdb
 
 from ecgpos.ecg.shards import shard_name, write_shard
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
@@ -78,3 +80,18 @@ def write_tiny_shards(
         json.dumps({"spec": spec.to_dict(), "source": "tiny", "counts": {"written": n_records}, "version": "test"})
     )
     return folder
+
+
+def write_mv_record(folder: Path, name: str, signal: np.ndarray, fs: float, leads: list[str]) -> None:
+    """A WFDB format-16 record of a (leads, time) mV signal at 1 uV resolution, as PTB-XL stores them."""
+    wfdb.wrsamp(
+        name,
+        fs=fs,
+        units=["mV"] * len(leads),
+        sig_name=list(leads),
+        p_signal=signal.T.astype(np.float64),
+        fmt=["16"] * len(leads),
+        adc_gain=[1000.0] * len(leads),
+        baseline=[0] * len(leads),
+        write_dir=str(folder),
+    )

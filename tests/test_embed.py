@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import wfdb
+from shard_fixtures import write_mv_record
 from tiny_runs import cli
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
@@ -115,20 +115,6 @@ def test_lead_order_and_names_do_not_change_features(export0: Path, shared_data:
     assert np.abs(encoder.embed(swapped, raw.fs, raw.leads) - reference).max() > 1e-4
 
 
-def _write_record(folder: Path, name: str, signal: np.ndarray, fs: float, leads: list[str]) -> None:
-    wfdb.wrsamp(
-        name,
-        fs=fs,
-        units=["mV"] * len(leads),
-        sig_name=leads,
-        p_signal=signal.T.astype(np.float64),
-        fmt=["16"] * len(leads),
-        adc_gain=[1000.0] * len(leads),
-        baseline=[0] * len(leads),
-        write_dir=str(folder),
-    )
-
-
 def test_bad_records_are_reported_and_others_embedded(
     export0: Path, shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
@@ -154,7 +140,7 @@ def test_bad_records_are_reported_and_others_embedded(
         "nan": "non_finite",
     }
     for record_id, (signal, fs, leads) in cases.items():
-        _write_record(folder / Path(record_id).parent, Path(record_id).name, signal, fs, leads)
+        write_mv_record(folder / Path(record_id).parent, Path(record_id).name, signal, fs, leads)
     encoder = load_encoder(export0)
     for record_id, reason in reasons.items():  # the Python API raises the same reasons
         signal, fs, leads = cases[record_id]

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.io
+from shard_fixtures import write_mv_record
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.signal import preprocess_signal
@@ -140,24 +141,12 @@ def test_one_percent_subsets_lack_the_classes_merl_documents(shared_data):
 
 def test_geometry_and_leakage_screen_records_like_preprocessing(shared_data, tmp_path):
     """A record preprocessing refuses (three dead leads) is neither fingerprinted nor measured."""
-    import wfdb
-
     from ecgpos.errors import SignalError
     from probes.leakage import probe_fingerprints
 
     raw = read_record(*RecordLocator("ptbxl", shared_data).locate(_first_ptbxl(shared_data)))
     for name, signal in (("good", raw.signal), ("dead", np.where(np.arange(12)[:, None] < 3, 0.0, raw.signal))):
-        wfdb.wrsamp(
-            name,
-            fs=int(raw.fs),
-            units=["mV"] * 12,
-            sig_name=list(raw.leads),
-            p_signal=signal.T.astype(np.float64),
-            fmt=["16"] * 12,
-            adc_gain=[1000.0] * 12,
-            baseline=[0] * 12,
-            write_dir=str(tmp_path),
-        )
+        write_mv_record(tmp_path, name, signal, raw.fs, raw.leads)
     locator = RecordLocator("custom", tmp_path, tmp_path)
     dead = read_record(*locator.locate("dead"))
     assert preprocess_signal(dead.signal, dead.fs, dead.leads, DEFAULT_SPEC).shape == (12, 2500)  # unscreened

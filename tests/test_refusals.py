@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.io
-import wfdb
 from refusal_helpers import (
     ROOT,
     copy_record,
@@ -24,6 +23,7 @@ from refusal_helpers import (
     run,
     set_rate,
 )
+from shard_fixtures import write_mv_record
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC
@@ -282,17 +282,7 @@ def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_re
     from probes.datasets import RecordLocator
     from probes.features import encoder_source, extract_features
 
-    wfdb.wrsamp(
-        "short",
-        fs=500,
-        units=["mV"] * 12,
-        sig_name=list(CANONICAL_LEADS),
-        p_signal=short.T.astype(np.float64),
-        fmt=["16"] * 12,
-        adc_gain=[1000.0] * 12,
-        baseline=[0] * 12,
-        write_dir=str(tmp_path),
-    )
+    write_mv_record(tmp_path, "short", short, 500, list(CANONICAL_LEADS))
     enc = load_encoder(export)
     logged = []
     feats, stats = extract_features(
