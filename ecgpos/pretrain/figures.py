@@ -118,6 +118,22 @@ def plot_latent_reconstruction(
     return _save(fig, path)
 
 
+def plot_training_step(
+    stage: int, x: np.ndarray, arrays: dict[str, np.ndarray], folder: Path, step: int, fs: float, title: str
+) -> Path:
+    """The reconstruction figure of one training step, `folder/{recon,latent}-step-NNNNNNN.png`.
+
+    x (12, T) input window; arrays["mask"] (12, N) bool; Stage 0 also arrays["recon"] (12, N, P) in
+    the input's units, Stage 1 arrays["target"] and arrays["pred"] (12, N, W) latent tokens.
+    """
+    if stage == 0:
+        note = "(input black, masked grey, reconstruction red)"
+        path = folder / f"recon-step-{step:07d}.png"
+        return plot_reconstruction(x, arrays["recon"], arrays["mask"], path, fs, f"Stage 0 {title} {note}")
+    path = folder / f"latent-step-{step:07d}.png"
+    return plot_latent_reconstruction(x, arrays["target"], arrays["pred"], arrays["mask"], path, fs, f"Stage 1 {title}")
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """Records of a metrics.jsonl file (unreadable lines skipped: a crash may cut the last one)."""
     out = []

@@ -281,7 +281,7 @@ class Trainer:
 
     @torch.no_grad()
     def _figure(self, step: int) -> None:
-        from ecgpos.pretrain.figures import plot_latent_reconstruction, plot_reconstruction, plot_training_curves
+        from ecgpos.pretrain.figures import plot_training_curves, plot_training_step
 
         if not self.acc.is_main_process:
             return
@@ -293,28 +293,14 @@ class Trainer:
         model.train()
         self._keep_stage0_frozen()
         folder = self.run_dir / FIGURES_DIR
-        x_np, mask = x[0].float().cpu().numpy(), out["mask"][0].cpu().numpy()
         title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
         if self.cfg.stage == 0:
-            recon = model.to_signal_units(x, out["pred"])[0].float().cpu().numpy()
-            plot_reconstruction(
-                x_np,
-                recon,
-                mask,
-                folder / f"recon-step-{step:07d}.png",
-                self.cfg.preprocess.fs,
-                f"Stage 0 {title} (input black, masked grey, reconstruction red)",
-            )
+            tensors = {"recon": model.to_signal_units(x, out["pred"])[0].float()}
         else:
-            plot_latent_reconstruction(
-                x_np,
-                out["target"][0].float().cpu().numpy(),
-                out["pred"][0].float().cpu().numpy(),
-                mask,
-                folder / f"latent-step-{step:07d}.png",
-                self.cfg.preprocess.fs,
-                f"Stage 1 {title}",
-            )
+            tensors = {"target": out["target"][0].float(), "pred": out["pred"][0].float()}
+        arrays = {"mask": out["mask"][0].cpu().numpy(), **{k: v.cpu().numpy() for k, v in tensors.items()}}
+        x_np = x[0].float().cpu().numpy()
+        plot_training_step(self.cfg.stage, x_np, arrays, folder, step, self.cfg.preprocess.fs, title)
         plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
 
     def _keep_stage0_frozen(self) -> None:
