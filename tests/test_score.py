@@ -52,6 +52,11 @@ def records(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return folder
 
 
+def score(run: Path, records: Path, out: Path, *extra: object) -> int:
+    """`ecgpos score --run RUN --input RECORDS --out OUT --no-progress EXTRA...`; its exit code."""
+    return cli("score", "--run", run, "--input", records, "--out", out, "--no-progress", *extra)
+
+
 def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
     with path.open() as handle:
         rows = list(csv.DictReader(handle))
@@ -59,38 +64,8 @@ def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
 
 
 def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage1"],
-            "--input",
-            records,
-            "--masks",
-            "3",
-            "--out",
-            tmp_path / "a.csv",
-            "--no-progress",
-        )
-        == 0
-    )
-    assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage1"],
-            "--input",
-            records,
-            "--masks",
-            "3",
-            "--batch-size",
-            "2",
-            "--out",
-            tmp_path / "b.csv",
-            "--no-progress",
-        )
-        == 0
-    )
+    assert score(runs["stage1"], records, tmp_path / "a.csv", "--masks", "3") == 0
+    assert score(runs["stage1"], records, tmp_path / "b.csv", "--masks", "3", "--batch-size", "2") == 0
     header, a = _read(tmp_path / "a.csv")
     assert header == ["record_id", "stage0_score", "stage1_score"]
     _, b = _read(tmp_path / "b.csv")
@@ -101,41 +76,13 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
     assert np.all(values > 0) and np.all(np.isfinite(values))
     assert len(np.unique(values[:, 0].round(6))) == 6  # the scores tell records apart
     # more masks give a different (averaged) value: the mask count is really used
-    assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage1"],
-            "--input",
-            records,
-            "--masks",
-            "1",
-            "--out",
-            tmp_path / "c.csv",
-            "--no-progress",
-        )
-        == 0
-    )
+    assert score(runs["stage1"], records, tmp_path / "c.csv", "--masks", "1") == 0
     _, c = _read(tmp_path / "c.csv")
     assert any(not np.allclose(a[k], c[k]) for k in a)
 
 
 def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage0"],
-            "--input",
-            records,
-            "--masks",
-            "2",
-            "--out",
-            tmp_path / "s.csv",
-            "--no-progress",
-        )
-        == 0
-    )
+    assert score(runs["stage0"], records, tmp_path / "s.csv", "--masks", "2") == 0
     header, rows = _read(tmp_path / "s.csv")
     assert header == ["record_id", "stage0_score"]
     assert len(rows) == 6
@@ -149,41 +96,22 @@ def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tm
     leads = list(raw.leads)
     for name, names in (("a", leads), ("b", [leads[i] for i in order])):
         assert (
-            cli(
-                "score",
-                "--run",
+            score(
                 runs["stage1"],
-                "--input",
                 tmp_path / f"{name}.npy",
+                tmp_path / f"{name}.csv",
                 "--fs",
                 raw.fs,
                 "--leads",
                 ",".join(names),
                 "--masks",
                 "2",
-                "--out",
-                tmp_path / f"{name}.csv",
-                "--no-progress",
             )
             == 0
         )
     assert _read(tmp_path / "a.csv")[1]["a"] == _read(tmp_path / "b.csv")[1]["b"]
     # and the .npy path scores the same as the WFDB record it came from
-    assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage1"],
-            "--input",
-            records / "00001_hr",
-            "--masks",
-            "2",
-            "--out",
-            tmp_path / "x.csv",
-            "--no-progress",
-        )
-        == 0
-    )
+    assert score(runs["stage1"], records / "00001_hr", tmp_path / "x.csv", "--masks", "2") == 0
     assert np.allclose(_read(tmp_path / "a.csv")[1]["a"], _read(tmp_path / "x.csv")[1]["00001_hr"], rtol=1e-6)
 
 
@@ -192,24 +120,7 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     out = tmp_path / "o" / "scores.csv"
     assert (
-        cli(
-            "score",
-            "--run",
-            runs["stage1"],
-            "--input",
-            records,
-            "--masks",
-            "2",
-            "--out",
-            out,
-            "--labels",
-            labels,
-            "--nominal",
-            "N",
-            "--anomalous",
-            "A",
-            "--no-progress",
-        )
+        score(runs["stage1"], records, out, "--masks", "2", "--labels", labels, "--nominal", "N", "--anomalous", "A")
         == 0
     )
     text = (out.parent / "scores_summary.md").read_text()
@@ -232,21 +143,7 @@ def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records
     assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
     assert cli("score", "--run", plain, "--input", records, "--out", tmp_path / "p.csv") == 2
     for source, name in ((runs["stage1"], "r"), (full, "e")):
-        assert (
-            cli(
-                "score",
-                "--run",
-                source,
-                "--input",
-                records,
-                "--masks",
-                "2",
-                "--out",
-                tmp_path / f"{name}.csv",
-                "--no-progress",
-            )
-            == 0
-        )
+        assert score(source, records, tmp_path / f"{name}.csv", "--masks", "2") == 0
     _, r = _read(tmp_path / "r.csv")
     _, e = _read(tmp_path / "e.csv")
     for key in r:
