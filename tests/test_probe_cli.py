@@ -31,6 +31,12 @@ def _probe(capsys, *args: str) -> tuple[int, str, str]:
     return rc, cap.out, cap.err
 
 
+def _probe_task(capsys, encoder, task: str, data_root: Path, splits: Path, out: Path, *extra) -> tuple[int, str, str]:
+    """`ecgpos probe` on one task: exit code, stdout, stderr."""
+    args = ("--encoder", encoder, "--task", task, "--data-root", data_root, "--splits", splits, "--out", out)
+    return _probe(capsys, *args, *extra)
+
+
 def _one_line_error(rc: int, err: str, needle: str) -> None:
     assert rc == 2
     lines = err.strip().splitlines()
@@ -39,36 +45,14 @@ def _one_line_error(rc: int, err: str, needle: str) -> None:
 
 
 def test_unknown_task_is_one_line(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(
-        capsys,
-        "--encoder",
-        f"random:{TINY}",
-        "--task",
-        "ptbxl-diagnostic",
-        "--data-root",
-        shared_data,
-        "--splits",
-        shared_data / "merl_splits",
-        "--out",
-        tmp_path,
+    rc, _, err = _probe_task(
+        capsys, f"random:{TINY}", "ptbxl-diagnostic", shared_data, shared_data / "merl_splits", tmp_path
     )
     _one_line_error(rc, err, "unknown task 'ptbxl-diagnostic'")
 
 
 def test_splits_folder_without_files_is_one_line(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(
-        capsys,
-        "--encoder",
-        f"random:{TINY}",
-        "--task",
-        "cpsc2018",
-        "--data-root",
-        shared_data,
-        "--splits",
-        tmp_path,
-        "--out",
-        tmp_path / "out",
-    )
+    rc, _, err = _probe_task(capsys, f"random:{TINY}", "cpsc2018", shared_data, tmp_path, tmp_path / "out")
     _one_line_error(rc, err, "icbeb/icbeb_train.csv not found")
 
 
@@ -76,55 +60,22 @@ def test_class_column_mismatch_is_one_line(capsys, shared_data, tmp_path):
     shutil.copytree(shared_data / "merl_splits" / "icbeb", tmp_path / "icbeb")
     frame = pd.read_csv(tmp_path / "icbeb" / "icbeb_val.csv").rename(columns={"STD": "STDX"})
     frame.to_csv(tmp_path / "icbeb" / "icbeb_val.csv", index=False)
-    rc, _, err = _probe(
-        capsys,
-        "--encoder",
-        f"random:{TINY}",
-        "--task",
-        "cpsc2018",
-        "--data-root",
-        shared_data,
-        "--splits",
-        tmp_path,
-        "--out",
-        tmp_path / "out",
-    )
+    rc, _, err = _probe_task(capsys, f"random:{TINY}", "cpsc2018", shared_data, tmp_path, tmp_path / "out")
     _one_line_error(rc, err, "missing STD; unexpected STDX")
 
 
 def test_unloadable_encoder_is_one_line(capsys, shared_data, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("not: a run\n")
-    rc, _, err = _probe(
-        capsys,
-        "--encoder",
-        tmp_path / "run",
-        "--task",
-        "cpsc2018",
-        "--data-root",
-        shared_data,
-        "--splits",
-        shared_data / "merl_splits",
-        "--out",
-        tmp_path / "out",
+    rc, _, err = _probe_task(
+        capsys, tmp_path / "run", "cpsc2018", shared_data, shared_data / "merl_splits", tmp_path / "out"
     )
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_require_complete_refuses_missing_records(capsys, shared_data, tmp_path):
-    rc, _, err = _probe(
-        capsys,
-        "--encoder",
-        f"random:{TINY}",
-        "--task",
-        "cpsc2018",
-        "--data-root",
-        shared_data,
-        "--splits",
-        shared_data / "merl_splits",
-        "--out",
-        tmp_path,
-        "--require-complete",
+    rc, _, err = _probe_task(
+        capsys, f"random:{TINY}", "cpsc2018", shared_data, shared_data / "merl_splits", tmp_path, "--require-complete"
     )
     _one_line_error(rc, err, "cpsc2018 train: 4931 of 4950 records not found")
 
