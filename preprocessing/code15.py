@@ -80,6 +80,15 @@ def _table(src: Path) -> pd.DataFrame:
             raise EcgposError(f"cannot read {path}: {err}".splitlines()[0]) from None
         if "exam_id" not in table.columns:
             raise EcgposError(f"{path} has no exam_id column")
+        # every row must name its exam: a blank or non-integer id cannot be matched with a tracing
+        ids = pd.to_numeric(table["exam_id"], errors="coerce")
+        bad = ids.isna() | (ids % 1 != 0)
+        if bad.any():
+            first = int(np.flatnonzero(bad.to_numpy())[0])
+            value = table["exam_id"].iloc[first]
+            shown = "is blank" if pd.isna(value) else f"{str(value)!r} is not an integer"
+            raise EcgposError(f"{path} line {first + 2}: exam_id {shown}; every row must name its exam")
+        table["exam_id"] = ids.astype(np.int64)
         table = table.drop_duplicates("exam_id").set_index("exam_id")
         _tables[key] = table
     return _tables[key]
@@ -106,7 +115,7 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
     table = _table(src)
     known = set(table.index.tolist())
     trace_file = table["trace_file"].astype(str) if "trace_file" in table.columns else pd.Series(dtype=str)
-    refs, seen, padding = [], set(), 0
+    refs, seen, padding, readable = [], set(), 0, set()
     for _, path in parts:
         try:
             with h5py.File(path, "r") as f:
@@ -121,6 +130,7 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
                 RecordRef(path.name, path.name, problem=("unreadable_part", detail))
             ]
             continue
+        readable.add(path.name)
         for row, exam_id in enumerate(exam_ids.tolist()):
             if exam_id == 0:
                 padding += 1
@@ -132,6 +142,13 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
                 problem = ("missing_metadata", f"exam {exam_id} has no exams.csv row")
             seen.add(exam_id)
             refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
+    # exams.csv rows that name a readable part here which does not hold them: reported, not lost
+    held = {str(e) for e in seen}
+    absent = sorted((part, str(eid)) for eid, part in trace_file.items() if part in readable and str(eid) not in held)
+    refs += [
+        RecordRef(eid, part, problem=("unreadable", f"exams.csv puts exam {eid} in {part}, which does not hold it"))
+        for part, eid in absent
+    ]
     return refs, {"padding_rows": padding}
 
 
