@@ -38,7 +38,7 @@ from probes.run import (
     sort_rows,
     task_locator,
 )
-from probes.tasks import GUARDED_TASKS, SPLITS, read_split, resolve_task, task_names
+from probes.tasks import GUARDED_TASKS, read_splits, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -208,7 +208,7 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     overlaps = []
     for task in tasks:
         column = record_column(task, cfg)
-        splits = {s: read_split(task, args.splits, s, column).records for s in SPLITS}
+        splits = {s: t.records for s, t in read_splits(task, args.splits, column).items()}
         overlap = task_overlap(
             task.name,
             splits,
@@ -245,8 +245,7 @@ def main(argv: list[str]) -> int:
     cache_dir = args.cache_dir or default_cache
     # check every split file (and, if asked, every record) before loading the encoder
     for task in tasks:
-        for split in SPLITS:
-            table = read_split(task, args.splits, split, record_column(task, cfg))
+        for split, table in read_splits(task, args.splits, record_column(task, cfg)).items():
             if args.require_complete:
                 missing = missing_records(task, table, args.data_root or Path("."))
                 if missing:
