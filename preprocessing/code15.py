@@ -105,6 +105,17 @@ def _row_meta(row: pd.Series) -> dict[str, str]:
     return meta
 
 
+def _exam_ids(values: np.ndarray) -> np.ndarray:
+    """A part's `exam_id` dataset as int64; ValueError unless it is one whole number per row
+    (a fractional id would be truncated onto another exam's metadata)."""
+    values = np.asarray(values)
+    if values.ndim != 1 or values.dtype.kind not in "iuf":
+        raise ValueError(f"exam_id has shape {values.shape} and dtype {values.dtype}, expected one integer per row")
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values % 1 == 0)):
+        raise ValueError("exam_id holds values that are not whole numbers")
+    return values.astype(np.int64)
+
+
 def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef], dict[str, int]]:
     """Every exam in every `exams_partN.hdf5` under src, ordered by (part, row); exam_id 0 rows left out."""
     if subset not in (None, "all"):
@@ -119,8 +130,10 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
     for _, path in parts:
         try:
             with h5py.File(path, "r") as f:
-                exam_ids = np.asarray(f["exam_id"][:], dtype=np.int64)
-                shape = f["tracings"].shape
+                exam_ids = _exam_ids(f["exam_id"][:])
+                shape, dtype = f["tracings"].shape, f["tracings"].dtype
+            if dtype.kind != "f":  # integers would be ADC counts read as mV
+                raise ValueError(f"tracings dtype {dtype}, expected float mV")
             if len(shape) != 3 or shape[0] != exam_ids.shape[0] or shape[2] != 12:
                 raise ValueError(f"tracings shape {shape} does not match {exam_ids.shape[0]} exam ids x 12 leads")
         except Exception as err:  # h5py raises OSError/KeyError/ValueError for damaged files

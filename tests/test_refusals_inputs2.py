@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import h5py
 import numpy as np
 from code15_fixtures import FS as CODE15_FS
 from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
@@ -85,6 +86,29 @@ def test_code15_row_without_an_exam_id_is_one_line(capsys, tmp_path):
     rc, _, err = _preprocess(capsys, tmp_path / "c15", tmp_path / "o", "code15")
     one_line_error(rc, err, "preprocess", "exams.csv line 4: exam_id is blank")
     assert not (tmp_path / "o" / "index.csv").exists()
+
+
+def test_code15_part_with_odd_exam_ids_or_integer_tracings_is_unreadable_part(capsys, tmp_path):
+    """An (N, 1) exam_id was a TypeError traceback; fractional ids were truncated onto another
+    exam's metadata, and integer tracings (ADC counts) were read as mV."""
+    ten = padded_trace(ecg_like(4000, CODE15_FS, 1))
+    traces = np.stack([ten, ten, np.zeros_like(ten)])
+    cases = {
+        "column": (np.array([[1], [2], [0]]), traces, "exam_id has shape (3, 1)"),
+        "fraction": (np.array([1.5, 2.0, 0.0]), traces, "not whole numbers"),
+        "counts": (np.array([1, 2, 0]), (traces * 1000).astype(np.int16), "tracings dtype int16"),
+    }
+    for name, (ids, tracings, needle) in cases.items():
+        src = tmp_path / name
+        src.mkdir()
+        with h5py.File(src / "exams_part0.hdf5", "w") as f:
+            f.create_dataset("exam_id", data=ids)
+            f.create_dataset("tracings", data=tracings)
+        write_exams_csv(src, [exam_row(1, 0), exam_row(2, 0)])
+        rc, out, err = _preprocess(capsys, src, tmp_path / f"o-{name}", "code15")
+        assert rc == 0 and "stored 0 + skipped 2 = found 2" in out, out + err
+        rows = read_rows(tmp_path / f"o-{name}" / "skipped.csv")
+        assert {r["reason"] for r in rows} == {"unreadable_part"} and needle in rows[0]["detail"]
 
 
 def test_a_shard_file_given_as_the_shard_folder_says_so(capsys, tmp_path, tiny_shards):
