@@ -35,6 +35,24 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
             tmp.unlink()
 
 
+def make_output_folder(path: str | Path, flag: str = "--out", create: bool = True) -> Path:
+    """The output folder `path`, created (with its parents) when `create`; one line, instead of an
+    OSError traceback after the work is done, when it is a file or cannot be made. Call it with
+    create=False before the work to refuse early without leaving an empty folder behind."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise EcgposError(f"{flag} {path} is a file, not a folder")
+    above = next((p for p in path.absolute().parents if p.exists()), None)
+    if not path.exists() and above is not None and not above.is_dir():
+        raise EcgposError(f"{flag} {path}: {above} is a file, not a folder")
+    if create:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise EcgposError(f"{flag} {path} cannot be created: {err.strerror or err}") from None
+    return path
+
+
 def atomic_write_bytes(path: str | Path, data: bytes, sync: bool = True) -> None:
     """Write `data` to `path` atomically (fsync'd first when `sync`, so a crash leaves old or new)."""
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:

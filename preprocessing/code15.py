@@ -80,6 +80,15 @@ def _table(src: Path) -> pd.DataFrame:
             raise EcgposError(f"cannot read {path}: {err}".splitlines()[0]) from None
         if "exam_id" not in table.columns:
             raise EcgposError(f"{path} has no exam_id column")
+        # every row must name its exam: a blank or non-integer id cannot be matched with a tracing
+        ids = pd.to_numeric(table["exam_id"], errors="coerce")
+        bad = ids.isna() | (ids % 1 != 0)
+        if bad.any():
+            first = int(np.flatnonzero(bad.to_numpy())[0])
+            value = table["exam_id"].iloc[first]
+            shown = "is blank" if pd.isna(value) else f"{str(value)!r} is not an integer"
+            raise EcgposError(f"{path} line {first + 2}: exam_id {shown}; every row must name its exam")
+        table["exam_id"] = ids.astype(np.int64)
         table = table.drop_duplicates("exam_id").set_index("exam_id")
         _tables[key] = table
     return _tables[key]
@@ -96,6 +105,17 @@ def _row_meta(row: pd.Series) -> dict[str, str]:
     return meta
 
 
+def _exam_ids(values: np.ndarray) -> np.ndarray:
+    """A part's `exam_id` dataset as int64; ValueError unless it is one whole number per row
+    (a fractional id would be truncated onto another exam's metadata)."""
+    values = np.asarray(values)
+    if values.ndim != 1 or values.dtype.kind not in "iuf":
+        raise ValueError(f"exam_id has shape {values.shape} and dtype {values.dtype}, expected one integer per row")
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values) & (values % 1 == 0)):
+        raise ValueError("exam_id holds values that are not whole numbers")
+    return values.astype(np.int64)
+
+
 def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef], dict[str, int]]:
     """Every exam in every `exams_partN.hdf5` under src, ordered by (part, row); exam_id 0 rows left out."""
     if subset not in (None, "all"):
@@ -106,12 +126,14 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
     table = _table(src)
     known = set(table.index.tolist())
     trace_file = table["trace_file"].astype(str) if "trace_file" in table.columns else pd.Series(dtype=str)
-    refs, seen, padding = [], set(), 0
+    refs, seen, padding, readable = [], set(), 0, set()
     for _, path in parts:
         try:
             with h5py.File(path, "r") as f:
-                exam_ids = np.asarray(f["exam_id"][:], dtype=np.int64)
-                shape = f["tracings"].shape
+                exam_ids = _exam_ids(f["exam_id"][:])
+                shape, dtype = f["tracings"].shape, f["tracings"].dtype
+            if dtype.kind != "f":  # integers would be ADC counts read as mV
+                raise ValueError(f"tracings dtype {dtype}, expected float mV")
             if len(shape) != 3 or shape[0] != exam_ids.shape[0] or shape[2] != 12:
                 raise ValueError(f"tracings shape {shape} does not match {exam_ids.shape[0]} exam ids x 12 leads")
         except Exception as err:  # h5py raises OSError/KeyError/ValueError for damaged files
@@ -121,6 +143,7 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
                 RecordRef(path.name, path.name, problem=("unreadable_part", detail))
             ]
             continue
+        readable.add(path.name)
         for row, exam_id in enumerate(exam_ids.tolist()):
             if exam_id == 0:
                 padding += 1
@@ -132,6 +155,13 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
                 problem = ("missing_metadata", f"exam {exam_id} has no exams.csv row")
             seen.add(exam_id)
             refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
+    # exams.csv rows that name a readable part here which does not hold them: reported, not lost
+    held = {str(e) for e in seen}
+    absent = sorted((part, str(eid)) for eid, part in trace_file.items() if part in readable and str(eid) not in held)
+    refs += [
+        RecordRef(eid, part, problem=("unreadable", f"exams.csv puts exam {eid} in {part}, which does not hold it"))
+        for part, eid in absent
+    ]
     return refs, {"padding_rows": padding}
 
 

@@ -1,8 +1,11 @@
 """ecg-arrhythmia (Chapman-Shaoxing + Ningbo, PhysioNet 1.0.0): `WFDBRecords/NN/NNN/JSxxxxx.{hea,mat}`.
 
 Bucket folders hold 100 existing records and ids have gaps, so folders cannot be computed from
-ids: the tree under --src is walked. JS00001..JS10646 are Chapman-Shaoxing, JS10647..JS45551
-Ningbo (the paper's pretraining pool). 500 Hz, 10 s, 12 leads, `#Age/#Sex/#Dx` header comments.
+ids: the tree under --src is walked (following symlinked folders, each real folder once). The
+`RECORDS` files of the release list each folder's records: a listed record with no file anywhere in
+the tree (a partial copy) is reported as skipped, not silently left out. JS00001..JS10646 are
+Chapman-Shaoxing, JS10647..JS45551 Ningbo (the paper's pretraining pool). 500 Hz, 10 s, 12 leads,
+`#Age/#Sex/#Dx` header comments.
 """
 
 from __future__ import annotations
@@ -29,16 +32,16 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
 
     Returns (refs, notes): notes counts what was seen outside the subset and the `.hea`/`.mat`
     files whose name is not JSnnnnn (`not_a_record`: not ecg-arrhythmia records). A record found twice
-    keeps the first path (sorted) and the others become `duplicate_record`.
+    keeps the first path (sorted) and the others become `duplicate_record`. A record that a `RECORDS`
+    file lists but that has no file in the tree is `unreadable`.
     """
     if subset not in SUBSETS:
         raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")
     low, high = SUBSETS[subset]
     stems: dict[tuple[int, str], set[str]] = {}
     foreign: set[str] = set()  # WFDB-looking files whose name is not an ecg-arrhythmia id
-    for folder, dirs, files in os.walk(src, followlinks=True):
-        dirs.sort()
-        rel = Path(folder).relative_to(src)
+    listed: dict[str, str] = {}  # record id -> location, from the RECORDS files
+    for rel, files in _walk(src):
         for name in files:
             stem, ext = os.path.splitext(name)
             match = _ID.match(stem)
@@ -46,6 +49,14 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
                 stems.setdefault((int(match.group(1)), (rel / stem).as_posix()), set()).add(ext)
             elif ext in (".hea", ".mat"):
                 foreign.add((rel / stem).as_posix())
+        if "RECORDS" in files:
+            for entry in _records_file(src / rel / "RECORDS"):
+                listed.setdefault(Path(entry).name, (rel / entry).as_posix())
+    found = {Path(location).name for _, location in stems}
+    for record_id, location in listed.items():
+        match = _ID.match(record_id)
+        if match and record_id not in found:
+            stems[(int(match.group(1)), location)] = set()
     refs, seen, outside = [], set(), 0
     for (number, location), exts in sorted(stems.items()):
         if not low <= number <= high:
@@ -53,13 +64,45 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
             continue
         record_id = Path(location).name
         problem = None
-        if record_id in seen:
+        if not exts:
+            problem = ("unreadable", f"listed in {Path(location).parent / 'RECORDS'} but no .hea/.mat file found")
+        elif record_id in seen:
             problem = ("duplicate_record", f"{record_id} also found earlier in the tree")
         elif ".hea" not in exts:
             problem = ("unreadable", "no .hea header beside the .mat")
         seen.add(record_id)
         refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
     return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
+
+
+def _walk(src: Path) -> list[tuple[Path, list[str]]]:
+    """(folder relative to src, file names) of every folder under src, sorted. Symlinked folders are
+    followed, but each real folder is visited once: a link back up the tree would otherwise list the
+    same records again at every level until the OS gives up."""
+    out, visited = [], set()
+    for folder, dirs, files in os.walk(src, followlinks=True):
+        try:
+            stat = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (stat.st_dev, stat.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((stat.st_dev, stat.st_ino))
+        dirs.sort()
+        out.append((Path(folder).relative_to(src), files))
+    return out
+
+
+def _records_file(path: Path) -> list[str]:
+    """Record paths listed in a WFDB `RECORDS` file (relative to its folder); folder entries
+    (ending in '/') are left out, their own RECORDS files list their records."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.strip() and not line.strip().endswith("/")]
 
 
 def load_record(src: Path, ref: RecordRef) -> LoadedRecord:

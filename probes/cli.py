@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError
+from ecgpos.files import make_output_folder
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
@@ -38,7 +39,7 @@ from probes.run import (
     sort_rows,
     task_locator,
 )
-from probes.tasks import GUARDED_TASKS, SPLITS, read_split, resolve_task, task_names
+from probes.tasks import GUARDED_TASKS, read_splits, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -180,7 +181,7 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out is None:
         print(summary_markdown(frame, notes, sections))
         return 0
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_output_folder(args.out)
     if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
         if sets:
@@ -208,7 +209,7 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     overlaps = []
     for task in tasks:
         column = record_column(task, cfg)
-        splits = {s: read_split(task, args.splits, s, column).records for s in SPLITS}
+        splits = {s: t.records for s, t in read_splits(task, args.splits, column).items()}
         overlap = task_overlap(
             task.name,
             splits,
@@ -240,13 +241,13 @@ def main(argv: list[str]) -> int:
         raise EcgposError(f"--splits {args.splits} is not a folder")
     if args.data_root is not None and not args.data_root.is_dir():
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
+    make_output_folder(args.out, create=False)  # a file as --out: one line before any work
     cfg = _config(args)
     default_cache = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
     cache_dir = args.cache_dir or default_cache
     # check every split file (and, if asked, every record) before loading the encoder
     for task in tasks:
-        for split in SPLITS:
-            table = read_split(task, args.splits, split, record_column(task, cfg))
+        for split, table in read_splits(task, args.splits, record_column(task, cfg)).items():
             if args.require_complete:
                 missing = missing_records(task, table, args.data_root or Path("."))
                 if missing:
@@ -266,7 +267,7 @@ def main(argv: list[str]) -> int:
         sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device))
     if args.raw_baseline:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_output_folder(args.out)
     started = time.time()
     jobs, notes, extraction, tests = [], [], {}, {}
     log = lambda s: (print(s), notes.append(s))  # noqa: E731

@@ -33,6 +33,7 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
+from ecgpos.files import make_output_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
@@ -272,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
+    make_output_folder(args.out, create=False)  # a file as --out: one line now, not after the work
     device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)
@@ -286,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError(f"{args.task} ({args.split}) after skipped records: {problem}")
     res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
     present = [c for c in nominal if c in data.labels]
-    args.out.mkdir(parents=True, exist_ok=True)
+    make_output_folder(args.out)
     with (args.out / "metrics.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
         writer.writeheader()

@@ -49,11 +49,14 @@ def label_fraction_rows(n_rows: int, fraction: float) -> np.ndarray:
     """Row indices of a training subset, drawn as MERL does.
 
     fraction < 1: `train_test_split(arange(n_rows), train_size=fraction, random_state=42)[0]`
-    (same subset for every seed, in sklearn's order); fraction >= 1: all rows.
+    (same subset for every seed, in sklearn's order); fraction >= 1: all rows; none when the
+    fraction of n_rows is less than one row.
     """
     rows = np.arange(n_rows)
     if fraction >= 1.0:
         return rows
+    if int(fraction * n_rows) == 0:  # sklearn refuses an empty subset; the probe reports "no train rows"
+        return rows[:0]
     subset, _ = train_test_split(rows, train_size=fraction, random_state=42)
     return np.asarray(subset)
 

@@ -25,7 +25,7 @@ from ecgpos.models.features import resolve_device
 from probes.datasets import RecordLocator
 from probes.features import FeatureSource, FeatureStats, extract_features
 from probes.linear import ProtocolConfig, label_fraction_rows, train_probe_groups
-from probes.tasks import SPLITS, SplitTable, TaskDef, read_split
+from probes.tasks import SplitTable, TaskDef, read_splits
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
 
@@ -128,7 +128,7 @@ def prepare_task(
     """Read the three splits, locate records, get features; report (or, if required, refuse) gaps.
     Records in `exclude` (pretraining overlap) are left out of every split."""
     column = record_column(task, cfg)
-    tables = {s: read_split(task, splits_root, s, column) for s in SPLITS}
+    tables = read_splits(task, splits_root, column)
     locator = task_locator(task, data_root)
     missing = {s: [k for k in t.records if locator.locate(k) is None] for s, t in tables.items()}
     for split, ids in missing.items():

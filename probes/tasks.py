@@ -177,3 +177,22 @@ def read_split(task: TaskDef, splits_root: Path | None, split: str, record_colum
     if bad.any():
         raise EcgposError(f"{path}: class column(s) {', '.join(labels.columns[bad])} hold values other than 0/1")
     return SplitTable([str(r) for r in frame[column]], labels.to_numpy(np.uint8), path)
+
+
+def read_splits(task: TaskDef, splits_root: Path | None, record_column: str | None = None) -> dict[str, SplitTable]:
+    """All three splits of a task (`read_split` each), which must not share records: a record listed
+    twice, or in two splits, would be trained on and tested on, or weigh double, without a word."""
+    tables = {s: read_split(task, splits_root, s, record_column) for s in SPLITS}
+    first: dict[str, str] = {}
+    for split, table in tables.items():
+        for key in table.records:
+            if key in ("", "nan"):  # a blank cell: reported as a record not found, not as a repeat
+                continue
+            if key in first:
+                where = f"twice in {split}" if first[key] == split else f"in both {first[key]} and {split}"
+                raise EcgposError(
+                    f"task {task.name}: record {key} is listed {where} ({table.path}); "
+                    "each record must appear in one split, once"
+                )
+            first[key] = split
+    return tables

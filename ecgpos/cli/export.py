@@ -21,6 +21,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
+from ecgpos.files import make_output_folder
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
@@ -50,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _prepare_out(out: Path) -> bool:
     """True when `out` holds an earlier export (replaced on success); refuse any other non-empty path."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+    if not out.exists():
+        make_output_folder(out, create=False)  # a file above it: one line before the export is built
+        return False
+    if out.is_dir() and not any(out.iterdir()):
         return False
     if out.is_dir() and (out / CONFIG_FILE).is_file():
         try:

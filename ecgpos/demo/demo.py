@@ -20,6 +20,7 @@ from pathlib import Path
 from ecgpos.cli import run_command
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError
+from ecgpos.files import make_output_folder
 from ecgpos.resources import config_path
 
 
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
     args = parser.parse_args(argv)
+    make_output_folder(args.out)
     started = time.monotonic()
     summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)
     print()

@@ -69,6 +69,8 @@ def shard_paths(folder: str | Path) -> list[Path]:
 def shard_files(folder: str | Path) -> list[Path]:
     """The shard files of a folder; ConfigError when the folder is missing or holds none."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"shard folder {folder} is a file, not a folder (give the folder holding {SHARD_GLOB})")
     if not folder.is_dir():
         raise ConfigError(f"shard folder {folder} does not exist")
     paths = sorted(folder.glob(SHARD_GLOB))

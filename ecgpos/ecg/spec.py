@@ -47,6 +47,10 @@ class PreprocessSpec:
             )
         if self.window <= 0 or self.filter_order <= 0:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
+        if self.units != "mV":  # every reader converts to mV; another value would only mislabel the data
+            raise ConfigError(
+                f"preprocess.units must be 'mV' (every reader converts records to mV), got {self.units!r}"
+            )
         if self.leads != CANONICAL_LEADS:
             raise ConfigError(f"preprocess.leads must be the canonical order {list(CANONICAL_LEADS)}")
 

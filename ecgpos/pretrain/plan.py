@@ -17,6 +17,7 @@ from typing import Any
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.export.format import weights_hash
+from ecgpos.files import make_output_folder
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 
 
@@ -96,8 +97,7 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     from ecgpos.ecg.shards import SHARD_GLOB
     from ecgpos.runs.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
 
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"--run-dir {run_dir} exists and is not a folder")
+    make_output_folder(run_dir, "--run-dir", create=False)  # a file there, or a file above it
     if run_dir.is_dir() and any(run_dir.glob(SHARD_GLOB)):  # e.g. --run-dir given one of the --shards folders
         raise ConfigError(f"--run-dir {run_dir} holds shard files ({SHARD_GLOB}): a run goes in a folder of its own")
     has_run = run_dir.is_dir() and ((run_dir / METRICS_FILE).exists() or newest_checkpoint(run_dir) is not None)
