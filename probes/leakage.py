@@ -18,7 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ecgpos.ecg.fingerprint import MAX_DISTANCE, FingerprintIndex, fingerprint
+from ecgpos.ecg.fingerprint import (
+    BLOCK_SECONDS,
+    MIN_BLOCKS,
+    FingerprintIndex,
+    blocks_per_lead,
+    fingerprint,
+    max_distance,
+)
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
@@ -88,7 +95,12 @@ def load_pretraining(folders: Sequence[Path], log: Callable[[str], None] = print
             spec = read_shard_spec(folder)
         except ConfigError as err:
             raise EcgposError(f"--pretraining-index: {err}") from None
-        target = index.by_spec.setdefault(spec, FingerprintIndex())
+        if blocks_per_lead(spec.fs, spec.window) < MIN_BLOCKS:  # matching nothing would read as "no overlap"
+            raise EcgposError(
+                f"leakage guard: {folder} holds {spec.window / spec.fs:g} s windows, shorter than the "
+                f"{MIN_BLOCKS * BLOCK_SECONDS:g} s a content fingerprint needs to tell recordings apart"
+            )
+        target = index.by_spec.setdefault(spec, FingerprintIndex(max_distance=max_distance(spec.fs, spec.window)))
         prints = _indexed_prints(folder)
         if prints is None:
             prints = {rid: fingerprint(x, spec.fs, spec.window, spec.dtype) for rid, x in iter_shard_records(folder)}
@@ -181,7 +193,7 @@ def task_overlap(
             done = {m[0] for m in matches[split]}
             for key in keys:
                 if key in ours and key not in done:
-                    hit = prints.match(ours[key], MAX_DISTANCE)
+                    hit = prints.match(ours[key])
                     if hit:
                         matches[split].append((key, hit[0][0], hit[0][1]))
                         done.add(key)
@@ -190,10 +202,14 @@ def task_overlap(
 
 def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], excluded: bool) -> str:
     """The summary.md section of the guard's report."""
+    thresholds = " / ".join(
+        f"{prints.max_distance} of {prints.leads * blocks_per_lead(spec.fs, spec.window)} bits"
+        for spec, prints in index.by_spec.items()
+    )
     lines = [
         "## Pretraining overlap (leakage guard)",
         "",
-        f"Probe records compared by content fingerprint (at most {MAX_DISTANCE} of 540 bits apart) with the "
+        f"Probe records compared by content fingerprint (at most {thresholds} apart) with the "
         f"{len(index)} records of {', '.join(map(str, index.folders))}.",
         "",
     ]

@@ -234,3 +234,22 @@ def test_csn_task_reads_merls_split_files(shared_data):
     assert len(table.records) == 16546 and table.labels.shape == (16546, 38)
     found = task_locator(task, shared_data).locate("/chapman/WFDBRecords/01/010/JS00001.mat")
     assert found is not None and found[0].name == "JS00001"
+
+
+def test_guard_threshold_follows_the_window_and_short_windows_are_refused(tmp_path):
+    from dataclasses import replace
+
+    from shard_fixtures import write_tiny_shards
+
+    from ecgpos.ecg.fingerprint import fingerprint, max_distance
+    from ecgpos.errors import EcgposError
+
+    # the same fraction of the bits for every window: 40 of 540 at 9 s, twice that at 18 s
+    assert max_distance(250, 2250) == MAX_DISTANCE and max_distance(250, 4500) == 2 * MAX_DISTANCE
+    assert max_distance(500, 4500) == MAX_DISTANCE  # same 9 s at another rate: same blocks
+    # 1 s windows give 60 bits: no fingerprint, and the guard says so instead of matching nothing
+    short = replace(DEFAULT_SPEC, window=250)
+    assert fingerprint(np.ones((12, 250), np.float32), 250, 250) == ""
+    folder = write_tiny_shards(tmp_path / "short", n_records=4, spec=short)
+    with pytest.raises(EcgposError, match="1 s windows, shorter than the 2 s"):
+        load_pretraining([folder], log=lambda s: None)

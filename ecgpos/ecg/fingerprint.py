@@ -9,8 +9,10 @@ bit-identical (CPSC2018's original float64 mV vs the CinC copies rounded to 1 uV
 float32 probe signals), and any exact hash of thousands of quantised samples flips when one sample
 crosses a quantisation step. Block means average that noise away and a median split puts few
 blocks near the threshold, so copies differ in a few bits while different recordings differ in
-roughly half of them. Matching is by Hamming distance (`MAX_DISTANCE`), found through per-lead
-exact bands (a copy keeps at least one lead's 45 bits intact), then verified on all 540 bits.
+roughly half of them. Matching is by Hamming distance (`MAX_DISTANCE` of 540 bits, the same
+fraction of the bits for other windows: `max_distance`), found through per-lead exact bands (a copy
+keeps at least one lead's 45 bits intact), then verified on all bits. A window shorter than
+`MIN_BLOCKS` blocks has no fingerprint (""): so few bits cannot tell recordings apart.
 """
 
 from __future__ import annotations
@@ -25,10 +27,25 @@ BLOCK_SECONDS = 0.2
 # PTB-XL's 100 Hz vs 500 Hz release of one recording 0-38; different recordings (80,000 pairs of
 # PTB-XL and ecg-arrhythmia samples) at least 84, median 270.
 MAX_DISTANCE = 40
+DEFAULT_BITS = 540  # 12 leads x 45 blocks: the 2250-sample window at 250 Hz that MAX_DISTANCE was measured on
+MIN_BLOCKS = 10  # per lead (2 s)
+
+
+def blocks_per_lead(fs: float, window: int) -> int:
+    """Fingerprint bits per lead of a `window`-sample window at `fs` Hz."""
+    return window // max(1, int(round(BLOCK_SECONDS * fs)))
+
+
+def max_distance(fs: float, window: int, leads: int = 12) -> int:
+    """The match threshold for fingerprints of this window: MAX_DISTANCE's fraction of the bits."""
+    return int(round(MAX_DISTANCE * leads * blocks_per_lead(fs, window) / DEFAULT_BITS))
 
 
 def fingerprint(signal: np.ndarray, fs: float, window: int, dtype: str = "float16") -> str:
-    """Hex fingerprint of a preprocessed (leads, T) record (the stored precision `dtype` applied first)."""
+    """Hex fingerprint of a preprocessed (leads, T) record (the stored precision `dtype` applied first);
+    "" when the window is shorter than MIN_BLOCKS blocks."""
+    if blocks_per_lead(fs, window) < MIN_BLOCKS:
+        return ""
     x = np.asarray(signal).astype(dtype).astype(np.float32)[:, :window]
     if x.shape[1] < window:
         x = np.pad(x, ((0, 0), (0, window - x.shape[1])))
@@ -53,6 +70,7 @@ class FingerprintIndex:
     """Fingerprints of a corpus (e.g. pretraining shards) with fast near-duplicate lookup."""
 
     leads: int = 12
+    max_distance: int = MAX_DISTANCE  # the default threshold of `match`
     names: list[str] = field(default_factory=list)
     prints: list[str] = field(default_factory=list)
     _bands: dict[tuple[int, bytes], list[int]] = field(default_factory=dict)
@@ -82,8 +100,10 @@ class FingerprintIndex:
     def __len__(self) -> int:
         return len(self.names)
 
-    def match(self, hex_print: str, max_distance: int = MAX_DISTANCE) -> list[tuple[str, int]]:
-        """(name, distance) of every indexed fingerprint within `max_distance` bits, nearest first."""
+    def match(self, hex_print: str, max_distance: int | None = None) -> list[tuple[str, int]]:
+        """(name, distance) of every indexed fingerprint within `max_distance` bits (default: the
+        index's), nearest first."""
+        max_distance = self.max_distance if max_distance is None else max_distance
         bits = _bits(hex_print)
         candidates: set[int] = set()
         for key in self._band_keys(bits):
