@@ -204,8 +204,10 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     assert max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
 
 
-def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -> None:
-    """SIGUSR1 to the whole process group (as Slurm delivers it: DataLoader workers get it too)."""
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGUSR1, 0), (signal.SIGINT, 130)])
+def test_stop_signal_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path, sig: int, code: int) -> None:
+    """SIGUSR1 (Slurm) or Ctrl-C to the whole process group, as both are delivered: DataLoader workers get
+    it too. The run saves a checkpoint at the next step and says so in one line, without a traceback."""
     run = tmp_path / "run"
     args = [
         "--stage",
@@ -241,14 +243,16 @@ def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
-    os.killpg(proc.pid, signal.SIGUSR1)
+    os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopped by SIGUSR1" in out
+    assert proc.returncode == code, err[-2000:]
+    name = signal.Signals(sig).name
     info = json.loads((run / "run_info.json").read_text())
     stopped = info["step"]
-    assert not info["finished"] and "SIGUSR1" in info["stopped"] and 3 <= stopped < 40
+    assert not info["finished"] and name in info["stopped"] and 3 <= stopped < 40
     assert [s for s, _ in list_checkpoints(run)] == [stopped]
+    assert f"stopped by {name} at step {stopped}; checkpoint {newest_checkpoint(run)} saved" in out
+    assert "continue with --resume auto" in out and "Traceback" not in err
     assert main(["pretrain", *args, "--resume", "auto"]) == 0
     assert [r["step"] for r in metrics(run)] == list(range(1, 41))
     assert json.loads((run / "run_info.json").read_text())["finished"]
