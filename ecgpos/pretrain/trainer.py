@@ -361,11 +361,13 @@ class Trainer:
             self._train_step(batches, self.step)
             self.step += 1
             step, last = self.step, self.step == total
-            log_step = step % cfg.train.log_every == 0 or last
+            save = step % cfg.train.checkpoint_every == 0 or last
+            # a checkpoint's step is logged too: a run resumed from it loses no step's record
+            log_step = step % cfg.train.log_every == 0 or save
             stop = self._stop_requested(log_step)
+            save = save or stop
             val = self.val_set is not None and (step % cfg.train.val_every == 0 or last)
             figure = step % cfg.train.figure_every == 0 or last
-            save = step % cfg.train.checkpoint_every == 0 or last or (stop and not last)
             # the host waits for the device only here, and never writes anything after a bad step
             if (log_step or stop or val or figure or save) and self._fail_if_non_finite():
                 bar.close()

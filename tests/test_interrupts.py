@@ -1,0 +1,57 @@
+"""Commands killed (SIGKILL) or interrupted (Ctrl-C) at a chosen moment, then run again: the rerun
+continues without repeating or losing work, and the interruption is reported in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
+
+from ecgpos.runs.run_folder import list_checkpoints
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start(*args: str | Path) -> subprocess.Popen:
+    """`ecgpos ARGS` in a process group of its own (as a terminal or Slurm runs it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.cli", *map(str, args)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert path.exists(), proc.communicate()[1][-2000:]
+
+
+def test_pretrain_killed_after_a_checkpoint_off_the_log_cadence_logs_every_step(shards: Path, tmp_path: Path) -> None:
+    """log_every 3, checkpoint_every 5: killed right after the step-5 checkpoint, the resumed run's
+    metrics.jsonl equals the uninterrupted one's (no record repeated, no step's loss left out)."""
+    flags = ["--set", "train.log_every=3", "--set", "train.checkpoint_every=5", "--set", "train.figure_every=1000"]
+    flags += ["--set", "optim.steps=12"]
+    assert pretrain(0, shards, tmp_path / "straight", *flags) == 0
+    run = tmp_path / "killed"
+    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags]
+    proc = start(*args)
+    wait_for(run / "checkpoints" / "step-0000005", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [s for s, _ in list_checkpoints(run)] in ([5], [10])
+    assert pretrain(0, shards, run, *flags, "--resume", "auto") == 0
+    straight, resumed = metrics(tmp_path / "straight"), metrics(run)
+    assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [3, 5, 6, 9, 10, 12]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], abs=1e-6)
+    assert max_diff(weights(run), weights(tmp_path / "straight")) <= 1e-6
