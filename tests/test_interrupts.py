@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
 
+from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.runs.run_folder import list_checkpoints
+from probes.datasets import RecordLocator
+from probes.features import extract_features, raw_source
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -55,3 +59,27 @@ def test_pretrain_killed_after_a_checkpoint_off_the_log_cadence_logs_every_step(
     assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [3, 5, 6, 9, 10, 12]
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], abs=1e-6)
     assert max_diff(weights(run), weights(tmp_path / "straight")) <= 1e-6
+
+
+def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the third chunk is embedded: the first two chunks are in the cache, and the rerun
+    extracts only the records after them."""
+    source = raw_source(DEFAULT_SPEC)
+    embed, calls = source.embed, []
+
+    def interrupted(records: list[np.ndarray], windows: int) -> np.ndarray:
+        calls.append(len(records))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return embed(records, windows)
+
+    keys = [f"records500/00000/{i:05d}_hr" for i in range(1, 41)]
+    locator = RecordLocator("ptbxl", shared_data)
+    source.embed = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
+    source.embed = embed
+    features, stats = extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
+    assert (stats.cached, stats.extracted, len(features)) == (16, 24, 40)
+    again, _ = extract_features(raw_source(DEFAULT_SPEC), "ptbxl", keys, locator, tmp_path / "fresh", 1, chunk=8)
+    assert all(np.array_equal(features[k], again[k]) for k in keys)
