@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
 
+from ecgpos.cli import main
 from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.export.load import load_encoder
 from ecgpos.runs.run_folder import list_checkpoints
 from probes.datasets import RecordLocator
 from probes.features import extract_features, raw_source
@@ -83,3 +85,21 @@ def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data
     assert (stats.cached, stats.extracted, len(features)) == (16, 24, 40)
     again, _ = extract_features(raw_source(DEFAULT_SPEC), "ptbxl", keys, locator, tmp_path / "fresh", 1, chunk=8)
     assert all(np.array_equal(features[k], again[k]) for k in keys)
+
+
+def test_export_killed_while_staging_keeps_the_old_export_and_the_rerun_cleans_up(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "enc"
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    before = (out / "model.safetensors").read_bytes()
+    proc = start("export", "--run-dir", tiny_run, "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".enc.partial-*/model.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["enc"]  # no staging folder left beside it
+    assert main(["verify", str(out)]) == 0
