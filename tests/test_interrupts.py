@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,9 @@ import pytest
 from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
 
 from ecgpos.cli import main
+from ecgpos.demo.demo import _run
 from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.errors import Interrupted
 from ecgpos.export.load import load_encoder
 from ecgpos.runs.run_folder import list_checkpoints
 from probes.datasets import RecordLocator
@@ -103,3 +106,23 @@ def test_export_killed_while_staging_keeps_the_old_export_and_the_rerun_cleans_u
     assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["enc"]  # no staging folder left beside it
     assert main(["verify", str(out)]) == 0
+
+
+def test_demo_step_stopped_by_ctrl_c_is_an_interruption_not_an_error(shards: Path, tmp_path: Path) -> None:
+    """Ctrl-C during the demo's pretraining: the step saves a checkpoint, and the demo reports an
+    interruption that its rerun continues from (not a failed step, exit 2)."""
+    run = tmp_path / "run"
+
+    def ctrl_c_after_three_steps() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+                os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler, in the main thread, takes it
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=ctrl_c_after_three_steps, daemon=True).start()
+    args = ["--stage", 0, "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, "--set", "optim.steps=400"]
+    with pytest.raises(Interrupted, match="continues from its `pretrain` step"):
+        _run("pretrain", *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
+    assert len(list_checkpoints(run)) == 1
