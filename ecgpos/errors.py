@@ -16,3 +16,7 @@ class SignalError(EcgposError):
         self.reason = reason
         self.detail = detail
         super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a command that keeps work: the message says what was kept and how to go on."""

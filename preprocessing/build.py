@@ -8,9 +8,12 @@ bytes written do not depend on --workers or --part (tests compare them).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ from ecgpos.ecg.fingerprint import fingerprint
 from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, shard_paths, write_shard
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import EcgposError, SignalError
+from ecgpos.errors import EcgposError, Interrupted, SignalError
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -128,6 +131,21 @@ def _process_batch(refs: list[RecordRef]) -> list[tuple]:
     return out
 
 
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Processes started inside ignore Ctrl-C from their first instruction (an ignored signal stays
+    ignored across exec, and Python keeps it so): the parent alone handles it and stops them, so a
+    Ctrl-C to the terminal's process group prints no worker tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
     args = (req.dataset, str(req.src), req.spec, req.policy())
     batches = [refs[i : i + BATCH] for i in range(0, len(refs), BATCH)]
@@ -138,7 +156,9 @@ def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
         return
     # spawn: safe with h5py handles and threads, identical on Linux and macOS
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(req.workers, initializer=_init_worker, initargs=args) as pool:
+    with _sigint_ignored():
+        pool = ctx.Pool(req.workers, initializer=_init_worker, initargs=args)
+    with pool:
         for done in pool.imap(_process_batch, batches):
             yield from done
 
@@ -316,6 +336,11 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
             s, sk = _write_chunk(req, k, _counted(islice(results, len(chunks[k])), progress), source.INDEX_COLUMNS)
             stored, skipped = stored + s, skipped + sk
             progress.chunk_done(k, s, sk)
+    except KeyboardInterrupt:
+        done = len(chunks) - len(manifest.missing_chunks(req.out, len(chunks)))
+        raise Interrupted(
+            f"{done} of {len(chunks)} chunks are saved in {req.out}; the same command continues with the others"
+        ) from None
     finally:
         results.close()  # stops the worker pool
         progress.close()

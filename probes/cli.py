@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
-from ecgpos.errors import EcgposError
+from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.files import make_output_folder
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
@@ -223,10 +223,24 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
+def _cache_dir(args: argparse.Namespace) -> Path:
+    default = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
+    return args.cache_dir or default
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.compare:
         return _compare(args)
+    try:
+        return _probe(args)
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"the features extracted so far are cached in {_cache_dir(args)}; the same command reuses them"
+        ) from None
+
+
+def _probe(args: argparse.Namespace) -> int:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
@@ -243,8 +257,7 @@ def main(argv: list[str]) -> int:
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
     cfg = _config(args)
-    default_cache = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
-    cache_dir = args.cache_dir or default_cache
+    cache_dir = _cache_dir(args)
     # check every split file (and, if asked, every record) before loading the encoder
     for task in tasks:
         for split, table in read_splits(task, args.splits, record_column(task, cfg)).items():

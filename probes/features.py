@@ -112,6 +112,36 @@ def _save_cache(path: Path, store: dict[str, np.ndarray]) -> None:
         np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
 
 
+def _embed_chunk(
+    source: FeatureSource,
+    keys: Sequence[str],
+    locator: RecordLocator,
+    windows: int,
+    store: dict[str, np.ndarray],
+    stats: FeatureStats,
+) -> bool:
+    """Embed the readable records among `keys` into `store` (failures into `stats`); True if any was."""
+    names, signals = [], []
+    for key in keys:
+        found = locator.locate(key)
+        if found is None:
+            stats.failed[key] = "missing"
+            continue
+        try:
+            x = prepared_record(*found, source.spec)
+            if x.shape[-1] < source.spec.window:
+                stats.padded.append(key)
+            signals.append(x)
+            names.append(key)
+        except EcgposError as err:
+            stats.failed[key] = str(err)
+    if signals:
+        for key, vec in zip(names, source.embed(signals, windows)):
+            store[key] = np.asarray(vec, dtype=np.float32)
+        stats.extracted += len(names)
+    return bool(signals)
+
+
 def extract_features(
     source: FeatureSource,
     dataset: str,
@@ -134,27 +164,15 @@ def extract_features(
     stats.cached = len(set(keys)) - len(todo)
     if todo:
         log(f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached) with {source.name}")
-    for start in range(0, len(todo), chunk):
-        names, signals = [], []
-        for key in todo[start : start + chunk]:
-            found = locator.locate(key)
-            if found is None:
-                stats.failed[key] = "missing"
-                continue
-            try:
-                x = prepared_record(*found, source.spec)
-                if x.shape[-1] < source.spec.window:
-                    stats.padded.append(key)
-                signals.append(x)
-                names.append(key)
-            except EcgposError as err:
-                stats.failed[key] = str(err)
-        if signals:
-            for key, vec in zip(names, source.embed(signals, windows)):
-                store[key] = np.asarray(vec, dtype=np.float32)
-            stats.extracted += len(names)
-        if signals and (start // chunk) % 50 == 49:  # an interrupted full-size run keeps most of its work
+    try:
+        for start in range(0, len(todo), chunk):
+            embedded = _embed_chunk(source, todo[start : start + chunk], locator, windows, store, stats)
+            if embedded and (start // chunk) % 50 == 49:  # a killed full-size run keeps most of its work
+                _save_cache(path, store)
+    except KeyboardInterrupt:  # Ctrl-C keeps everything extracted: the rerun extracts only the rest
+        if stats.extracted:
             _save_cache(path, store)
+        raise
     if stats.padded:
         log(
             f"  {len(stats.padded)} records shorter than the {source.spec.window}-sample window zero-padded: "

@@ -178,6 +178,39 @@ def test_resume_after_kill_9(shared_data, tmp_path, capsys):
     assert len(ids) == len(set(ids)) == 200
 
 
+def test_ctrl_c_with_workers_is_one_line_and_the_rerun_completes(shared_data, tmp_path, capsys):
+    """Ctrl-C reaches the terminal's whole process group, the spawned workers included (even those
+    still starting up): one line says what is kept, and no worker prints a traceback."""
+    args = arrhythmia_args(shared_data, tmp_path / "out", "--records-per-shard", "8", "--workers", "2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.cli", "preprocess", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    first = tmp_path / "out" / "chunks" / "chunk-00000.json"
+    deadline = time.monotonic() + 60
+    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "PoolWorker" not in err, err
+    done = len(list(first.parent.glob("chunk-*.json")))
+    assert err.splitlines()[-1] == (
+        f"ecgpos preprocess: interrupted: {done} of 25 chunks are saved in {tmp_path / 'out'}; "
+        "the same command continues with the others"
+    )
+    rc, out, _ = preprocess(capsys, *args)
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+    ids = [row["record_id"] for row in read_csv(tmp_path / "out" / "index.csv")]
+    assert len(ids) == len(set(ids)) == 200
+    assert not [p.name for p in (tmp_path / "out").rglob(".*")]  # no temporary files left behind
+
+
 def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
     import io
 

@@ -151,11 +151,11 @@ def test_tiny_config_on_real_sample_shards(arrhythmia_shards: Path, tmp_path: Pa
     ]
     assert main(args) == 0
     losses = [r["loss"] for r in metrics(run)]
-    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0]
+    assert len(losses) == 4 and losses[-1] < 0.8 * losses[0]  # log steps 10, 20, 30 and checkpoint step 15
     assert (run / "figures" / "recon-step-0000030.png").stat().st_size > 20_000
     shutil.rmtree(run / "checkpoints" / "step-0000030")
     assert main(args + ["--resume", "auto"]) == 0
-    assert [r["step"] for r in metrics(run)] == [10, 20, 30] and newest_checkpoint(run).name == "step-0000030"
+    assert [r["step"] for r in metrics(run)] == [10, 15, 20, 30] and newest_checkpoint(run).name == "step-0000030"
 
 
 def _free_port() -> int:
@@ -204,8 +204,10 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     assert max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
 
 
-def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -> None:
-    """SIGUSR1 to the whole process group (as Slurm delivers it: DataLoader workers get it too)."""
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGUSR1, 0), (signal.SIGINT, 130)])
+def test_stop_signal_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path, sig: int, code: int) -> None:
+    """SIGUSR1 (Slurm) or Ctrl-C to the whole process group, as both are delivered: DataLoader workers get
+    it too. The run saves a checkpoint at the next step and says so in one line, without a traceback."""
     run = tmp_path / "run"
     args = [
         "--stage",
@@ -241,14 +243,16 @@ def test_sigusr1_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path) -
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
-    os.killpg(proc.pid, signal.SIGUSR1)
+    os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err[-2000:]
-    assert "stopped by SIGUSR1" in out
+    assert proc.returncode == code, err[-2000:]
+    name = signal.Signals(sig).name
     info = json.loads((run / "run_info.json").read_text())
     stopped = info["step"]
-    assert not info["finished"] and "SIGUSR1" in info["stopped"] and 3 <= stopped < 40
+    assert not info["finished"] and name in info["stopped"] and 3 <= stopped < 40
     assert [s for s, _ in list_checkpoints(run)] == [stopped]
+    assert f"stopped by {name} at step {stopped}; checkpoint {newest_checkpoint(run)} saved" in out
+    assert "continue with --resume auto" in out and "Traceback" not in err
     assert main(["pretrain", *args, "--resume", "auto"]) == 0
     assert [r["step"] for r in metrics(run)] == list(range(1, 41))
     assert json.loads((run / "run_info.json").read_text())["finished"]
@@ -317,7 +321,7 @@ def test_non_finite_step_found_at_a_later_boundary_never_reached_the_weights(
     err = capsys.readouterr().err.strip()
     assert "non-finite loss" in err and "step 3" in err and "step-0000002" in err
     assert [s for s, _ in list_checkpoints(run)] == [2]
-    assert not (run / "metrics.jsonl").exists() or not metrics(run)
+    assert [r["step"] for r in metrics(run)] == [2]  # the checkpoint step before it; nothing after
     saved = weights(run)
     live = trainer.acc.unwrap_model(trainer.model).state_dict()
     assert saved.keys() <= live.keys()

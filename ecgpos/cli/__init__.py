@@ -50,8 +50,10 @@ def run_command(name: str, argv: Sequence[str]) -> int:
     except EcgposError as err:
         print(f"ecgpos {name}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"ecgpos {name}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as err:
+        # commands that keep work say what and how to go on (Interrupted); the others write whole files only
+        kept = str(err) or "no partial output was kept; run the same command again"
+        print(f"ecgpos {name}: interrupted: {kept}", file=sys.stderr)
         return 130
 
 

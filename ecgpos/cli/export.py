@@ -3,12 +3,16 @@
 Everything is written into a temporary sibling folder, reloaded from disk and checked against the
 training checkpoint's features (and, with --onnx, against onnxruntime) before it is moved to DIR,
 so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
-is replaced (re-running a pipeline works); any other non-empty DIR is refused.
+is replaced (re-running a pipeline works): renamed aside, then deleted, so a kill at any moment
+leaves at DIR the old export, the new one or nothing. The hidden sibling folders a killed export
+leaves (.DIR.partial-*, .DIR.old-*) are removed by the next export to DIR; any other non-empty DIR
+is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -65,6 +69,22 @@ def _prepare_out(out: Path) -> bool:
     raise EcgposError(f"{out} exists and is not an ecgpos export folder; refusing to overwrite it")
 
 
+def _remove_leftovers(out: Path) -> None:
+    """The staging and set-aside folders that a killed export to `out` left beside it."""
+    for pattern in (f".{out.name}.partial-*", f".{out.name}.old-*"):
+        for leftover in out.parent.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename `staging` to `out`; an earlier export at `out` is renamed aside first and deleted last."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.probe_results is not None and not args.probe_results.is_dir():
@@ -86,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for note in recon.notes:
             print(f"note: {note}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(args.out)
     staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent))
     try:
         with torch.no_grad():
@@ -96,9 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
         make_public(staging)
-        if args.out.exists():
-            shutil.rmtree(args.out)
-        staging.rename(args.out)
+        _move_into_place(staging, args.out)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

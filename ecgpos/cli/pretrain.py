@@ -9,7 +9,8 @@ Every input is validated first (ecgpos.pretrain.plan); each problem is one line 
 exit code 2.
 
 Exit codes: 0 finished, or stopped cleanly by SIGUSR1/SIGTERM after writing a checkpoint
-(run_info.json then says finished: false; rerun with --resume auto to continue); 1 training
+(run_info.json then says finished: false; rerun with --resume auto to continue); 130 stopped the
+same way by Ctrl-C (a second Ctrl-C stops at once, keeping the checkpoints already written); 1 training
 stopped on a non-finite loss (the last good checkpoint is kept); 2 bad input.
 """
 
@@ -19,7 +20,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from ecgpos.errors import Interrupted
 from ecgpos.pretrain.plan import prepare
+from ecgpos.runs.run_folder import newest_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pretrain Stage 0 (ST-MEM-style masked ECG autoencoder) or Stage 1 (masked latent "
         "autoencoder on the frozen Stage-0 tokens). Launch with `accelerate launch -m "
         "ecgpos.pretrain` for several processes.",
-        epilog="signals: SIGUSR1 or SIGTERM makes every process write a checkpoint at the next step boundary "
-        "and exit 0 (run_info.json: finished false, stopped ...); rerun the same command with --resume "
-        "auto to continue (e.g. after a Slurm requeue). exit codes: 0 finished or stopped cleanly; "
+        epilog="signals: SIGUSR1, SIGTERM or Ctrl-C makes every process write a checkpoint at the next step "
+        "boundary and exit (run_info.json: finished false, stopped ...); rerun the same command with --resume "
+        "auto to continue (e.g. after a Slurm requeue); a second Ctrl-C stops at once. exit codes: 0 finished "
+        "or stopped cleanly by SIGUSR1/SIGTERM; 130 stopped by Ctrl-C; "
         "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.",
     )
     parser.add_argument("--stage", type=int, choices=(0, 1), required=True)
@@ -72,4 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = prepare(args)
     from ecgpos.pretrain.trainer import Trainer
 
-    return Trainer(plan).run()
+    try:
+        return Trainer(plan).run()
+    except KeyboardInterrupt:  # Ctrl-C twice (once stops at the next step with a checkpoint)
+        last = newest_checkpoint(plan.run_dir)
+        kept = f"newest checkpoint {last}" if last else "no checkpoint yet"
+        raise Interrupted(f"{kept}; continue with the same command and --resume auto") from None

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ecgpos.cli import run_command
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from ecgpos.errors import EcgposError
+from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.files import make_output_folder
 from ecgpos.resources import config_path
 
@@ -74,6 +74,8 @@ class Steps:
 def _run(name: str, *argv: object) -> None:
     """Run an ecgpos command in-process; a failing step stops the demo with its message."""
     code = run_command(name, [str(a) for a in argv])
+    if code == 130:  # Ctrl-C: the step has said what it kept, and every step of a rerun picks up from there
+        raise Interrupted(f"the same `ecgpos demo` command continues from its `{name}` step")
     if code != 0:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
 

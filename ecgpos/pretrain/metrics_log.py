@@ -1,13 +1,13 @@
 """metrics.jsonl and TensorBoard of a run: one record per logged step, continuous across resumes.
 
-Each training record: step (optimizer steps done), epoch (fractional), loss (mean over the steps
-since the previous record and over all processes), lr (of the last update), grad_norm (global,
-before clipping, of the last update), samples_per_s (global; wall time of the
-interval's steps, read after the device finished them, periodic work excluded), time;
-plus every scalar the objective reports in its "log" (Stage 1: recon_loss, pp_loss, push_active,
-sp_loss). Validation
-records hold step and val_loss. On resume, records after the checkpoint's step are dropped, so
-the file reads as one uninterrupted run.
+A training record is written every train.log_every steps and at every checkpoint step (so a
+resumed run has the losses of every step before its checkpoint). Each: step (optimizer steps
+done), epoch (fractional), loss (mean over the steps since the previous record and over all
+processes), lr (of the last update), grad_norm (global, before clipping, of the last update),
+samples_per_s (global; wall time of the interval's steps, read after the device finished them,
+periodic work excluded), time; plus every scalar the objective reports in its "log" (Stage 1:
+recon_loss, pp_loss, push_active, sp_loss). Validation records hold step and val_loss. On resume,
+records after the checkpoint's step are dropped, so the file reads as one uninterrupted run.
 """
 
 from __future__ import annotations

@@ -14,17 +14,15 @@
   later one). The host reads flags and stats at log, validation, figure and checkpoint steps; a
   non-finite step found there stops every process with the last good checkpoint named (exit 1)
   and nothing is saved after it.
-- SIGUSR1/SIGTERM set a flag; one process acts on it at the next step boundary, several agree
-  (all-reduce) at the next log step; then a checkpoint is saved and the run exits 0. Under
-  `accelerate launch`, SIGTERM to the launcher reaches the workers.
+- SIGUSR1/SIGTERM/Ctrl-C set a flag (ecgpos.pretrain.stop); one process acts on it at the next
+  step boundary, several agree (all-reduce) at the next log step; then a checkpoint is saved and
+  the run exits 0 (130 after Ctrl-C). Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
 """
 
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -51,10 +49,9 @@ from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile
 from ecgpos.pretrain.plan import RunPlan
 from ecgpos.pretrain.schedule import lr_at
+from ecgpos.pretrain.stop import StopRequest
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.runs.stages import build_model, stage0_of
-
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 def resolve_mixed_precision(mode: str) -> str:
@@ -79,7 +76,7 @@ class Trainer:
         self.plan = plan
         self.cfg = plan.cfg
         self.run_dir = plan.run_dir
-        self.stop_signal: int | None = None
+        self.stop = StopRequest()
 
     # -- setup -------------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -166,9 +163,6 @@ class Trainer:
             info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
         atomic_write_json(self.run_dir / RUN_INFO, info)
 
-    def _on_signal(self, signum: int, frame: Any) -> None:  # noqa: ARG002
-        self.stop_signal = signum
-
     # -- one optimizer step ------------------------------------------------------------------------
     def _train_step(self, batches: Any, step: int) -> None:
         """Forward/backward over grad_accum micro-batches and the update; queues work, never waits."""
@@ -206,10 +200,10 @@ class Trainer:
         """The stop signal, the same on every process: one process acts on it at once; several agree
         at log steps only (an all-reduce read on the host waits for the device)."""
         if self.acc.num_processes == 1:
-            return self.stop_signal is not None
+            return self.stop.signum is not None
         if not log_step:
             return False
-        flag = torch.tensor([float(self.stop_signal is not None)], device=self.acc.device)
+        flag = torch.tensor([float(self.stop.signum is not None)], device=self.acc.device)
         return bool(self.acc.reduce(flag, reduction="sum")[0] > 0)
 
     def _fail_if_non_finite(self) -> bool:
@@ -310,15 +304,10 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
-        # Signal handlers can only be installed from the main thread (a run started from another
-        # thread, e.g. inside a notebook worker, trains without them).
-        in_main = threading.current_thread() is threading.main_thread()
-        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS} if in_main else {}
         try:
-            return self._run()
+            with self.stop.installed():
+                return self._run()
         finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
             from accelerate.state import AcceleratorState
 
             if getattr(self, "acc", None) is not None:
@@ -358,11 +347,13 @@ class Trainer:
             self._train_step(batches, self.step)
             self.step += 1
             step, last = self.step, self.step == total
-            log_step = step % cfg.train.log_every == 0 or last
+            save = step % cfg.train.checkpoint_every == 0 or last
+            # a checkpoint's step is logged too: a run resumed from it loses no step's record
+            log_step = step % cfg.train.log_every == 0 or save
             stop = self._stop_requested(log_step)
+            save = save or stop
             val = self.val_set is not None and (step % cfg.train.val_every == 0 or last)
             figure = step % cfg.train.figure_every == 0 or last
-            save = step % cfg.train.checkpoint_every == 0 or last or (stop and not last)
             # the host waits for the device only here, and never writes anything after a bad step
             if (log_step or stop or val or figure or save) and self._fail_if_non_finite():
                 bar.close()
@@ -384,14 +375,14 @@ class Trainer:
                 self._checkpoint(step)
             self.metrics.pause(time.perf_counter() - started)
             if stop and not last:  # a signal during the last step: just finish
-                name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal on another process"
-                self._write_run_info(finished=False, stopped=f"{name} at step {step}")
-                acc.print(
-                    f"ecgpos pretrain: stopped by {name} at step {step}; checkpoint saved, continue with --resume auto"
-                )
+                self._write_run_info(finished=False, stopped=f"{self.stop.name} at step {step}")
                 bar.close()
+                acc.print(
+                    f"ecgpos pretrain: stopped by {self.stop.name} at step {step}; checkpoint "
+                    f"{newest_checkpoint(self.run_dir)} saved, continue with --resume auto"
+                )
                 self.metrics.close()
-                return 0
+                return self.stop.exit_code
         bar.close()
         self.metrics.close()
         self._write_run_info(finished=True)

@@ -1,0 +1,128 @@
+"""Commands killed (SIGKILL) or interrupted (Ctrl-C) at a chosen moment, then run again: the rerun
+continues without repeating or losing work, and the interruption is reported in one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
+
+from ecgpos.cli import main
+from ecgpos.demo.demo import _run
+from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.errors import Interrupted
+from ecgpos.export.load import load_encoder
+from ecgpos.runs.run_folder import list_checkpoints
+from probes.datasets import RecordLocator
+from probes.features import extract_features, raw_source
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def start(*args: str | Path) -> subprocess.Popen:
+    """`ecgpos ARGS` in a process group of its own (as a terminal or Slurm runs it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.cli", *map(str, args)],
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert path.exists(), proc.communicate()[1][-2000:]
+
+
+def test_pretrain_killed_after_a_checkpoint_off_the_log_cadence_logs_every_step(shards: Path, tmp_path: Path) -> None:
+    """log_every 3, checkpoint_every 5: killed right after the step-5 checkpoint, the resumed run's
+    metrics.jsonl equals the uninterrupted one's (no record repeated, no step's loss left out)."""
+    flags = ["--set", "train.log_every=3", "--set", "train.checkpoint_every=5", "--set", "train.figure_every=1000"]
+    flags += ["--set", "optim.steps=12"]
+    assert pretrain(0, shards, tmp_path / "straight", *flags) == 0
+    run = tmp_path / "killed"
+    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags]
+    proc = start(*args)
+    wait_for(run / "checkpoints" / "step-0000005", proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert [s for s, _ in list_checkpoints(run)] in ([5], [10])
+    assert pretrain(0, shards, run, *flags, "--resume", "auto") == 0
+    straight, resumed = metrics(tmp_path / "straight"), metrics(run)
+    assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [3, 5, 6, 9, 10, 12]
+    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], abs=1e-6)
+    assert max_diff(weights(run), weights(tmp_path / "straight")) <= 1e-6
+
+
+def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data: Path, tmp_path: Path) -> None:
+    """Ctrl-C while the third chunk is embedded: the first two chunks are in the cache, and the rerun
+    extracts only the records after them."""
+    source = raw_source(DEFAULT_SPEC)
+    embed, calls = source.embed, []
+
+    def interrupted(records: list[np.ndarray], windows: int) -> np.ndarray:
+        calls.append(len(records))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return embed(records, windows)
+
+    keys = [f"records500/00000/{i:05d}_hr" for i in range(1, 41)]
+    locator = RecordLocator("ptbxl", shared_data)
+    source.embed = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
+    source.embed = embed
+    features, stats = extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
+    assert (stats.cached, stats.extracted, len(features)) == (16, 24, 40)
+    again, _ = extract_features(raw_source(DEFAULT_SPEC), "ptbxl", keys, locator, tmp_path / "fresh", 1, chunk=8)
+    assert all(np.array_equal(features[k], again[k]) for k in keys)
+
+
+def test_export_killed_while_staging_keeps_the_old_export_and_the_rerun_cleans_up(
+    tiny_run: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "enc"
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    before = (out / "model.safetensors").read_bytes()
+    proc = start("export", "--run-dir", tiny_run, "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".enc.partial-*/model.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["enc"]  # no staging folder left beside it
+    assert main(["verify", str(out)]) == 0
+
+
+def test_demo_step_stopped_by_ctrl_c_is_an_interruption_not_an_error(shards: Path, tmp_path: Path) -> None:
+    """Ctrl-C during the demo's pretraining: the step saves a checkpoint, and the demo reports an
+    interruption that its rerun continues from (not a failed step, exit 2)."""
+    run = tmp_path / "run"
+
+    def ctrl_c_after_three_steps() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+                os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler, in the main thread, takes it
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=ctrl_c_after_three_steps, daemon=True).start()
+    args = ["--stage", 0, "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, "--set", "optim.steps=400"]
+    with pytest.raises(Interrupted, match="continues from its `pretrain` step"):
+        _run("pretrain", *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
+    assert len(list_checkpoints(run)) == 1
