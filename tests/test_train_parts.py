@@ -110,9 +110,12 @@ def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> N
     batches = []
     for workers in (0, 2):
         sampler = StepBatchSampler(len(index), 6, 1, 1, 0, seed=1, start_step=3)
-        loader = iter(train_loader(data, sampler, workers))
-        batches.append([next(loader) for _ in range(4)])
-        del loader
+        loader = train_loader(data, sampler, workers)
+        if workers:  # forked: the workers inherit the trainer's stop-signal handlers on any Python
+            assert loader.multiprocessing_context.get_start_method() == "fork"
+        stream = iter(loader)
+        batches.append([next(stream) for _ in range(4)])
+        del stream
     for a, b in zip(*batches):
         assert torch.equal(a, b)
 

@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -302,6 +303,12 @@ class StepBatchSampler(Sampler):
             step += 1
 
 
+# Loader workers are forked where the OS can: they inherit the trainer's stop-signal handlers, so
+# SIGUSR1 or Ctrl-C sent to the whole process group does not kill them, whatever the interpreter's
+# default (forkserver from Python 3.14, whose server process would die of such a signal).
+WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+
+
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
     """DataLoader over the endless sampler; its own generator so it never touches the global RNG."""
     return DataLoader(
@@ -313,6 +320,7 @@ def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: 
         prefetch_factor=4 if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(0),
         collate_fn=collate_windows,
+        multiprocessing_context=WORKER_START if num_workers > 0 else None,
     )
 
 
@@ -334,4 +342,5 @@ def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_wor
         num_workers=workers,
         persistent_workers=workers > 0,
         collate_fn=collate_windows,
+        multiprocessing_context=WORKER_START if workers > 0 else None,
     )

@@ -3,8 +3,9 @@
 The first of these signals only sets a flag; the trainer then writes a checkpoint at the next step
 boundary and exits (ecgpos.pretrain.trainer). A second Ctrl-C does not wait for that: it raises
 KeyboardInterrupt at once, and the newest checkpoint on disk is what a resume continues from.
-DataLoader workers forked while the handlers are installed inherit them, so a signal to the whole
-process group (a terminal's Ctrl-C, Slurm) does not kill them under the trainer.
+DataLoader workers are forked while the handlers are installed and inherit them
+(ecgpos.pretrain.data.WORKER_START), so a signal to the whole process group (a terminal's Ctrl-C,
+Slurm) does not kill them under the trainer.
 """
 
 from __future__ import annotations
@@ -52,3 +53,4 @@ class StopRequest:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
