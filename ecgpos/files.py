@@ -2,9 +2,9 @@
 
 Every file ecgpos writes that another process may read while it is written (shards, sidecars,
 index.csv, run_info.json, checkpoints' trainer state, metrics.jsonl rewrites, figures, feature
-caches, `embed`'s feature files, `score`'s CSV) goes through `atomic_path`: written under a
-process-unique temporary name beside the target, then renamed over it, which POSIX makes atomic
-within a file system.
+caches, `embed`'s feature files, `score`'s CSV, the result files of `probe` and `geometry`) goes
+through `atomic_path`: written under a process-unique temporary name beside the target, then
+renamed over it, which POSIX makes atomic within a file system.
 """
 
 from __future__ import annotations

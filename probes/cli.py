@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError, Interrupted
-from ecgpos.files import make_output_folder
+from ecgpos.files import atomic_path, atomic_write_text, make_output_folder
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
@@ -186,7 +186,8 @@ def _compare(args: argparse.Namespace) -> int:
         write_results(frame.to_dict("records"), args.out)
         if sets:
             save_scores(sets, args.out)
-    diffs.to_csv(args.out / "differences.csv", index=False)
+    with atomic_path(args.out / "differences.csv") as tmp:
+        diffs.to_csv(tmp, index=False)
     print(write_outputs(frame, args.out, notes, sections))
     return 0
 
@@ -340,7 +341,7 @@ def _probe(args: argparse.Namespace) -> int:
             "bootstrap": round(boot_seconds, 2),
         },
     }
-    (args.out / "probe.json").write_text(json.dumps(info, indent=2, default=str))
+    atomic_write_text(args.out / "probe.json", json.dumps(info, indent=2, default=str), sync=False)
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)
     return 0

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ecgpos.files import atomic_path
+
 EPS = 1e-8
 METRICS = ("D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC")
 # metric -> (predicted sign of Delta, the prediction in words); D_inter and R are reported without one
@@ -184,6 +186,7 @@ def plot_geometry(
     axes[1].legend(fontsize=8, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
     return path

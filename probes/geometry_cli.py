@@ -33,7 +33,7 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
-from ecgpos.files import make_output_folder
+from ecgpos.files import atomic_path, atomic_write_text, make_output_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
@@ -289,19 +289,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
-    with (args.out / "metrics.csv").open("w", newline="") as handle:
+    with atomic_path(args.out / "metrics.csv") as tmp, tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
         writer.writeheader()
         writer.writerows(res.rows())
-    np.savez(
-        args.out / "features.npz",
-        x=data.x,
-        x_hat=data.x_hat,
-        labels=np.array(data.labels, dtype=str),
-        record_ids=np.array(data.keys, dtype=str),
-    )
+    with atomic_path(args.out / "features.npz", suffix=".npz") as tmp:
+        np.savez(
+            tmp,
+            x=data.x,
+            x_hat=data.x_hat,
+            labels=np.array(data.labels, dtype=str),
+            record_ids=np.array(data.keys, dtype=str),
+        )
     text = summary_markdown(args, res, data, sel, carving_line(levels, data.violation), present)
-    (args.out / "summary.md").write_text(text)
+    atomic_write_text(args.out / "summary.md", text, sync=False)
     plot_geometry(
         res,
         data.labels,

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ecgpos.files import atomic_path
 from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
 
 SCORES_FILE = "test_scores.npz"
@@ -91,7 +92,8 @@ def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
         index.append(
             {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tasks[s.task]}
         )
-    np.savez_compressed(out / SCORES_FILE, index=np.array(json.dumps(index)), **arrays)
+    with atomic_path(out / SCORES_FILE, suffix=".npz") as tmp:
+        np.savez_compressed(tmp, index=np.array(json.dumps(index)), **arrays)
 
 
 def load_scores(folder: Path, renames: dict[str, str] | None = None) -> list[ScoreSet]:

@@ -30,6 +30,7 @@ from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
+from ecgpos.files import atomic_path
 from ecgpos.runs.run_folder import RUN_INFO
 from probes.datasets import RecordLocator, prepared_record
 
@@ -219,7 +220,7 @@ def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], exclu
 
 def write_overlap(overlaps: Sequence[Overlap], out: Path) -> None:
     """OUT/overlap.csv: task, split, record, pretraining record (folder:id), distance in bits."""
-    with open(out / "overlap.csv", "w", newline="") as handle:
+    with atomic_path(out / "overlap.csv") as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["task", "split", "record", "pretraining_record", "distance_bits"])
         for o in overlaps:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
+from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
 from probes.tasks import TASKS, read_table
 
@@ -37,7 +38,8 @@ def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
     resamples (0: no bootstrap), split sizes, classes left out of val/test AUROC, per-class test AUROC
     (JSON {class: AUROC})."""
     frame = pd.DataFrame(list(rows), columns=RESULT_COLUMNS)
-    frame.to_csv(out / "results.csv", index=False)
+    with atomic_path(out / "results.csv") as tmp:
+        frame.to_csv(tmp, index=False)
     return frame
 
 
@@ -186,7 +188,8 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("test macro-AUROC")
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=120)
     plt.close(fig)
 
 
@@ -194,7 +197,7 @@ def write_outputs(frame: pd.DataFrame, out: Path, notes: Sequence[str] = (), sec
     """summary.md + summary.png in `out`; returns the summary text."""
     out.mkdir(parents=True, exist_ok=True)
     text = summary_markdown(frame, notes, sections)
-    (out / "summary.md").write_text(text)
+    atomic_write_text(out / "summary.md", text, sync=False)
     write_chart(frame, out / "summary.png")
     return text
 
