@@ -47,13 +47,15 @@ def cpsc_wfdb_form(header: Path) -> str:
 
 
 def index_cpsc(root: Path) -> dict[str, dict[str, Path]]:
-    """Walk cpsc2018/ once: A-number -> {form: record path (extension stripped for WFDB)}."""
+    """Walk cpsc2018/ once: A-number -> {form: record path (extension stripped for WFDB)}; of two
+    copies in one form, the first in sorted path order."""
     found: dict[str, dict[str, Path]] = {}
     if not root.is_dir():
         return found
-    for folder, _, files in os.walk(root):
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()  # a record held twice: the first copy in sorted order, on every machine
         names = set(files)
-        for name in files:
+        for name in sorted(files):
             stem, ext = os.path.splitext(name)
             if ext != ".mat" or not stem.startswith("A"):
                 continue
@@ -128,8 +130,9 @@ class RecordLocator:
             return path, "wfdb"
         if self._ids is None:
             self._ids = {}
-            for folder, _, files in os.walk(root):
-                for name in files:
+            for folder, dirs, files in os.walk(root):
+                dirs.sort()  # a record held twice: the first copy in sorted order, on every machine
+                for name in sorted(files):
                     if name.endswith(".hea"):
                         self._ids.setdefault(name[:-4], Path(folder) / name[:-4])
         found = self._ids.get(path.name)

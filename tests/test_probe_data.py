@@ -112,6 +112,15 @@ def test_cpsc_forms_agree_for_a_record_held_twice(shared_data, tmp_path):
         assert RecordLocator("cpsc2018", tmp_path).locate(name)[1] == "original"
 
 
+def test_a_copy_held_in_several_folders_resolves_to_the_first_in_sorted_order(tmp_path):
+    root = tmp_path / "cpsc2018"
+    ecg = {"sex": "Male", "age": 74.0, "data": np.zeros((12, 5000))}
+    for folder in ("k", "c", "x", "a", "q", "f", "m", "t", "b", "h"):  # creation order is not sorted order
+        (root / folder).mkdir(parents=True)
+        scipy.io.savemat(root / folder / "A0001.mat", {"ECG": ecg})
+    assert index_cpsc(root)["A0001"]["original"] == root / "a" / "A0001"
+
+
 def test_truncated_original_mat_is_a_signal_error(tmp_path):
     from ecgpos.errors import SignalError
 

@@ -53,4 +53,3 @@ class StopRequest:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-
