@@ -90,6 +90,7 @@ def test_edited_export_config_is_refused(capsys, tmp_path, export, real_record):
     assert run(capsys, "verify", export)[0] == 0
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # the corrupt file is written on purpose
 def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tiny_run, tiny_shards):
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
