@@ -9,6 +9,8 @@
 : "${ECGPOS_RUNS:=$ECGPOS_WORK/runs}"
 : "${ECGPOS_PROBES:=$ECGPOS_WORK/probes}"
 : "${ECGPOS_EXPORT:=$ECGPOS_WORK/export}"
+: "${ECGPOS_STAGE0_CONFIG:=$ECGPOS_REPO/configs/stage0.yaml}"
+: "${ECGPOS_STAGE1_CONFIG:=$ECGPOS_REPO/configs/stage1.yaml}"
 : "${ECGPOS_GPUS_PER_NODE:=1}"                  # 0 = CPU only (no --gres, accelerate --cpu)
 : "${ECGPOS_DRY_RUN:=0}"                        # 1 = print the commands instead of running them
 export ECGPOS_REPO ECGPOS_WORK
@@ -19,6 +21,46 @@ export PYTHONUNBUFFERED=1
 
 ecgpos_log() { echo "[$(date -u +%FT%TZ) ${SLURM_JOB_ID:-nojob}${SLURM_ARRAY_TASK_ID:+_$SLURM_ARRAY_TASK_ID}] $*" >&2; }
 ecgpos_die() { ecgpos_log "error: $*"; exit 2; }
+
+# Checks of settings, each failing with one line that names the variable (exit 2).
+# ecgpos_require_int NAME MIN: $NAME is a whole number >= MIN.
+ecgpos_require_int() {
+    local name=$1 min=$2 value=${!1:-}
+    if ! [[ $value =~ ^[0-9]+$ ]] || (( 10#$value < min )); then
+        ecgpos_die "$name must be a whole number >= $min, got '$value'"
+    fi
+}
+# ecgpos_require_dir NAME WHAT: $NAME is set and an existing folder.
+ecgpos_require_dir() {
+    local name=$1 what=$2 value=${!1:-}
+    [ -n "$value" ] || ecgpos_die "set $name ($what)"
+    [ -d "$value" ] || ecgpos_die "$name=$value is not a folder ($what)"
+}
+# ecgpos_require_config NAME: $NAME is a YAML file or a shipped config name (stage0, tiny/stage1, stage0.yaml).
+ecgpos_require_config() {
+    local name=$1 value=${!1:-}
+    [ -n "$value" ] || ecgpos_die "set $name (a config file or a shipped config name)"
+    [ -f "$value" ] && return
+    [[ $value != /* ]] && [ -f "$ECGPOS_REPO/configs/${value%.yaml}.yaml" ] && return
+    ecgpos_die "$name=$value is neither a file nor a shipped config in $ECGPOS_REPO/configs"
+}
+
+# Probe task names `ecgpos probe --task` knows (probes/tasks.py), besides custom:<dir>.
+ECGPOS_KNOWN_PROBE_TASKS="ptbxl-super ptbxl-sub ptbxl-form ptbxl-rhythm cpsc2018 csn"
+# ecgpos_require_probe_tasks LIST: each word is a known task or custom:<existing folder>.
+ecgpos_require_probe_tasks() {
+    local task tasks
+    read -r -a tasks <<< "$1"
+    [ "${#tasks[@]}" -gt 0 ] || ecgpos_die "ECGPOS_PROBE_TASKS is empty"
+    for task in "${tasks[@]}"; do
+        case " $ECGPOS_KNOWN_PROBE_TASKS " in *" $task "*) continue ;; esac
+        if [[ $task == custom:* ]]; then
+            [ -d "${task#custom:}" ] || ecgpos_die "ECGPOS_PROBE_TASKS: $task is not a folder"
+            continue
+        fi
+        ecgpos_die "ECGPOS_PROBE_TASKS: unknown task '$task' (known: $ECGPOS_KNOWN_PROBE_TASKS, custom:<dir>)"
+    done
+}
 
 # Environment set-up inside a job: ECGPOS_SETUP (any shell snippet, e.g. "module load cuda; source ~/venv/bin/activate")
 # or, by default, the repository's .venv when it exists.

@@ -322,11 +322,21 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
         assert _flag(argv, "--main_process_ip") == "gpu-a07"
 
 
+def _probe_data(root: Path) -> Path:
+    """Empty stand-ins for the data folders pipeline.sh checks: data/raw, data/merl_splits."""
+    data = root / "data"
+    for sub in ("raw", "merl_splits"):
+        (data / sub).mkdir(parents=True, exist_ok=True)
+    return data
+
+
 def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
     srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
     launch = shlex.split(srun[-1].split("exec ", 1)[1])
     assert "--cpu" in launch and "--multi_gpu" not in launch and _flag(launch, "--num_processes") == "1"
     assert "--stage0" not in launch
+
+    data = _probe_data(tmp_path)
 
     def pipeline(gpus: str) -> list[list[str]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
@@ -334,8 +344,8 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
             ECGPOS_DRY_RUN="1",
             ECGPOS_GPUS_PER_NODE=gpus,
             ECGPOS_NODES="2",
-            ECGPOS_SRC="/raw",
-            ECGPOS_DATA_ROOT="/probe-data",
+            ECGPOS_SRC=str(data / "raw"),
+            ECGPOS_DATA_ROOT=str(data),
             ECGPOS_ACCOUNT="proj42",
         )
         proc = subprocess.run(
@@ -368,3 +378,152 @@ def test_first_host_without_scontrol(nodelist: str, first: str) -> None:
     script = f". {common}; scontrol() {{ return 1; }}; ecgpos_first_host {shlex.quote(nodelist)}"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
     assert out == first
+
+
+# -- settings refused before anything is submitted (no cluster needed) -------------------------------------------
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """No SLURM_*/ECGPOS_* from the caller; SLURM_CONF is an empty file, so no sbatch call can reach a cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env["SLURM_CONF"] = str(tmp_path / "empty-slurm.conf")
+    Path(env["SLURM_CONF"]).touch()
+    env["ECGPOS_SETUP"] = f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ({"ECGPOS_GPUS_PER_NODE": "four"}, "ECGPOS_GPUS_PER_NODE"),
+        ({"ECGPOS_GPUS_PER_NODE": "4x"}, "ECGPOS_GPUS_PER_NODE"),
+        ({"ECGPOS_PROBE_GPUS": "one"}, "ECGPOS_PROBE_GPUS"),
+        ({"ECGPOS_NODES": "two"}, "ECGPOS_NODES"),
+        ({"ECGPOS_PREPROCESS_PARTS": "0"}, "ECGPOS_PREPROCESS_PARTS"),
+        ({"ECGPOS_SRC": ""}, "ECGPOS_SRC"),
+        ({"ECGPOS_SRC": "{tmp}/no such corpus"}, "ECGPOS_SRC"),
+        ({"ECGPOS_DATA_ROOT": "{tmp}/missing"}, "ECGPOS_DATA_ROOT"),
+        ({"ECGPOS_SPLITS": "{tmp}/missing"}, "ECGPOS_SPLITS"),
+        ({"ECGPOS_STAGE1_CONFIG": "configs/stage1.yml"}, "ECGPOS_STAGE1_CONFIG"),
+        ({"ECGPOS_STEPS": "stage1 probes merge export"}, "ECGPOS_STEPS"),
+        ({"ECGPOS_STEPS": " "}, "ECGPOS_STEPS"),
+        ({"ECGPOS_PROBE_TASKS": "ptbxl-super ptbxl-rhytm"}, "ECGPOS_PROBE_TASKS"),
+        ({"ECGPOS_PROBE_TASKS": " "}, "ECGPOS_PROBE_TASKS"),
+        # a chain that starts later needs the earlier steps' outputs on disk
+        ({"ECGPOS_STEPS": "stage1 probe merge export"}, "ECGPOS_SHARDS"),
+        ({"ECGPOS_STEPS": "export"}, "ECGPOS_EXPORT_RUN"),
+    ],
+)
+def test_pipeline_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
+    data = _probe_data(tmp_path)
+    settings = {"ECGPOS_SRC": str(data / "raw"), "ECGPOS_DATA_ROOT": str(data), "ECGPOS_WORK": str(tmp_path / "work")}
+    settings.update({k: v.replace("{tmp}", str(tmp_path)) for k, v in setting.items()})
+    env = _clean_env(tmp_path, **settings)
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and named in lines[0], proc.stderr
+    assert proc.stdout == ""  # no "STEP JOBID" line: nothing was submitted
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "work").exists()
+
+
+def test_pipeline_accepts_shipped_config_names(tmp_path: Path) -> None:
+    data = _probe_data(tmp_path)
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_DATA_ROOT=str(data),
+        ECGPOS_STAGE0_CONFIG="tiny/stage0",
+        ECGPOS_STAGE1_CONFIG="tiny/stage1.yaml",
+        ECGPOS_PROBE_TASKS=f"ptbxl-super csn custom:{data}",
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--array=0-2" in proc.stdout
+
+
+def test_known_probe_tasks_match_the_probe_cli() -> None:
+    from probes.tasks import TASKS
+
+    common = shlex.quote(str(SLURM / "common.sh"))
+    out = subprocess.run(
+        ["bash", "-c", f'. {common}; echo "$ECGPOS_KNOWN_PROBE_TASKS"'], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == list(TASKS)
+
+
+def test_pretrain_script_outside_a_job_says_it_needs_sbatch(tmp_path: Path) -> None:
+    env = _clean_env(tmp_path, ECGPOS_GPUS_PER_NODE="0", ECGPOS_WORK=str(tmp_path / "work"))
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sbatch" in lines[0], proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_pretrain_script_refuses_a_gpu_count_that_is_not_a_number() -> None:
+    # a count that is not a number must not quietly become a CPU run
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env.update({**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "4x"})
+    proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "ECGPOS_GPUS_PER_NODE" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+# -- a submission refused half-way leaves nothing in the queue ---------------------------------------------------
+@pytest.mark.slurm
+def test_pipeline_cancels_submitted_jobs_when_a_later_submission_fails(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    data = _probe_data(tmp_path)
+    # the test node has no GPUs, so sbatch refuses the Stage-0 job's --gres=gpu:1 after preprocess and check
+    env = _job_env(
+        slurm_cluster,
+        work,
+        ECGPOS_STEPS="preprocess check stage0",
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_GPUS_PER_NODE="1",
+    )
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "stage0" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    jobs = dict(line.split() for line in proc.stdout.splitlines())
+    assert list(jobs) == ["preprocess", "check"], proc.stdout
+    deadline = time.monotonic() + 60
+    while True:
+        states = {r.get("JobState") for jid in jobs.values() for r in _job_records(slurm_cluster, jid)}
+        if states == {"CANCELLED"}:
+            break
+        assert time.monotonic() < deadline, f"jobs of the refused chain still in the queue: {states}"
+        time.sleep(1)
+
+
+# -- one chain per work folder at a time -------------------------------------------------------------------------
+@pytest.mark.slurm
+def test_pipeline_refuses_a_second_chain_for_a_work_folder_still_in_the_queue(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    (work / "shards").mkdir(parents=True)
+    # held jobs stay in the queue, like a chain whose Stage 0 is still training
+    env = _job_env(slurm_cluster, work, ECGPOS_STEPS="check", ECGPOS_SBATCH_ARGS="--hold")
+    first = _submit(slurm_cluster, env, tmp_path)
+    try:
+        proc = subprocess.run(
+            ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and first["check"] in lines[0] and "ECGPOS_WORK" in lines[0], proc.stderr
+        # another work folder is another chain
+        other = _submit(slurm_cluster, {**env, "ECGPOS_WORK": str(tmp_path / "other")}, tmp_path)
+        slurm_cluster.run("scancel", other["check"])
+    finally:
+        slurm_cluster.run("scancel", first["check"])
