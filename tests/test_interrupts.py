@@ -126,3 +126,25 @@ def test_demo_step_stopped_by_ctrl_c_is_an_interruption_not_an_error(shards: Pat
     with pytest.raises(Interrupted, match="continues from its `pretrain` step"):
         _run("pretrain", *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
     assert len(list_checkpoints(run)) == 1
+
+
+def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_path: Path, capsys) -> None:
+    """Two trainers must never interleave checkpoints and metrics in one run folder; the lock goes
+    with its process, so once the first is killed the same folder resumes."""
+    run = tmp_path / "run"
+    flags = ["--set", "optim.steps=300", "--set", "train.checkpoint_every=5", "--set", "train.num_workers=1"]
+    proc = start("pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags)
+    try:
+        wait_for(run / "checkpoints" / "step-0000005", proc)
+        capsys.readouterr()
+        assert proc.poll() is None
+        assert pretrain(0, shards, run, *flags, "--resume", "auto") == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"is being written by another ecgpos pretrain (pid {proc.pid} on " in err
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    steps = [r["step"] for r in metrics(run)]
+    assert steps == list(range(1, steps[-1] + 1))  # the refused trainer wrote nothing
+    assert pretrain(0, shards, run, *flags, "--resume", "auto") == 0
+    assert [r["step"] for r in metrics(run)] == list(range(1, 301))

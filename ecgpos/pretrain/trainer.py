@@ -48,6 +48,7 @@ from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile
 from ecgpos.pretrain.plan import RunPlan
+from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.pretrain.stop import StopRequest
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
@@ -77,6 +78,7 @@ class Trainer:
         self.cfg = plan.cfg
         self.run_dir = plan.run_dir
         self.stop = StopRequest()
+        self.held = contextlib.ExitStack()  # the run folder's lock, from _setup to the end of run()
 
     # -- setup -------------------------------------------------------------------------------------
     def _setup(self) -> None:
@@ -90,6 +92,8 @@ class Trainer:
             cpu=not torch.cuda.is_available(),
             step_scheduler_with_optimizer=False,
         )
+        if self.acc.is_main_process:  # before anything in the run folder is read or written
+            self.held.enter_context(run_folder_lock(self.run_dir))
         p = self.acc.num_processes
         if cfg.train.batch_size % (p * cfg.train.grad_accum):
             raise ConfigError(
@@ -305,7 +309,7 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
         try:
-            with self.stop.installed():
+            with self.stop.installed(), self.held:
                 return self._run()
         finally:
             from accelerate.state import AcceleratorState
