@@ -92,8 +92,6 @@ class Trainer:
             cpu=not torch.cuda.is_available(),
             step_scheduler_with_optimizer=False,
         )
-        if self.acc.is_main_process:  # before anything in the run folder is read or written
-            self.held.enter_context(run_folder_lock(self.run_dir))
         p = self.acc.num_processes
         if cfg.train.batch_size % (p * cfg.train.grad_accum):
             raise ConfigError(
@@ -118,6 +116,8 @@ class Trainer:
         self.guard = NonFiniteGuard(self.acc.device, p)
         self.stat_keys: list[str] | None = None
         self.start_step = 0
+        if self.acc.is_main_process:  # after every check of the inputs, before the run folder is read or written
+            self.held.enter_context(run_folder_lock(self.run_dir))
         self.resumed = resume_checkpoint(self.acc, self.run_dir) if self.plan.resume else Resumed()
         state = self.resumed.state
         if state is not None:
