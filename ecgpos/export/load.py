@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, screen_record
+from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, as_samples, screen_record
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import (
@@ -173,7 +173,7 @@ class ExportedEncoder(nn.Module):
             raise EcgposError(f"leads must be a list of lead names, one per row of signal, got {leads!r}")
         if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
-        signal = np.asarray(signal)
+        signal = as_samples(signal)
         check_raw_record(signal, fs, list(leads), self.spec)
         return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
 
