@@ -47,9 +47,12 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     shutil.copyfile(tmp_path / "archive.npz", tmp_path / "archive.npy")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "archive.npy", tmp_path / "a.csv")
     one_line_error(rc, err, "embed", ".npz archive")
-    # integers (ADC counts scaled to mV by the caller) and float64 stay accepted
+    # integers pass the dtype check (uV integers are then refused by their amplitude); float64 is embedded
     np.save(tmp_path / "int.npy", (x * 1000).astype(np.int32))
-    assert _embed_npy(capsys, export, tmp_path / "int.npy", tmp_path / "i.csv")[0] == 0
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "int.npy", tmp_path / "i.csv")
+    assert rc == 2 and "skipped int: units" in err and "dtype" not in err
+    np.save(tmp_path / "f64.npy", x.astype(np.float64))
+    assert _embed_npy(capsys, export, tmp_path / "f64.npy", tmp_path / "f.csv")[0] == 0
 
 
 def test_api_refuses_what_it_cannot_embed(real_record, export):

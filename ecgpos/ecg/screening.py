@@ -7,25 +7,31 @@ vector: each refusal is a SignalError whose reason is the skip reason of preproc
 Checks, in order: real-number samples (dtype: not complex, text, booleans or objects), lead
 names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate outside the spec's
 supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), NaN/inf
-(non_finite), every sample zero (all_zero), every lead flat (flat), more dead leads than allowed
-(dead_leads), shorter than one window after resampling (too_short, unless pad_short).
+(non_finite), every sample zero (all_zero), every lead flat (flat), a median lead amplitude no
+ECG in mV has (units: uV or ADC counts), more dead leads than allowed (dead_leads), shorter than
+one window after resampling (too_short, unless pad_short).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.rates import check_fs
-from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, resampled_length, screen
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, resampled_length, screen_ptp
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, SignalError
 
 DEFAULT_MAX_DEAD_LEADS = 2
 """Records with up to this many dead (flat) leads are kept, the dead leads used as exact zeros."""
+MAX_MEDIAN_PTP_MV = 100.0
+"""Above this median lead peak-to-peak a record is not in mV (an ECG lead spans about 0.5-5 mV; even
+heavy baseline wander leaves the median lead far below 100 mV): it is uV or ADC counts. Features
+would hardly change (leads are z-scored), but the 10 uV dead-lead threshold would be 1000x off."""
 
 
 @dataclass(frozen=True)
@@ -67,28 +73,49 @@ class Screened:
         return [CANONICAL_LEADS[i] for i in np.flatnonzero(self.dead)]
 
 
+def as_samples(signal: Any) -> np.ndarray:
+    """`signal` (an array, a list of leads, a CPU tensor) as an array; SignalError('shape') for
+    leads of unequal lengths, which numpy cannot stack."""
+    try:
+        return np.asarray(signal)
+    except ValueError:  # numpy: "inhomogeneous shape", rows of different lengths
+        raise SignalError("shape", "leads of unequal lengths cannot form a (leads, time) array") from None
+
+
 def screen_record(
     signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
 ) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
-    x = np.asarray(signal)
+    x = as_samples(signal)
     if x.dtype.kind not in "iuf":  # complex would lose its imaginary part, text and booleans are no mV
         raise SignalError("dtype", f"samples must be real numbers in mV, got dtype {x.dtype}")
     if x.ndim != 2:
         raise SignalError("shape", f"expected a (leads, time) array, got shape {x.shape}")
     if x.shape[0] != len(leads):
-        raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names")
+        # (time, leads), e.g. a DataFrame's values or a CSV read row by row: say so, never guess
+        hint = "; it looks like (time, leads): pass its transpose, signal.T" if x.shape[1] == len(leads) else ""
+        raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names{hint}")
     x = to_canonical_order(x, leads)  # raises missing/duplicate/unknown lead
     fs = check_fs(fs, spec)  # unsupported rates first: unexpected_fs is a supported rate of another corpus
     if policy.expected_fs is not None and abs(fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
     if x.shape[-1] == 0:
         raise SignalError("empty", "the record holds no samples")
-    dead = screen(x, DEAD_LEAD_PTP_MV)  # raises non_finite; the dead-lead mask of the same max/min pass
+    ptp = screen_ptp(x)  # raises non_finite; the peak-to-peak of each lead in the same max/min pass
+    dead = ptp < DEAD_LEAD_PTP_MV
     if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
         if not np.any(x):
             raise SignalError("all_zero", "every sample is zero")
-        raise SignalError("flat", f"every lead is flat (peak-to-peak below {DEAD_LEAD_PTP_MV * 1000:g} uV)")
+        # leads that move, only by less than 10 uV each, are most often a record in volts
+        hint = "; if the samples are in V, multiply by 1000 (mV expected)" if (ptp > 0).all() else ""
+        raise SignalError("flat", f"every lead is flat (peak-to-peak below {DEAD_LEAD_PTP_MV * 1000:g} uV){hint}")
+    median = float(np.median(ptp))
+    if median > MAX_MEDIAN_PTP_MV:
+        raise SignalError(
+            "units",
+            f"median lead peak-to-peak {median:.4g} is not an ECG in mV (about 0.5-5 mV): samples in uV "
+            "or ADC counts? convert to mV (uV / 1000, counts / gain)",
+        )
     count = int(dead.sum())
     if count > policy.max_dead_leads:
         names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))

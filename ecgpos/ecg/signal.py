@@ -153,18 +153,26 @@ def dead_leads(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarra
     return np.ptp(x, axis=-1) < min_ptp_mv
 
 
-def screen(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarray:
-    """`check_finite(x)` and then `dead_leads(x)` in one max/min pass over a (..., leads, time) array.
+def screen_ptp(x: np.ndarray) -> np.ndarray:
+    """`check_finite(x)` and the per-lead peak-to-peak (..., leads) in one max/min pass (time > 0).
 
-    NaN and inf propagate through max/min, so a non-finite sample is always caught; the dead-lead
-    mask is exactly `np.ptp(x, axis=-1) < min_ptp_mv` (same max - min in x's dtype).
+    NaN and inf propagate through max/min, so a non-finite sample is always caught; the result is
+    `np.ptp(x, axis=-1)` (the same max - min in x's dtype for floats; integers in int64, where an
+    int16 lead spanning its full range cannot wrap around to a negative, "dead" amplitude).
     """
-    if x.shape[-1] == 0:
-        return np.zeros(x.shape[:-1], dtype=bool)
     hi, lo = x.max(axis=-1), x.min(axis=-1)
+    if x.dtype.kind in "iu":
+        return hi.astype(np.int64) - lo.astype(np.int64)
     if not (np.isfinite(hi).all() and np.isfinite(lo).all()):
         check_finite(x)  # raises with the count
-    return (hi - lo) < min_ptp_mv
+    return hi - lo
+
+
+def screen(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarray:
+    """`check_finite(x)` and then `dead_leads(x)` in one max/min pass over a (..., leads, time) array."""
+    if x.shape[-1] == 0:
+        return np.zeros(x.shape[:-1], dtype=bool)
+    return screen_ptp(x) < min_ptp_mv
 
 
 def preprocess_batch(x: np.ndarray, fs: float, spec: PreprocessSpec, dead: np.ndarray | None = None) -> np.ndarray:

@@ -136,7 +136,10 @@ From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, an
 
 ## Preprocessing (applied by `embed`; apply it yourself before `forward_features`)
 - Input: raw signal in {spec["units"]}, any sampling rate with a small rational ratio to {spec["fs"]} Hz,
-  the 12 standard leads in any order and common spellings (AVR/aVR, DI/I).
+  the 12 standard leads in any order and common spellings (AVR/aVR, DI/I). `embed` refuses uV or
+  ADC counts (median lead peak-to-peak above 100 mV).
+- Dead leads (raw peak-to-peak below 10 uV, at most 2 per record) are set to exact zeros after
+  preprocessing, instead of z-scoring their noise.
 - Zero-phase Butterworth band-pass {spec["highpass_hz"]}-{spec["lowpass_hz"]} Hz (order {spec["filter_order"]}) at
   the source rate, per-{spec["standardise"]} z-score, resampling to {spec["fs"]} Hz.
 - Lead order: {", ".join(spec["leads"])}.

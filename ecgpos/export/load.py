@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, screen_record
+from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, as_samples, screen_record
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import (
@@ -28,6 +28,7 @@ from ecgpos.export.format import (
     FORMAT_VERSION,
     WEIGHTS_FILE,
     config_sha256,
+    is_export_dir,
     state_sha256,
 )
 from ecgpos.files import read_safetensors
@@ -35,9 +36,18 @@ from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal, resolve_de
 from ecgpos.runs.run_folder import is_run_dir
 
 
+def export_folder(path: str | Path) -> Path:
+    """`path` as a folder Path, `~` expanded (Python does not expand it, unlike the shell)."""
+    if not isinstance(path, (str, Path)):
+        raise EcgposError(f"an export folder is a str or Path, got {type(path).__name__} {path!r}")
+    return Path(path).expanduser()
+
+
 def read_export_config(path: str | Path) -> dict[str, Any]:
     """config.json of an export folder, validated; EcgposError (one line) for anything else."""
-    folder = Path(path)
+    folder = export_folder(path)
+    if folder.is_file() and is_export_dir(folder.parent):  # model.safetensors, config.json, ...
+        raise EcgposError(f"{folder} is a file of an export; pass its folder, {folder.parent}")
     if not folder.is_dir():
         raise EcgposError(f"{folder} is not a folder (expected an ecgpos export folder)")
     config_path = folder / CONFIG_FILE
@@ -163,7 +173,7 @@ class ExportedEncoder(nn.Module):
             raise EcgposError(f"leads must be a list of lead names, one per row of signal, got {leads!r}")
         if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
-        signal = np.asarray(signal)
+        signal = as_samples(signal)
         check_raw_record(signal, fs, list(leads), self.spec)
         return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
 
@@ -204,7 +214,7 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     Raises EcgposError with one line when the folder is not an export, the weights hash differs
     from config.json, or the weights do not fit the architecture.
     """
-    folder = Path(path)
+    folder = export_folder(path)
     device = resolve_device(device)
     config = read_export_config(folder)
     try:

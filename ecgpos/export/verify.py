@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import ONNX_FILE, VECTORS_FILE
-from ecgpos.export.load import load_encoder, read_export_config
+from ecgpos.export.load import export_folder, load_encoder, read_export_config
 from ecgpos.export.vectors import compare, load_vectors, run_vectors
 from ecgpos.models.features import resolve_device
 
@@ -26,6 +26,7 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
     """(all passed, report lines). Raises EcgposError only when `folder` is not an export or
     `device` is unusable (neither is a failed check of the export)."""
     resolve_device(device)
+    folder = export_folder(folder)
     config = read_export_config(folder)
     lines = []
     try:

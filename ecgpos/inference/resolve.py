@@ -98,7 +98,7 @@ def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
     text = str(path_or_random)
     if text.startswith("random:"):
         return random_encoder(text.split(":", 1)[1])
-    path = Path(text)
+    path = Path(text).expanduser()
     if not path.exists():
         raise EcgposError(
             f"encoder {path} does not exist (expected a run folder, an export folder or random:<config.yaml>)"
