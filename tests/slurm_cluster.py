@@ -313,3 +313,11 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+def probe_data_stand_ins(root: Path) -> Path:
+    """Empty stand-ins for the data folders pipeline.sh checks: data/raw, data/merl_splits."""
+    data = root / "data"
+    for sub in ("raw", "merl_splits"):
+        (data / sub).mkdir(parents=True, exist_ok=True)
+    return data

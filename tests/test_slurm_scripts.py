@@ -1,0 +1,218 @@
+"""The slurm/ scripts without a cluster: the launcher command lines pretrain.sbatch renders for
+multi-node and CPU jobs, and the settings pipeline.sh and pretrain.sbatch refuse before any submission."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from slurm_cluster import probe_data_stand_ins
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM = REPO / "slurm"
+
+
+# -- multi-node launcher command line (no cluster needed) --------------------------------------------------------
+FAKE_2x4 = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_NNODES": "2",
+    "SLURM_JOB_NODELIST": "gpu-a[07-08]",
+    "SLURM_CPUS_PER_TASK": "16",
+    "ECGPOS_GPUS_PER_NODE": "4",
+    "ECGPOS_DRY_RUN": "1",
+    "ECGPOS_WORK": "/scratch/ecg",
+}
+
+
+def _render(stage: str, extra: dict[str, str]) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env.update(extra)
+    proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), stage], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return shlex.split(proc.stdout)
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
+    srun = _render("1", FAKE_2x4)
+    assert srun[0] == "srun" and "--nodes=2" in srun and "--ntasks-per-node=1" in srun
+    assert "--cpus-per-task=16" in srun and srun[-3:-1] == ["bash", "-c"]
+    inner = srun[-1]
+    assert inner.startswith("trap '' USR1; exec accelerate launch ")
+    launch = shlex.split(inner.split("exec ", 1)[1])
+    assert _flag(launch, "--num_machines") == "2"
+    assert _flag(launch, "--num_processes") == "8"
+    assert _flag(launch, "--main_process_ip") == "gpu-a07"
+    assert _flag(launch, "--main_process_port") == str(20000 + 4242 % 20000)
+    assert "--multi_gpu" in launch and "--cpu" not in launch
+    # left for each node's shell to expand, so node i gets machine rank i
+    assert _flag(launch, "--machine_rank") == "$SLURM_PROCID"
+    train = launch[launch.index("-m") :]
+    assert train[:2] == ["-m", "ecgpos.pretrain"]
+    assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
+    assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
+    assert _flag(train, "--stage0") == "/scratch/ecg/runs/stage0"
+    assert _flag(train, "--config") == str(REPO / "configs" / "stage1.yaml")
+
+    # run the string as srun would on each node, with `accelerate` replaced by a program printing its argv
+    fake = tmp_path / "accelerate"
+    fake.write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    for rank in ("0", "1"):
+        env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURM_PROCID": rank}
+        proc = subprocess.run(["bash", "-c", inner], env=env, capture_output=True, text=True, check=True)
+        argv = proc.stdout.split("\n")
+        assert _flag(argv, "--machine_rank") == rank
+        assert _flag(argv, "--main_process_ip") == "gpu-a07"
+
+
+def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
+    srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
+    launch = shlex.split(srun[-1].split("exec ", 1)[1])
+    assert "--cpu" in launch and "--multi_gpu" not in launch and _flag(launch, "--num_processes") == "1"
+    assert "--stage0" not in launch
+
+    data = probe_data_stand_ins(tmp_path)
+
+    def pipeline(gpus: str) -> list[list[str]]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+        env.update(
+            ECGPOS_DRY_RUN="1",
+            ECGPOS_GPUS_PER_NODE=gpus,
+            ECGPOS_NODES="2",
+            ECGPOS_SRC=str(data / "raw"),
+            ECGPOS_DATA_ROOT=str(data),
+            ECGPOS_ACCOUNT="proj42",
+        )
+        proc = subprocess.run(
+            ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+        )
+        return [shlex.split(l[2:]) for l in proc.stdout.splitlines() if l.startswith("# sbatch")]
+
+    gpu, cpu = pipeline("4"), pipeline("0")
+    assert len(gpu) == 7 and all("--account=proj42" in cmd for cmd in gpu)
+    stage_cmds = [c for c in gpu if "pretrain.sbatch" in c[-2]]
+    assert len(stage_cmds) == 2 and all(
+        "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in stage_cmds
+    )
+    assert not any(a.startswith("--gres") for c in cpu for a in c)
+    # each job depends on the one before it
+    assert all(
+        any(a == f"--dependency=afterok:<{step}>" for a in c)
+        for c, step in zip(gpu[1:], ["preprocess", "check", "stage0", "stage1", "probe", "merge"])
+    )
+    assert not (tmp_path / "logs").exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [("gpu-a[07-08,11],cpu01", "gpu-a07"), ("n5,n6", "n5"), ("node[3]", "node3"), ("single", "single")],
+)
+def test_first_host_without_scontrol(nodelist: str, first: str) -> None:
+    # the fallback for machines without a Slurm configuration (dry runs); scontrol is made to fail
+    common = shlex.quote(str(SLURM / "common.sh"))
+    script = f". {common}; scontrol() {{ return 1; }}; ecgpos_first_host {shlex.quote(nodelist)}"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == first
+
+
+# -- settings refused before anything is submitted (no cluster needed) -------------------------------------------
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """No SLURM_*/ECGPOS_* from the caller; SLURM_CONF is an empty file, so no sbatch call can reach a cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env["SLURM_CONF"] = str(tmp_path / "empty-slurm.conf")
+    Path(env["SLURM_CONF"]).touch()
+    env["ECGPOS_SETUP"] = f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH"
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [
+        ({"ECGPOS_GPUS_PER_NODE": "four"}, "ECGPOS_GPUS_PER_NODE"),
+        ({"ECGPOS_GPUS_PER_NODE": "4x"}, "ECGPOS_GPUS_PER_NODE"),
+        ({"ECGPOS_PROBE_GPUS": "one"}, "ECGPOS_PROBE_GPUS"),
+        ({"ECGPOS_NODES": "two"}, "ECGPOS_NODES"),
+        ({"ECGPOS_PREPROCESS_PARTS": "0"}, "ECGPOS_PREPROCESS_PARTS"),
+        ({"ECGPOS_SRC": ""}, "ECGPOS_SRC"),
+        ({"ECGPOS_SRC": "{tmp}/no such corpus"}, "ECGPOS_SRC"),
+        ({"ECGPOS_DATA_ROOT": "{tmp}/missing"}, "ECGPOS_DATA_ROOT"),
+        ({"ECGPOS_SPLITS": "{tmp}/missing"}, "ECGPOS_SPLITS"),
+        ({"ECGPOS_STAGE1_CONFIG": "configs/stage1.yml"}, "ECGPOS_STAGE1_CONFIG"),
+        ({"ECGPOS_STEPS": "stage1 probes merge export"}, "ECGPOS_STEPS"),
+        ({"ECGPOS_STEPS": " "}, "ECGPOS_STEPS"),
+        ({"ECGPOS_PROBE_TASKS": "ptbxl-super ptbxl-rhytm"}, "ECGPOS_PROBE_TASKS"),
+        ({"ECGPOS_PROBE_TASKS": " "}, "ECGPOS_PROBE_TASKS"),
+        # a chain that starts later needs the earlier steps' outputs on disk
+        ({"ECGPOS_STEPS": "stage1 probe merge export"}, "ECGPOS_SHARDS"),
+        ({"ECGPOS_STEPS": "export"}, "ECGPOS_EXPORT_RUN"),
+    ],
+)
+def test_pipeline_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
+    data = probe_data_stand_ins(tmp_path)
+    settings = {"ECGPOS_SRC": str(data / "raw"), "ECGPOS_DATA_ROOT": str(data), "ECGPOS_WORK": str(tmp_path / "work")}
+    settings.update({k: v.replace("{tmp}", str(tmp_path)) for k, v in setting.items()})
+    env = _clean_env(tmp_path, **settings)
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error:" in lines[0] and named in lines[0], proc.stderr
+    assert proc.stdout == ""  # no "STEP JOBID" line: nothing was submitted
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "work").exists()
+
+
+def test_pipeline_accepts_shipped_config_names(tmp_path: Path) -> None:
+    data = probe_data_stand_ins(tmp_path)
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_DATA_ROOT=str(data),
+        ECGPOS_STAGE0_CONFIG="tiny/stage0",
+        ECGPOS_STAGE1_CONFIG="tiny/stage1.yaml",
+        ECGPOS_PROBE_TASKS=f"ptbxl-super csn custom:{data}",
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--array=0-2" in proc.stdout
+
+
+def test_known_probe_tasks_match_the_probe_cli() -> None:
+    from probes.tasks import TASKS
+
+    common = shlex.quote(str(SLURM / "common.sh"))
+    out = subprocess.run(
+        ["bash", "-c", f'. {common}; echo "$ECGPOS_KNOWN_PROBE_TASKS"'], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == list(TASKS)
+
+
+def test_pretrain_script_outside_a_job_says_it_needs_sbatch(tmp_path: Path) -> None:
+    env = _clean_env(tmp_path, ECGPOS_GPUS_PER_NODE="0", ECGPOS_WORK=str(tmp_path / "work"))
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "sbatch" in lines[0], proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_pretrain_script_refuses_a_gpu_count_that_is_not_a_number() -> None:
+    # a count that is not a number must not quietly become a CPU run
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env.update({**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "4x"})
+    proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "ECGPOS_GPUS_PER_NODE" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
