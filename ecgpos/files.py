@@ -35,6 +35,12 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
             tmp.unlink()
 
 
+def user_path(text: str) -> Path:
+    """The argparse type of every path option: `~` expanded, because the shell expands it only at the
+    start of a word, so `--out=~/x` arrives as written."""
+    return Path(text).expanduser()
+
+
 def make_output_folder(path: str | Path, flag: str = "--out", create: bool = True) -> Path:
     """The output folder `path`, created (with its parents) when `create`; one line, instead of an
     OSError traceback after the work is done, when it is a file or cannot be made. Call it with

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
+from ecgpos.files import user_path
 from preprocessing.build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
 from preprocessing.ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
 
@@ -35,11 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", nargs="?", choices=sorted(SOURCES), help="raw corpus layout")
     p.add_argument(
         "--src",
-        type=Path,
+        type=user_path,
         help="corpus root (ecg-arrhythmia: folder holding WFDBRecords/; "
         "code15: folder with exams.csv and exams_part*.hdf5)",
     )
-    p.add_argument("--out", type=Path, required=True, help="output folder for shards and index files")
+    p.add_argument("--out", type=user_path, required=True, help="output folder for shards and index files")
     p.add_argument(
         "--subset",
         choices=sorted(SUBSETS),
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--spec",
-        type=Path,
+        type=user_path,
         default=None,
         help="preprocessing spec YAML (keys fs, highpass_hz, lowpass_hz, filter_order, standardise, "
         "window, dtype), or a run config whose preprocess: section is used; default: the paper's",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError, Interrupted
-from ecgpos.files import atomic_path, atomic_write_text, make_output_folder
+from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
@@ -80,13 +80,13 @@ def _parser() -> argparse.ArgumentParser:
         default="all",
         help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, all, custom:<dir>, or a comma-separated list",
     )
-    p.add_argument("--data-root", type=Path, help="folder holding ptbxl/ and cpsc2018/")
-    p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
+    p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
+    p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
     p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
     p.add_argument("--seeds", type=int, help="seeds per probe (default 5)")
     p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
-    p.add_argument("--out", type=Path, help="output folder")
-    p.add_argument("--cache-dir", type=Path, help="feature cache folder")
+    p.add_argument("--out", type=user_path, help="output folder")
+    p.add_argument("--cache-dir", type=user_path, help="feature cache folder")
     p.add_argument(
         "--random-baseline", action="store_true", help="also probe a random-init encoder of the same architecture"
     )
@@ -100,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="probe training processes (default 2)")
     p.add_argument("--name", help="row label of the encoder in the tables")
     p.add_argument("--device", help="feature extraction device (default auto: cuda when available)")
-    p.add_argument("--config", type=Path, help="YAML with ProbeConfig keys")
+    p.add_argument("--config", type=user_path, help="YAML with ProbeConfig keys")
     p.add_argument(
         "--set",
         dest="overrides",
@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10",
     )
-    p.add_argument("--compare", nargs="+", type=Path, metavar="DIR", help="merge result folders instead of probing")
+    p.add_argument("--compare", nargs="+", type=user_path, metavar="DIR", help="merge result folders, not probe")
     p.add_argument(
         "--bootstrap",
         type=int,
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--pretraining-index",
         nargs="+",
-        type=Path,
+        type=user_path,
         metavar="SHARDS",
         help="shard folders the encoder was pretrained on (default: those its run or export records)",
     )

@@ -33,7 +33,7 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text, make_output_folder
+from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
@@ -52,13 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018 or custom:<dir>"
     )
-    p.add_argument("--data-root", type=Path, default=Path("."), help="folder holding ptbxl/ and cpsc2018/")
-    p.add_argument("--splits", type=Path, help="folder holding MERL's split folders")
+    p.add_argument("--data-root", type=user_path, default=Path("."), help="folder holding ptbxl/ and cpsc2018/")
+    p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
     p.add_argument("--nominal", required=True, help="comma-separated nominal classes (at least two)")
     p.add_argument("--anomalous", required=True, help="comma-separated anomalous classes")
     p.add_argument("--split", default="test", help="train, val, test, a comma-separated list, or all")
     p.add_argument("--space", choices=SPACES, default="features", help="which x / x_hat pair (default features)")
-    p.add_argument("--out", type=Path, default=Path("geometry"), help="output folder (default ./geometry)")
+    p.add_argument("--out", type=user_path, default=Path("geometry"), help="output folder (default ./geometry)")
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available)")
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass")
     return p

@@ -77,3 +77,14 @@ def test_export_paths_with_tilde_files_and_non_paths(export, tmp_path, monkeypat
     for bad in (None, b"/tmp"):
         with pytest.raises(EcgposError, match="export folder is a str or Path"):
             load_encoder(bad)
+
+
+def test_cli_paths_given_after_an_equals_sign_expand_tilde(real_record, export, tmp_path, monkeypatch):
+    """The shell leaves `--out=~/x` as written; every path option expands it like the shell would."""
+    from ecgpos.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(export, tmp_path / "enc")
+    assert main(["embed", "--encoder=~/enc", f"--input={real_record}.hea", "--out=~/features.csv"]) == 0
+    assert (tmp_path / "features.csv").read_text().count("\n") == 2  # header + the record
+    assert not (Path("~") / "features.csv").exists()

@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS, ScreenPolicy
 from ecgpos.errors import EcgposError
 from ecgpos.export.load import load_encoder
+from ecgpos.files import user_path
 from ecgpos.inference.inputs import (
     OUTPUT_SUFFIXES,
     check_writable,
@@ -44,9 +44,9 @@ from ecgpos.models.features import DEFAULT_NUM_WINDOWS
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ecgpos embed", description=__doc__.splitlines()[0])
-    parser.add_argument("--encoder", required=True, type=Path, help="export folder (ecgpos export)")
-    parser.add_argument("--input", required=True, type=Path, help="WFDB record/folder, shard folder or .npy")
-    parser.add_argument("--out", required=True, type=Path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")
+    parser.add_argument("--encoder", required=True, type=user_path, help="export folder (ecgpos export)")
+    parser.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
+    parser.add_argument("--out", required=True, type=user_path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")
     parser.add_argument("--fs", type=float, default=None, help="sampling rate of a .npy input (Hz)")
     parser.add_argument("--leads", default=None, help="comma-separated lead names of a .npy input's rows")
     parser.add_argument(

@@ -25,7 +25,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
-from ecgpos.files import make_output_folder
+from ecgpos.files import make_output_folder, user_path
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
@@ -33,9 +33,9 @@ from ecgpos.runs.run_folder import training_summary
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ecgpos export", description=__doc__.splitlines()[0])
-    parser.add_argument("--run-dir", required=True, type=Path, help="pretraining run folder (Stage 0 or Stage 1)")
+    parser.add_argument("--run-dir", required=True, type=user_path, help="pretraining run folder (Stage 0 or Stage 1)")
     parser.add_argument(
-        "--out", required=True, type=Path, help="export folder to create (an earlier export there is replaced)"
+        "--out", required=True, type=user_path, help="export folder to create (an earlier export there is replaced)"
     )
     parser.add_argument("--onnx", action="store_true", help="also write encoder.onnx (needs ecgpos[export])")
     parser.add_argument(
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--probe-results",
-        type=Path,
+        type=user_path,
         default=None,
         help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card",
     )

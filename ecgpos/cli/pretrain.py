@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 from ecgpos.errors import Interrupted
+from ecgpos.files import user_path
 from ecgpos.pretrain.plan import prepare
 from ecgpos.runs.run_folder import newest_checkpoint
 
@@ -46,14 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--shards",
-        type=Path,
+        type=user_path,
         nargs="+",
         required=True,
         metavar="DIR",
         help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled (e.g. Ningbo + CODE-15)",
     )
-    parser.add_argument("--run-dir", type=Path, required=True, help="run folder (created)")
-    parser.add_argument("--stage0", type=Path, help="Stage 1: finished Stage-0 run folder or export folder")
+    parser.add_argument("--run-dir", type=user_path, required=True, help="run folder (created)")
+    parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
     parser.add_argument(
         "--set",
         dest="overrides",

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text
+from ecgpos.files import atomic_path, atomic_write_text, user_path
 from ecgpos.inference.inputs import check_writable, open_source
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
@@ -25,11 +25,11 @@ from ecgpos.models.features import resolve_device
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ecgpos score", description=__doc__.splitlines()[0])
-    p.add_argument("--run", required=True, type=Path, help="Stage-0/Stage-1 run folder or export with decoders")
-    p.add_argument("--input", required=True, type=Path, help="WFDB record/folder, shard folder or .npy")
+    p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
+    p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
-    p.add_argument("--out", type=Path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
-    p.add_argument("--labels", type=Path, help="CSV with columns record_id,label")
+    p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
+    p.add_argument("--labels", type=user_path, help="CSV with columns record_id,label")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
     p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
     p.add_argument("--fs", type=float, help="sampling rate of a .npy input (Hz)")

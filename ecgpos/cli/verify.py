@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 from ecgpos.export.verify import verify
+from ecgpos.files import user_path
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ecgpos verify", description=__doc__.splitlines()[0])
-    parser.add_argument("folder", type=Path, help="export folder (ecgpos export)")
+    parser.add_argument("folder", type=user_path, help="export folder (ecgpos export)")
     parser.add_argument("--device", default="cpu", help="torch device to run the vectors on")
     return parser
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from ecgpos.cli import run_command
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError, Interrupted
-from ecgpos.files import make_output_folder
+from ecgpos.files import make_output_folder, user_path
 from ecgpos.resources import config_path
 
 
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ecgpos demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output folder (default ./demo-out)")
+    parser.add_argument("--out", type=user_path, default=Path("demo-out"), help="output folder (default ./demo-out)")
     parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
     args = parser.parse_args(argv)
