@@ -17,6 +17,8 @@
 - SIGUSR1/SIGTERM/Ctrl-C set a flag (ecgpos.pretrain.stop); one process acts on it at the next
   step boundary, several agree (all-reduce) at the next log step; then a checkpoint is saved and
   the run exits 0 (130 after Ctrl-C). Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
+- The main process holds the run folder's lock (ecgpos.pretrain.run_lock) from the end of the input
+  checks to the end of the run: a second trainer into the same folder is refused.
 """
 
 from __future__ import annotations
