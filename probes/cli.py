@@ -16,6 +16,7 @@ from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import (
+    SCORES_FILE,
     add_intervals,
     collect_scores,
     differences_markdown,
@@ -174,7 +175,12 @@ def _compare(args: argparse.Namespace) -> int:
     notes: list[str] = []
     renamed: dict[Path, dict[str, str]] = {}
     frame = merge_results(args.compare, notes, renamed)
-    sets = [s for folder, names in renamed.items() for s in load_scores(folder, names)]
+    sets = []
+    for folder, names in renamed.items():
+        found = load_scores(folder, names)
+        if not found:  # its encoders would silently be missing from the paired differences
+            notes.append(f"{folder}: no {SCORES_FILE}, so its rows are in no paired difference")
+        sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
     sections = [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame)
