@@ -80,3 +80,30 @@ def test_compare_notes_a_folder_without_test_scores(capsys, probe_folder):
     rc, out, err = _compare(capsys, base, bare)
     assert rc == 0, err
     assert f"- {bare.resolve()}: no test_scores.npz, so its rows are in no paired difference" in out
+
+
+def test_compare_flags_folders_probed_under_different_protocols(capsys, probe_folder):
+    three = probe_folder("three-epochs", "--epochs", "3")
+    two = probe_folder("two-epochs")
+    rc, out, err = _compare(capsys, two, three)
+    assert rc == 0, err
+    assert "## Protocol differences between the merged folders" in out
+    assert "- **epochs**: two-epochs: 2; three-epochs: 3" in out
+    assert "**seeds**" not in out and "**data_root**" not in out  # only what differs is named
+    rc, out, err = _compare(capsys, two, probe_folder("two-epochs-again"))
+    assert rc == 0, err
+    assert "Protocol differences" not in out
+
+
+def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, probe_folder):
+    # two different encoders both named "stage1", probed on different tasks (so no row clashes)
+    first = probe_folder("named-first")
+    args = ["probe", "--encoder", "random:tiny/stage1", "--name", "named-first", "--task", "cpsc2018"]
+    args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
+    args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
+    second = probe_folder.root / "other-weights"
+    assert cli(*args, "--out", second) == 0
+    rc, out, err = _compare(capsys, first, second)
+    assert rc == 0, err
+    assert "| named-first | " in out and "| named-first [other-weights] | — | " in out
+    assert "renamed because an earlier folder uses that label for other encoder weights" in out
