@@ -16,6 +16,7 @@ from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import (
+    SCORES_FILE,
     add_intervals,
     collect_scores,
     differences_markdown,
@@ -24,6 +25,7 @@ from probes.intervals import (
     save_scores,
 )
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
+from probes.provenance import INFO_FILE, common_protocol, protocol, protocol_section, read_info, sources
 from probes.published import read_reference, reference_markdown
 from probes.report import merge_results, summary_markdown, write_outputs, write_results
 from probes.run import (
@@ -173,10 +175,17 @@ def _compare(args: argparse.Namespace) -> int:
         raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
     notes: list[str] = []
     renamed: dict[Path, dict[str, str]] = {}
-    frame = merge_results(args.compare, notes, renamed)
-    sets = [s for folder, names in renamed.items() for s in load_scores(folder, names)]
+    infos = {folder: read_info(folder) for folder in dict.fromkeys(Path(f).resolve() for f in args.compare)}
+    frame = merge_results(list(infos), notes, renamed, {f: sources(i) for f, i in infos.items()})
+    sets = []
+    for folder, names in renamed.items():
+        found = load_scores(folder, names)
+        if not found:  # its encoders would silently be missing from the paired differences
+            notes.append(f"{folder}: no {SCORES_FILE}, so its rows are in no paired difference")
+        sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
-    sections = [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
+    sections = [s for s in [protocol_section(infos)] if s]
+    sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame)
     if args.out is None:
         print(summary_markdown(frame, notes, sections))
@@ -188,6 +197,14 @@ def _compare(args: argparse.Namespace) -> int:
             save_scores(sets, args.out)
     with atomic_path(args.out / "differences.csv") as tmp:
         diffs.to_csv(tmp, index=False)
+    if args.out.resolve() not in infos:  # what the inputs had in common, for a later --compare
+        labels = {renamed[f].get(enc, enc): key for f, i in infos.items() for enc, key in sources(i).items()}
+        info = {
+            "compared": [str(f) for f in infos],
+            "protocol": common_protocol({f: protocol(i) for f, i in infos.items() if i is not None}),
+            "sources": labels,
+        }
+        atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
     print(write_outputs(frame, args.out, notes, sections))
     return 0
 
@@ -329,6 +346,10 @@ def _probe(args: argparse.Namespace) -> int:
         "label": label,
         "source": enc.source,
         "spec": enc.spec.to_dict(),
+        "sources": {src.name: json.dumps(src.key, sort_keys=True) for src in sources},
+        "data_root": str(args.data_root.resolve()) if args.data_root else None,
+        "splits": str(args.splits.resolve()) if args.splits else None,
+        "exclude_overlap": args.exclude_overlap,
         "tasks": names,
         "config": to_dict(cfg),
         "cache_dir": str(cache_dir),
@@ -341,7 +362,7 @@ def _probe(args: argparse.Namespace) -> int:
             "bootstrap": round(boot_seconds, 2),
         },
     }
-    atomic_write_text(args.out / "probe.json", json.dumps(info, indent=2, default=str), sync=False)
+    atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2, default=str), sync=False)
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)
     return 0

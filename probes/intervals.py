@@ -15,10 +15,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_path
 from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
 
 SCORES_FILE = "test_scores.npz"
+DIFFERENCE_COLUMNS = [
+    "encoder",
+    "baseline",
+    "task",
+    "fraction",
+    "difference",
+    "low",
+    "high",
+    "n_test",
+    "left_out",
+    "bootstrap",
+]
 INTERVAL_COLUMNS = ["test_auroc_low", "test_auroc_high", "mean_auroc_low", "mean_auroc_high", "bootstrap"]
 
 
@@ -118,12 +131,21 @@ def load_scores(folder: Path, renames: dict[str, str] | None = None) -> list[Sco
 
 
 def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Both sets' scores on the test records they share (a's order), and those records' labels."""
+    """Both sets' scores on the test records they share (a's order), and those records' labels.
+
+    A shared record labelled differently on the two sides means the folders were probed on different
+    splits: their scores answer different questions, so no difference is computed (EcgposError)."""
     where_b = {k: i for i, k in enumerate(b.keys)}
     rows_a = [i for i, k in enumerate(a.keys) if k in where_b]
     if not rows_a:
         return None
     rows_b = [where_b[a.keys[i]] for i in rows_a]
+    disagree = int((a.labels[rows_a] != b.labels[rows_b]).any(axis=1).sum())
+    if disagree or a.labels.shape[1] != b.labels.shape[1]:
+        raise EcgposError(
+            f"--compare: {a.encoder!r} and {b.encoder!r} label {disagree} of the {len(rows_a)} {a.task} test "
+            "records they share differently: they were probed on different splits, so no paired difference"
+        )
     return a.scores[:, rows_a], b.scores[:, rows_b], a.labels[rows_a]
 
 
@@ -131,7 +153,8 @@ def paired_differences(
     sets: Sequence[ScoreSet], encoders: Sequence[str], n_boot: int, level: float = LEVEL
 ) -> pd.DataFrame:
     """For each pair of encoders (later minus earlier, in `encoders` order) and each (task, fraction)
-    both have: the seed-mean macro-AUROC difference and its paired bootstrap interval."""
+    both have: the seed-mean macro-AUROC difference and its paired bootstrap interval, over the test
+    records both scored (n_test); left_out counts the records only one of them scored."""
     by_key = {(s.encoder, s.task, s.fraction): s for s in sets}
     rows = []
     for i, first in enumerate(encoders):
@@ -144,6 +167,7 @@ def paired_differences(
                 if aligned is None:
                     continue
                 diff, low, high = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
+                shared = len(aligned[2])
                 rows.append(
                     {
                         "encoder": second,
@@ -153,13 +177,12 @@ def paired_differences(
                         "difference": diff,
                         "low": low,
                         "high": high,
-                        "n_test": len(aligned[2]),
+                        "n_test": shared,
+                        "left_out": len(set(a.keys) | set(b.keys)) - shared,
                         "bootstrap": n_boot,
                     }
                 )
-    return pd.DataFrame(
-        rows, columns=["encoder", "baseline", "task", "fraction", "difference", "low", "high", "n_test", "bootstrap"]
-    )
+    return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
 
 
 def differences_markdown(diffs: pd.DataFrame) -> str:
@@ -170,12 +193,14 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
         "## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)",
         "",
         "Both encoders scored on the same bootstrap resamples of the test records they share: an interval "
-        "that excludes 0 is a difference the test set supports at the 95 % level.",
+        'that excludes 0 is a difference the test set supports at the 95 % level. A cell "on N of M '
+        'records" leaves out the records only one of the two folders scored.',
         "",
     ]
     if diffs.empty:
         return "\n".join(lines + ["No pair of encoders has stored test scores on a common task (test_scores.npz)."])
     tasks = [t for t in TASKS if t in set(diffs["task"])] + sorted(set(diffs["task"]) - set(TASKS))
+    flagged: list[str] = []
     for fraction in sorted(set(diffs["fraction"])):
         part = diffs[diffs["fraction"] == fraction]
         lines += [
@@ -188,11 +213,22 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
             cells = []
             for t in tasks:
                 hit = pair[pair["task"] == t]
-                cells.append(
-                    "—"
-                    if hit.empty
-                    else (f"{hit['difference'].iloc[0]:+.4f} [{hit['low'].iloc[0]:+.4f}, {hit['high'].iloc[0]:+.4f}]")
-                )
+                if hit.empty:
+                    cells.append("—")
+                    continue
+                h = hit.iloc[0]
+                cell = f"{h['difference']:+.4f} [{h['low']:+.4f}, {h['high']:+.4f}]"
+                left = int(h.get("left_out", 0) or 0)
+                if left:  # the rows above are over more records than this difference
+                    shared = int(h["n_test"])
+                    cell += f" (on {shared} of {shared + left} records)"
+                    if left >= shared:
+                        flagged.append(
+                            f"- **{enc} − {base}, {TASKS[t].label if t in TASKS else t}: {left} of the "
+                            f"{shared + left} test records are scored by only one of the two and are left out**; "
+                            "the difference is over fewer test records than the rows of the table."
+                        )
+                cells.append(cell)
             lines.append(f"| {enc} − {base} | " + " | ".join(cells) + " |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + flagged)

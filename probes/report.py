@@ -214,32 +214,45 @@ def _free_label(enc: str, folder: Path, keys: set[tuple], taken: set[tuple]) -> 
 
 
 def merge_results(
-    folders: Sequence[Path], notes: list[str] | None = None, renamed: dict[Path, dict[str, str]] | None = None
+    folders: Sequence[Path],
+    notes: list[str] | None = None,
+    renamed: dict[Path, dict[str, str]] | None = None,
+    identities: dict[Path, dict[str, str]] | None = None,
 ) -> pd.DataFrame:
     """Concatenate several results.csv (a folder given twice is read once).
 
-    An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction):
-    then that folder's rows of the encoder get the folder name added (one note per rename is appended to
-    `notes`; `renamed` receives folder -> {old: new label}). So one encoder probed task by task into several
-    folders stays one row of the table.
+    An encoder's rows keep their label unless an earlier folder already has that (encoder, task, fraction),
+    or `identities` (folder -> label -> weights hash) shows the same label naming other weights: then that
+    folder's rows of the encoder get the folder name added (one note per rename is appended to `notes`;
+    `renamed` receives folder -> {old: new label}). So one encoder probed task by task into several
+    folders stays one row of the table, and two encoders under one name stay two rows.
     """
     frames = []
     taken: set[tuple] = set()
+    weights: dict[str, str] = {}  # label -> identity of the first folder that used it
     for folder in dict.fromkeys(Path(f).resolve() for f in folders):
         frame = read_results(folder)
         renames = {}
         for enc, part in frame.groupby("encoder", sort=False):
             keys = set(zip(part["encoder"], part["task"], part["fraction"]))
-            if keys & taken:
-                renames[enc] = _free_label(str(enc), folder, keys, taken)
+            identity = (identities or {}).get(folder, {}).get(str(enc))
+            other = identity is not None and weights.get(str(enc), identity) != identity
+            if keys & taken or other:
+                renames[enc] = _free_label(str(enc), folder, keys, taken | {(enc, t, fr) for _, t, fr in keys})
                 clash = sorted({f"{t} {_fraction_label(fr)}" for _, t, fr in keys & taken})
+                why = (
+                    "an earlier folder uses that label for other encoder weights"
+                    if other
+                    else f"an earlier folder has the same encoder label for {', '.join(clash)}"
+                )
                 if notes is not None:
                     notes.append(
-                        f"{renames[enc]}: rows of {folder / 'results.csv'} labelled {enc!r}, renamed "
-                        f"because an earlier folder has the same encoder label for {', '.join(clash)}"
+                        f"{renames[enc]}: rows of {folder / 'results.csv'} labelled {enc!r}, renamed because {why}"
                     )
             label = renames.get(enc, enc)
             taken |= {(label, task, fraction) for _, task, fraction in keys}
+            if identity is not None:
+                weights.setdefault(str(label), identity)
         frames.append(frame.replace({"encoder": renames}))
         if renamed is not None:
             renamed[folder] = renames

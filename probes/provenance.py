@@ -1,0 +1,84 @@
+"""What a probe folder was run under (its probe.json), and the differences `--compare` flags.
+
+Numbers probed with other epochs, seeds, windows, preprocessing, bootstrap resamples, data or splits
+are not the same measurement; `--compare` still merges them (a protocol sweep is a legitimate
+comparison), but names every setting that differs in summary.md so the table is not read as one
+protocol. A folder without probe.json (hand-made or older) is named as unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+INFO_FILE = "probe.json"
+MIXED = "mixed"
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def protocol(info: Mapping) -> dict[str, str]:
+    """The settings of a probe run that change its numbers, flattened to short strings."""
+    if "protocol" in info:  # a --compare output records what its inputs had in common
+        return dict(info["protocol"])
+    cfg = info.get("config", {})
+    out = {k: _text(v) for k, v in cfg.get("protocol", {}).items()}
+    out["seeds"] = _text(cfg.get("seeds"))
+    out |= {k: _text(v) for k, v in cfg.items() if k.startswith("windows_") or k in ("ptbxl_records", "raw_fs")}
+    out |= {f"spec.{k}": _text(v) for k, v in info.get("spec", {}).items()}
+    for key in ("bootstrap", "data_root", "splits", "exclude_overlap"):
+        out[key] = _text(info.get(key, "not recorded"))
+    return out
+
+
+def read_info(folder: Path) -> dict | None:
+    """A probe folder's probe.json, None when absent or unreadable."""
+    try:
+        return json.loads((Path(folder) / INFO_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def sources(info: Mapping | None) -> dict[str, str]:
+    """Row label -> what identifies its features (weights hash, raw settings); empty when not recorded."""
+    return dict((info or {}).get("sources", {}))
+
+
+def common_protocol(protocols: Mapping[Path, Mapping[str, str]]) -> dict[str, str]:
+    """Each setting's value where every folder agrees, else MIXED (so a later --compare flags it)."""
+    keys = dict.fromkeys(k for p in protocols.values() for k in p)
+    out = {}
+    for key in keys:
+        values = {p.get(key, "not recorded") for p in protocols.values()}
+        out[key] = values.pop() if len(values) == 1 else MIXED
+    return out
+
+
+def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
+    """summary.md section naming every setting that differs between the merged folders ('' if none)."""
+    if len(infos) < 2:
+        return ""
+    known = {f: protocol(i) for f, i in infos.items() if i is not None}
+    lines = []
+    for key in dict.fromkeys(k for p in known.values() for k in p):
+        values = {f: p.get(key, "not recorded") for f, p in known.items()}
+        if len(set(values.values())) > 1 or MIXED in values.values():
+            lines.append(f"- **{key}**: " + "; ".join(f"{f.name}: {v}" for f, v in values.items()))
+    lines += [
+        f"- **{f.name}**: no {INFO_FILE} (hand-made or older folder): its protocol cannot be checked"
+        for f, i in infos.items()
+        if i is None
+    ]
+    if not lines:
+        return ""
+    head = [
+        "## Protocol differences between the merged folders",
+        "",
+        "These folders were not probed under one protocol: rows from different folders are different "
+        "measurements, not only different encoders.",
+        "",
+    ]
+    return "\n".join(head + lines)

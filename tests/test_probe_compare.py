@@ -1,0 +1,109 @@
+"""`ecgpos probe --compare` of real probe folders made under different conditions: what is refused,
+what is flagged in summary.md."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tiny_runs import cli
+
+
+@pytest.fixture(scope="module")
+def probe_folder(shared_data, tmp_path_factory):
+    """make(name, *flags, splits=None) -> a real ptbxl-super probe folder (tiny random encoder, 2 seeds,
+    2 epochs, full labels); features are cached across the module's runs."""
+    root = tmp_path_factory.mktemp("compare")
+
+    def make(name: str, *flags: str, splits: Path | None = None) -> Path:
+        out = root / name
+        args = ["probe", "--encoder", "random:tiny/stage0", "--name", name, "--task", "ptbxl-super"]
+        args += ["--data-root", shared_data, "--splits", splits or shared_data / "merl_splits"]
+        args += ["--fractions", "100", "--seeds", "2", "--epochs", "2", "--workers", "1"]
+        assert cli(*args, "--cache-dir", root / "cache", "--out", out, *flags) == 0
+        return out
+
+    make.root = root
+    return make
+
+
+def _splits(shared_data: Path, folder: Path, edit) -> Path:
+    """A copy of MERL's PTB-XL super-class splits whose test CSV is passed through `edit`."""
+    shutil.copytree(shared_data / "merl_splits" / "ptbxl" / "super_class", folder / "ptbxl" / "super_class")
+    test = folder / "ptbxl" / "super_class" / "ptbxl_super_class_test.csv"
+    edit(pd.read_csv(test)).to_csv(test, index=False)
+    return folder
+
+
+def _compare(capsys, *folders: Path) -> tuple[int, str, str]:
+    capsys.readouterr()  # drop what the probe runs printed
+    rc = cli("probe", "--compare", *folders)
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_compare_refuses_a_paired_difference_over_differently_labelled_test_records(capsys, shared_data, probe_folder):
+    def swap(t: pd.DataFrame) -> pd.DataFrame:
+        t[["NORM", "MI"]] = t[["MI", "NORM"]].to_numpy()
+        return t
+
+    base = probe_folder("base")
+    other = probe_folder("swapped", splits=_splits(shared_data, probe_folder.root / "splits-swapped", swap))
+    rc, _, err = _compare(capsys, base, other)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("ecgpos probe: error: --compare: 'swapped' and 'base' label") and "different splits" in err
+
+
+def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(capsys, shared_data, probe_folder):
+    def few(t: pd.DataFrame) -> pd.DataFrame:
+        present = t[t["ecg_id"] <= 200]  # the sample holds PTB-XL records 1..200
+        return pd.concat([present.iloc[:10], t[t["ecg_id"] > 200]])
+
+    base = probe_folder("base2")
+    small = probe_folder("small", splits=_splits(shared_data, probe_folder.root / "splits-small", few))
+    n_base = int(pd.read_csv(base / "results.csv")["n_test"].iloc[0])
+    rc, out, err = _compare(capsys, base, small)
+    assert rc == 0, err
+    assert f"(on 10 of {n_base} records)" in out
+    assert f"**small − base2, Super: {n_base - 10} of the {n_base} test records are scored by only one" in out
+    rc = cli("probe", "--compare", base, small, "--out", probe_folder.root / "merged-small")
+    diffs = pd.read_csv(probe_folder.root / "merged-small" / "differences.csv")
+    assert diffs[["n_test", "left_out"]].to_numpy().tolist() == [[10, n_base - 10]]
+
+
+def test_compare_notes_a_folder_without_test_scores(capsys, probe_folder):
+    base = probe_folder("base3")
+    bare = probe_folder("bare")
+    (bare / "test_scores.npz").unlink()
+    rc, out, err = _compare(capsys, base, bare)
+    assert rc == 0, err
+    assert f"- {bare.resolve()}: no test_scores.npz, so its rows are in no paired difference" in out
+
+
+def test_compare_flags_folders_probed_under_different_protocols(capsys, probe_folder):
+    three = probe_folder("three-epochs", "--epochs", "3")
+    two = probe_folder("two-epochs")
+    rc, out, err = _compare(capsys, two, three)
+    assert rc == 0, err
+    assert "## Protocol differences between the merged folders" in out
+    assert "- **epochs**: two-epochs: 2; three-epochs: 3" in out
+    assert "**seeds**" not in out and "**data_root**" not in out  # only what differs is named
+    rc, out, err = _compare(capsys, two, probe_folder("two-epochs-again"))
+    assert rc == 0, err
+    assert "Protocol differences" not in out
+
+
+def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, probe_folder):
+    # two different encoders both named "stage1", probed on different tasks (so no row clashes)
+    first = probe_folder("named-first")
+    args = ["probe", "--encoder", "random:tiny/stage1", "--name", "named-first", "--task", "cpsc2018"]
+    args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
+    args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
+    second = probe_folder.root / "other-weights"
+    assert cli(*args, "--out", second) == 0
+    rc, out, err = _compare(capsys, first, second)
+    assert rc == 0, err
+    assert "| named-first | " in out and "| named-first [other-weights] | — | " in out
+    assert "renamed because an earlier folder uses that label for other encoder weights" in out
