@@ -103,6 +103,17 @@ def _markdown(table: pd.DataFrame) -> str:
     return "\n".join([head, rule, *body])
 
 
+def _uneven_test_sets(frame: pd.DataFrame) -> list[str]:
+    """One line per (task, fraction) whose encoders were tested on different numbers of records."""
+    lines = []
+    for (task, fraction), group in frame.groupby(["task", "fraction"], sort=False):
+        sizes = group.groupby("encoder", sort=False)["n_test"].max().dropna().astype(int)  # hand-made rows: none
+        if sizes.nunique() > 1:
+            each = ", ".join(f"{enc} {n}" for enc, n in sizes.items())
+            lines.append(f"- {task}, {_fraction_label(fraction)} labels: test records {each}")
+    return lines
+
+
 def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
     """summary.md: one table per label fraction, extra `sections` (markdown), then which classes were left
     out and other notes."""
@@ -123,6 +134,15 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     parts.append("")
     for fraction, table in summary_tables(frame).items():
         parts += [f"## {_fraction_label(fraction)} of the training labels", "", _markdown(table), ""]
+    uneven = _uneven_test_sets(frame)
+    if uneven:
+        parts += [
+            "**Rows over different test sets** (records missing from a split, or `--exclude-overlap`): their "
+            "numbers are not directly comparable; the paired differences use only the records both scored.",
+            "",
+            *uneven,
+            "",
+        ]
     for section in sections:
         parts += [section.rstrip(), ""]
     # which classes a split cannot score depends on the labels, not the encoder: listed once

@@ -68,6 +68,9 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     assert rc == 0, err
     assert f"(on 10 of {n_base} records)" in out
     assert f"**small − base2, Super: {n_base - 10} of the {n_base} test records are scored by only one" in out
+    # the table's own rows are over different test sets too: said beside the table
+    assert "**Rows over different test sets**" in out
+    assert f"- ptbxl-super, 100% labels: test records base2 {n_base}, small 10" in out
     rc = cli("probe", "--compare", base, small, "--out", probe_folder.root / "merged-small")
     diffs = pd.read_csv(probe_folder.root / "merged-small" / "differences.csv")
     assert diffs[["n_test", "left_out"]].to_numpy().tolist() == [[10, n_base - 10]]
