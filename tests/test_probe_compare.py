@@ -110,3 +110,22 @@ def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, p
     assert rc == 0, err
     assert "| named-first | " in out and "| named-first [other-weights] | — | " in out
     assert "renamed because an earlier folder uses that label for other encoder weights" in out
+
+
+def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_data, probe_folder):
+    """The published numbers are over MERL's whole test split; the sample data holds 29 of its 2158
+    super-class records, so `ours − published` compares different test sets and says so."""
+    from probes.published import PUBLISHED_TEST_RECORDS, read_reference
+    from probes.tasks import SPLITS, read_splits, resolve_task
+
+    for task, size in PUBLISHED_TEST_RECORDS.items():  # the constants are the split files' sizes
+        tables = read_splits(resolve_task(task), shared_data / "merl_splits")
+        assert len(tables[SPLITS[-1]].records) == size, task
+    assert set(PUBLISHED_TEST_RECORDS) <= set(read_reference("paper")[0].columns)
+    folder = probe_folder("against-paper")
+    capsys.readouterr()
+    assert cli("probe", "--compare", folder, "--reference", "paper") == 0
+    out = capsys.readouterr().out
+    assert "| against-paper − Stage 1 (published) | " in out and " †" in out
+    assert "**† Our test set is smaller than the published one**" in out
+    assert "against-paper, Super: 29 of 2158" in out
