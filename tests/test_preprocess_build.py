@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import h5py
@@ -151,21 +152,31 @@ def test_check_names_missing_chunks_and_settings_are_guarded(shared_data, tmp_pa
     assert rc == 2 and "dtype" in err
 
 
+def _start_preprocess(*args: object) -> subprocess.Popen:
+    """`ecgpos preprocess ARGS` in a process group of its own (as a terminal runs it), stderr piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ecgpos.cli", "preprocess", *map(str, args)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_until(done: Callable[[], bool], proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.005)
+
+
 def test_resume_after_kill_9(shared_data, tmp_path, capsys):
     args = arrhythmia_args(shared_data, tmp_path / "killed", "--records-per-shard", "8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ecgpos.cli", "preprocess", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = _start_preprocess(*args)
     chunks = tmp_path / "killed" / "chunks"
-    deadline = time.monotonic() + 60
-    while len(list(chunks.glob("chunk-*.json"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.005)
+    _wait_until(lambda: len(list(chunks.glob("chunk-*.json"))) >= 3, proc)
     os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.communicate()
     assert proc.returncode == -signal.SIGKILL
     done = len(list(chunks.glob("chunk-*.json")))
     assert 3 <= done < 25 and not (tmp_path / "killed" / "preprocess.json").exists()
@@ -182,19 +193,9 @@ def test_ctrl_c_with_workers_is_one_line_and_the_rerun_completes(shared_data, tm
     """Ctrl-C reaches the terminal's whole process group, the spawned workers included (even those
     still starting up): one line says what is kept, and no worker prints a traceback."""
     args = arrhythmia_args(shared_data, tmp_path / "out", "--records-per-shard", "8", "--workers", "2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ecgpos.cli", "preprocess", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start_preprocess(*args)
     first = tmp_path / "out" / "chunks" / "chunk-00000.json"
-    deadline = time.monotonic() + 60
-    while not first.exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.005)
+    _wait_until(first.exists, proc)
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
