@@ -99,8 +99,8 @@ def _load_cache(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         return {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return dict(zip(data["ids"].tolist(), data["features"]))
+        with np.load(path, allow_pickle=False) as data:  # NaN rows (written before they were refused) are redone
+            return {k: v for k, v in zip(data["ids"].tolist(), data["features"]) if np.isfinite(v).all()}
     except Exception:  # a truncated cache file is recomputed, never trusted
         return {}
 
@@ -137,8 +137,12 @@ def _embed_chunk(
             stats.failed[key] = str(err)
     if signals:
         for key, vec in zip(names, source.embed(signals, windows)):
-            store[key] = np.asarray(vec, dtype=np.float32)
-        stats.extracted += len(names)
+            vec = np.asarray(vec, dtype=np.float32)
+            if not np.isfinite(vec).all():  # never cached: a probe would train on NaN and crash
+                stats.failed[key] = "non-finite features (NaN or inf) from the encoder"
+                continue
+            store[key] = vec
+            stats.extracted += 1
     return bool(signals)
 
 

@@ -65,6 +65,22 @@ class TaskData:
     keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
 
 
+WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
+
+
+def check_config(cfg: ProbeConfig) -> None:
+    """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
+    (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
+    if cfg.seeds < 1 or cfg.protocol.epochs < 1:
+        raise EcgposError("seeds and epochs must be at least 1")
+    counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
+    bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
+    if bad:
+        raise EcgposError(f"{', '.join(bad)}: must be at least 1")
+    if not cfg.raw_fs > 0:
+        raise EcgposError(f"raw_fs={cfg.raw_fs}: the raw-signal baseline's rate must be above 0 Hz")
+
+
 def extraction_device(cfg: ProbeConfig) -> str:
     """The feature extraction device ('auto': cuda when available); EcgposError when unusable."""
     return str(resolve_device(cfg.device))
