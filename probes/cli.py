@@ -52,8 +52,8 @@ PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<con
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
 (WFDB record path relative to <dir>) followed by one 0/1 column per class.
 Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
-~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash, dataset, preprocessing spec
-and window count: a second run on the same encoder extracts nothing. Windows per record
+~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
+preprocessing spec and window count: a second run on the same encoder extracts nothing. Windows per record
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
@@ -310,12 +310,14 @@ def _probe(args: argparse.Namespace) -> int:
         print(f"ecgpos probe: warning: {unfinished}", file=sys.stderr)
     label = args.name or enc.label
     device = extraction_device(cfg)
-    sources: list[FeatureSource] = [encoder_source(enc.module, enc.spec, label, cfg.extract_batch_size, device)]
+    sources: list[FeatureSource] = [
+        encoder_source(enc.module, enc.spec, label, cfg.extract_batch_size, device, enc.arch)
+    ]
     if args.random_baseline and args.encoder.startswith("random:"):
         print("--random-baseline: the encoder is already random-init; no second row")
     elif args.random_baseline:
         twin = random_twin(enc)
-        sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device))
+        sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device, twin.arch))
     if args.raw_baseline:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
     make_output_folder(args.out)

@@ -4,6 +4,7 @@ settings out of range each get one line (exit 2) before any result is written, o
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -209,3 +210,24 @@ def test_non_finite_features_are_neither_cached_nor_trusted_from_a_cache(tmp_pat
     again, stats = extract_features(raw, "ptbxl:t", keys, locator, tmp_path, windows=1)
     assert stats.cached == 2 and stats.extracted == 1
     assert all(np.array_equal(again[k], first[k]) for k in keys)
+
+
+def test_encoders_with_equal_weights_but_other_architectures_do_not_share_a_cache(tmp_path, capsys, shared_data):
+    """Two random-init encoders that differ only in their head count have the same tensors (a head
+    count changes no shape) but different features; their cache key was the weights hash alone, so
+    the second probe silently read the first one's features."""
+    from ecgpos.resources import config_dir
+
+    tiny = config_dir() / "tiny" / "stage0.yaml"
+    other = tmp_path / "heads8.yaml"
+    other.write_text(tiny.read_text().replace("heads: 4", "heads: 8"))
+    assert "heads: 8" in other.read_text()
+    task = _probe_task(tmp_path / "task", shared_data)
+    for config in (tiny, other):
+        args = ["probe", "--encoder", f"random:{config}", "--task", f"custom:{task}", "--out", tmp_path / config.stem]
+        rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "cache", *QUICK)
+        assert rc == 0, err
+
+    extraction = [json.loads((tmp_path / c.stem / "probe.json").read_text())["extraction"] for c in (tiny, other)]
+    assert [next(iter(e.values()))["extracted"] for e in extraction] == [16, 16]
+    assert len(list((tmp_path / "cache").glob("custom-*.npz"))) == 2
