@@ -262,6 +262,10 @@ def _check_records(task: TaskDef, tables: dict[str, SplitTable], args: argparse.
             if task.dataset in DATA_FOLDERS
             else f"record paths are read relative to {Path(task.files['train']).parent}"
         )
+        other = {"records500": ("records100", "--records100"), "records100": ("records500", "no --records100")}
+        folder, flag = other.get(first.split("/")[0], ("", ""))
+        if task.dataset == "ptbxl" and folder and (root / "ptbxl" / folder).is_dir():
+            where += f" (it holds ptbxl/{folder}/: {flag}?)"
         raise EcgposError(f"{task.name}: none of the {total} records of its splits was found (e.g. {first}); {where}")
 
 

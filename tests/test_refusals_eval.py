@@ -137,6 +137,12 @@ def test_a_data_root_holding_another_dataset_is_named(capsys, tmp_path, runs, sh
     line = one_line_error(rc, err, "probe", "ptbxl-super: none of the 21388 records of its splits was found")
     assert f"--data-root {root} must be the folder holding ptbxl/" in line
     assert not (tmp_path / "p").exists()
+    # a data root with only the 100 Hz folder: the message names the flag that reads it
+    (tmp_path / "lr" / "ptbxl").mkdir(parents=True)
+    (tmp_path / "lr" / "ptbxl" / "records100").symlink_to(shared_data / "ptbxl" / "records100")
+    args = ["probe", "--encoder", runs["stage1"], "--task", "ptbxl-super", "--data-root", tmp_path / "lr"]
+    rc, _, err = run(capsys, *args, "--splits", splits, "--out", tmp_path / "p", "--cache-dir", tmp_path / "c", *QUICK)
+    one_line_error(rc, err, "probe", "(it holds ptbxl/records100/: --records100?)")
 
 
 @pytest.mark.parametrize(
