@@ -6,6 +6,7 @@
 
 TASK and the data layout are the probe's. A record belongs to a class when it carries exactly one of
 the chosen labels (nominal or anomalous); records with none or several are left out and counted.
+Each nominal class needs at least two records with different features (its radius divides S and rho).
 x = Stage-0 level, x_hat = the same records one level deeper:
   --space features (default): x = Stage-0 features, x_hat = nested (Stage-1) features, both from
     forward_features (what the probes see);
