@@ -237,3 +237,16 @@ def test_encoders_with_equal_weights_but_other_architectures_do_not_share_a_cach
     extraction = [json.loads((tmp_path / c.stem / "probe.json").read_text())["extraction"] for c in (tiny, other)]
     assert [next(iter(e.values()))["extracted"] for e in extraction] == [16, 16]
     assert len(list((tmp_path / "cache").glob("custom-*.npz"))) == 2
+
+
+def test_score_labels_named_unlike_the_folder_records_say_so(capsys, tmp_path, runs, real_record):
+    """Records of one name in two subfolders are scored as two records (a/r1, b/r1); --labels that
+    name them by bare name matched nothing and the error said only "0 nominal and 0 anomalous"."""
+    for sub, name in (("a", "r1"), ("b", "r1"), ("b", "r2")):
+        copy_record(real_record, tmp_path / "in" / sub, name)
+    (tmp_path / "labels.csv").write_text("record_id,label\nr1,N\nr2,A\n")
+    args = ["score", "--run", runs["stage1"], "--input", tmp_path / "in", "--out", tmp_path / "s.csv", "--no-progress"]
+    rc, _, err = run(capsys, *args, "--labels", tmp_path / "labels.csv", "--nominal", "N", "--anomalous", "A")
+    one_line_error(rc, err, "score", "none of its 2 record ids is a scored record (scored ids look like 'a/r1'")
+    with (tmp_path / "s.csv").open() as handle:
+        assert [line.split(",")[0] for line in handle.read().splitlines()] == ["record_id", "a/r1", "b/r1", "b/r2"]
