@@ -303,7 +303,7 @@ def _probe(args: argparse.Namespace) -> int:
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
     cfg = _config(args)
-    cache_dir = _cache_dir(args)
+    cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
     # check every split file and its records before loading the encoder
     for task in tasks:
         _check_records(task, read_splits(task, args.splits, record_column(task, cfg)), args)
@@ -325,6 +325,7 @@ def _probe(args: argparse.Namespace) -> int:
     if args.raw_baseline:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
     make_output_folder(args.out)
+    make_output_folder(cache_dir, "--cache-dir")
     started = time.time()
     jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
     log = lambda s: (print(s), notes.append(s))  # noqa: E731

@@ -250,3 +250,15 @@ def test_score_labels_named_unlike_the_folder_records_say_so(capsys, tmp_path, r
     one_line_error(rc, err, "score", "none of its 2 record ids is a scored record (scored ids look like 'a/r1'")
     with (tmp_path / "s.csv").open() as handle:
         assert [line.split(",")[0] for line in handle.read().splitlines()] == ["record_id", "a/r1", "b/r1", "b/r2"]
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line_before_extraction(capsys, tmp_path, runs, shared_data):
+    """--cache-dir naming a file (or a folder below one) extracted every record, then died saving
+    the cache with a FileExistsError traceback."""
+    (tmp_path / "file").write_text("not a folder\n")
+    task = _probe_task(tmp_path / "task", shared_data)
+    for cache, needle in ((tmp_path / "file", "is a file, not a folder"), (tmp_path / "file" / "sub", "is a file")):
+        args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
+        rc, _, err = run(capsys, *args, "--cache-dir", cache, *QUICK)
+        one_line_error(rc, err, "probe", f"--cache-dir {cache}")
+        assert needle in err and not (tmp_path / "p").exists()
