@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -178,6 +179,12 @@ def prepare_task(
             f"{task.name}: {len(ids)} records failed to read and are excluded: "
             + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
             + (" ..." if len(ids) > 5 else "")
+        )
+    if failed and not feats:  # nothing to probe: one line instead of a table of NaN rows
+        reasons = Counter(reason.split(":")[0] for reason in failed.values())
+        raise EcgposError(
+            f"{task.name}: none of its {len(failed)} located records could be read "
+            f"({', '.join(f'{n} {r}' for r, n in reasons.most_common())}; e.g. {next(iter(failed.items()))[1]})"
         )
     x, y, keys, positions = {}, {}, {}, np.zeros(0, int)
     for split, table in tables.items():

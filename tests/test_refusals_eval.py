@@ -262,3 +262,19 @@ def test_a_cache_dir_that_is_a_file_is_one_line_before_extraction(capsys, tmp_pa
         rc, _, err = run(capsys, *args, "--cache-dir", cache, *QUICK)
         one_line_error(rc, err, "probe", f"--cache-dir {cache}")
         assert needle in err and not (tmp_path / "p").exists()
+
+
+def test_a_task_none_of_whose_records_can_be_read_is_one_line(capsys, tmp_path, runs, real_record):
+    """Every record of a task found but unreadable (here truncated): the probe trained nothing and
+    wrote a table of NaN rows with exit 0."""
+    for n in range(1, 9):
+        path = copy_record(real_record, tmp_path / "rec", f"r{n}")
+        path.with_suffix(".mat").write_bytes(path.with_suffix(".mat").read_bytes()[:500])
+    for split, numbers in (("train", range(1, 5)), ("val", range(5, 7)), ("test", range(7, 9))):
+        rows = ["record,A,B"] + [f"../rec/r{n},{n % 2},{1 - n % 2}" for n in numbers]
+        (tmp_path / "task").mkdir(exist_ok=True)
+        (tmp_path / "task" / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{tmp_path / 'task'}", "--out", tmp_path / "p"]
+    rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK)
+    one_line_error(rc, err, "probe", "none of its 8 located records could be read (8 truncated_signal; e.g. ")
+    assert not (tmp_path / "p" / "results.csv").exists()
