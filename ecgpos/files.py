@@ -79,7 +79,8 @@ def atomic_write_json(path: str | Path, data: Any, compact: bool = False) -> Non
 
 
 def read_safetensors(path: str | Path, what: str = "weights") -> dict[str, Any]:
-    """Tensors of a .safetensors file on the CPU; EcgposError (one line) when missing or unreadable.
+    """Tensors of a .safetensors file on the CPU; EcgposError (one line) when missing, unreadable or
+    holding NaN/inf weights (a diverged run or a damaged file gives NaN features and scores downstream).
 
     safetensors holds only tensors and cannot execute code, unlike pickle.
     """
@@ -90,6 +91,13 @@ def read_safetensors(path: str | Path, what: str = "weights") -> dict[str, Any]:
     if not path.is_file():
         raise EcgposError(f"{path} is missing: no {what}")
     try:
-        return load_file(str(path), device="cpu")
+        state = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as err:
         raise EcgposError(f"{path} is not a readable safetensors file: {str(err).splitlines()[0]}") from None
+    broken = [name for name, t in state.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if broken:
+        raise EcgposError(
+            f"{path}: {len(broken)} of {len(state)} tensors hold NaN or inf values ({', '.join(sorted(broken)[:3])}"
+            f"{', ...' if len(broken) > 3 else ''}): the run diverged or the file is damaged"
+        )
+    return state

@@ -12,6 +12,7 @@ from pathlib import Path
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
+from ecgpos.inference.resolve import unfinished_note
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
@@ -30,6 +31,7 @@ from probes.published import read_reference, reference_markdown
 from probes.report import merge_results, summary_markdown, write_outputs, write_results
 from probes.run import (
     ProbeConfig,
+    check_config,
     dataset_key,
     extraction_device,
     make_jobs,
@@ -41,7 +43,7 @@ from probes.run import (
     sort_rows,
     task_locator,
 )
-from probes.tasks import GUARDED_TASKS, read_splits, resolve_task, task_names
+from probes.tasks import GUARDED_TASKS, SplitTable, TaskDef, read_splits, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -50,8 +52,8 @@ PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<con
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
 (WFDB record path relative to <dir>) followed by one 0/1 column per class.
 Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
-~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash, dataset, preprocessing spec
-and window count: a second run on the same encoder extracts nothing. Windows per record
+~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
+preprocessing spec and window count: a second run on the same encoder extracts nothing. Windows per record
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
@@ -158,8 +160,7 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
     if args.records100:
         overrides.append("ptbxl_records=records100")
     cfg = load_config(ProbeConfig, args.config, overrides)
-    if cfg.seeds < 1 or cfg.protocol.epochs < 1:
-        raise EcgposError("seeds and epochs must be at least 1")
+    check_config(cfg)
     return cfg
 
 
@@ -241,6 +242,33 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
+DATA_FOLDERS = {"ptbxl": "ptbxl/", "cpsc2018": "cpsc2018/", "csn": "ecg-arrhythmia/"}
+
+
+def _check_records(task: TaskDef, tables: dict[str, SplitTable], args: argparse.Namespace) -> None:
+    """One line when a split misses records under --require-complete, or when no record of the task
+    is found at all (a --data-root holding another dataset would otherwise give a table of NaN rows)."""
+    root = args.data_root or Path(".")
+    missing = {split: missing_records(task, table, root) for split, table in tables.items()}
+    for split, ids in missing.items():
+        if ids and args.require_complete:
+            line = missing_report(task.name, split, ids, len(tables[split].records)).replace(", excluded", "")
+            raise EcgposError(line + " (--require-complete)")
+    total = sum(len(t.records) for t in tables.values())
+    if total and sum(map(len, missing.values())) == total:
+        first = next(ids[0] for ids in missing.values() if ids)
+        where = (
+            f"--data-root {root} must be the folder holding {DATA_FOLDERS[task.dataset]}"
+            if task.dataset in DATA_FOLDERS
+            else f"record paths are read relative to {Path(task.files['train']).parent}"
+        )
+        other = {"records500": ("records100", "--records100"), "records100": ("records500", "no --records100")}
+        folder, flag = other.get(first.split("/")[0], ("", ""))
+        if task.dataset == "ptbxl" and folder and (root / "ptbxl" / folder).is_dir():
+            where += f" (it holds ptbxl/{folder}/: {flag}?)"
+        raise EcgposError(f"{task.name}: none of the {total} records of its splits was found (e.g. {first}); {where}")
+
+
 def _cache_dir(args: argparse.Namespace) -> Path:
     default = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
     return args.cache_dir or default
@@ -275,32 +303,31 @@ def _probe(args: argparse.Namespace) -> int:
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
     cfg = _config(args)
-    cache_dir = _cache_dir(args)
-    # check every split file (and, if asked, every record) before loading the encoder
+    cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
+    # check every split file and its records before loading the encoder
     for task in tasks:
-        for split, table in read_splits(task, args.splits, record_column(task, cfg)).items():
-            if args.require_complete:
-                missing = missing_records(task, table, args.data_root or Path("."))
-                if missing:
-                    raise EcgposError(
-                        missing_report(task.name, split, missing, len(table.records)).replace(", excluded", "")
-                        + " (--require-complete)"
-                    )
+        _check_records(task, read_splits(task, args.splits, record_column(task, cfg)), args)
 
     enc = load_probe_encoder(args.encoder)
+    unfinished = unfinished_note(enc.info)
+    if unfinished:
+        print(f"ecgpos probe: warning: {unfinished}", file=sys.stderr)
     label = args.name or enc.label
     device = extraction_device(cfg)
-    sources: list[FeatureSource] = [encoder_source(enc.module, enc.spec, label, cfg.extract_batch_size, device)]
+    sources: list[FeatureSource] = [
+        encoder_source(enc.module, enc.spec, label, cfg.extract_batch_size, device, enc.arch)
+    ]
     if args.random_baseline and args.encoder.startswith("random:"):
         print("--random-baseline: the encoder is already random-init; no second row")
     elif args.random_baseline:
         twin = random_twin(enc)
-        sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device))
+        sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device, twin.arch))
     if args.raw_baseline:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
     make_output_folder(args.out)
+    make_output_folder(cache_dir, "--cache-dir")
     started = time.time()
-    jobs, notes, extraction, tests = [], [], {}, {}
+    jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
     log = lambda s: (print(s), notes.append(s))  # noqa: E731
     overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}

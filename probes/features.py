@@ -2,8 +2,8 @@
 
 A feature source is an encoder (through `ecgpos.models.features`, with the encoder's own
 PreprocessSpec) or the raw-signal baseline. The cache is one file per (source, dataset,
-settings) key: source = the encoder's weights hash (or 'raw' + its settings), dataset = the
-dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
+settings) key: source = the encoder's weights hash and architecture (or 'raw' + its settings),
+dataset = the dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
 are stored per record key (the split CSV's record column), so the four PTB-XL tasks and their
 three splits share one extraction and a second run with the same encoder extracts nothing.
 """
@@ -38,12 +38,21 @@ class FeatureSource:
     key: dict
     spec: PreprocessSpec
     embed: Callable[[list[np.ndarray], int], np.ndarray]  # preprocessed (12, T) records, windows -> (n, D)
+    # the encoder's architecture, part of the cache key: weights of one shape serve several
+    # architectures (a head count changes no tensor), so the weights hash alone cannot tell them apart
+    arch: dict | None = None
 
 
 def encoder_source(
-    module: torch.nn.Module, spec: PreprocessSpec, name: str, batch_size: int = 64, device: str = "cpu"
+    module: torch.nn.Module,
+    spec: PreprocessSpec,
+    name: str,
+    batch_size: int = 64,
+    device: str = "cpu",
+    arch: dict | None = None,
 ) -> FeatureSource:
-    """Features = mean of `forward_features` over each record's windows (ecgpos.models.features)."""
+    """Features = mean of `forward_features` over each record's windows (ecgpos.models.features);
+    `arch` (ecgpos.models.factory) keys the cache together with the weights."""
     key = {"encoder": weights_hash(module)}  # hashed on CPU before moving: the same key on any device
     module.eval().to(device)
 
@@ -54,7 +63,7 @@ def encoder_source(
         per_record = ((k, record_windows(pad_to(x, spec.window), spec.window, windows)) for k, x in enumerate(records))
         return np.stack([means["features"] for _, means in record_means(per_record, features, batch_size)])
 
-    return FeatureSource(name, key, spec, embed)
+    return FeatureSource(name, key, spec, embed, arch)
 
 
 def raw_source(spec: PreprocessSpec, raw_fs: float = 25.0, name: str = "raw signal") -> FeatureSource:
@@ -86,7 +95,7 @@ class FeatureStats:
 def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: int) -> Path:
     key = {
         "version": CACHE_VERSION,
-        "source": source.key,
+        "source": source.key if source.arch is None else {**source.key, "arch": source.arch},
         "dataset": dataset,
         "spec": source.spec.to_dict(),
         "windows": windows,
@@ -99,8 +108,8 @@ def _load_cache(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         return {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return dict(zip(data["ids"].tolist(), data["features"]))
+        with np.load(path, allow_pickle=False) as data:  # NaN rows (written before they were refused) are redone
+            return {k: v for k, v in zip(data["ids"].tolist(), data["features"]) if np.isfinite(v).all()}
     except Exception:  # a truncated cache file is recomputed, never trusted
         return {}
 
@@ -137,8 +146,12 @@ def _embed_chunk(
             stats.failed[key] = str(err)
     if signals:
         for key, vec in zip(names, source.embed(signals, windows)):
-            store[key] = np.asarray(vec, dtype=np.float32)
-        stats.extracted += len(names)
+            vec = np.asarray(vec, dtype=np.float32)
+            if not np.isfinite(vec).all():  # never cached: a probe would train on NaN and crash
+                stats.failed[key] = "non-finite features (NaN or inf) from the encoder"
+                continue
+            store[key] = vec
+            stats.extracted += 1
     return bool(signals)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from ecgpos.files import atomic_path
 
 EPS = 1e-8
+ZERO_RADIUS = 1e-6  # a class radius below this, in standardised units, is a point: its ratios are undefined
 METRICS = ("D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC")
 # metric -> (predicted sign of Delta, the prediction in words); D_inter and R are reported without one
 PREDICTIONS: dict[str, tuple[int, str]] = {
@@ -124,6 +125,41 @@ def check_classes(labels: np.ndarray, nominal: Sequence[str], anomalous: Sequenc
         )
     if not np.any(np.isin(labels, list(anomalous))):
         return f"needs at least one anomalous record ({', '.join(anomalous)}: none found)"
+    single = [c for c in present if np.sum(labels == c) == 1]
+    if single:
+        return (
+            f"nominal class {', '.join(single)} {'has' if len(single) == 1 else 'each have'} a single record: "
+            "its radius R_c is 0, so S and rho would divide by zero; give each nominal class at least 2 "
+            "records, or leave it out of the nominal classes"
+        )
+    return None
+
+
+def check_spread(
+    x: np.ndarray,
+    x_hat: np.ndarray,
+    labels: np.ndarray,
+    nominal: Sequence[str],
+    names: tuple[str, str] = ("x", "x_hat"),
+) -> str | None:
+    """Why the metrics would be meaningless (None when they are not): NaN/inf features, or a nominal
+    class whose records all have the same features in a level (radius 0, so S and rho divide by EPS
+    alone and come out near 1e8 or 0 whatever the encoder does)."""
+    labels = np.asarray(labels, dtype=str)
+    for name, v in zip(names, (x, x_hat)):
+        bad = ~np.isfinite(np.asarray(v, np.float64)).all(axis=1)
+        if bad.any():
+            return f"{name} features of {int(bad.sum())} of {len(bad)} records are NaN or inf"
+    present = [c for c in nominal if np.any(labels == c)]
+    z_x, z_x_hat = standardise(x, x_hat, np.isin(labels, present))
+    for name, z in zip(names, (z_x, z_x_hat)):
+        _, radii = centres_radii(z, labels, present)
+        flat = [c for c, r in zip(present, radii) if r < ZERO_RADIUS]
+        if flat:
+            return (
+                f"the records of nominal class {', '.join(flat)} have identical {name} features (radius 0), so "
+                "S and rho would divide by zero (duplicated records, or features that do not depend on the input)"
+            )
     return None
 
 
@@ -133,10 +169,11 @@ def geometry(
     """Standardise both levels on nominal x, compute the metrics in each and their relative change.
 
     Nominal classes without records are dropped (their centre is undefined); raises ValueError when
-    fewer than two nominal classes or no anomaly remain.
+    fewer than two nominal classes or no anomaly remain, a nominal class has a single record or
+    identical features (radius 0), or features are not finite.
     """
     labels = np.asarray(labels, dtype=str)
-    problem = check_classes(labels, nominal, anomalous)
+    problem = check_classes(labels, nominal, anomalous) or check_spread(x, x_hat, labels, nominal)
     if problem:
         raise ValueError(problem)
     nominal = [c for c in nominal if np.any(labels == c)]

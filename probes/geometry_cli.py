@@ -6,6 +6,7 @@
 
 TASK and the data layout are the probe's. A record belongs to a class when it carries exactly one of
 the chosen labels (nominal or anomalous); records with none or several are left out and counted.
+Each nominal class needs at least two records with different features (its radius divides S and rho).
 x = Stage-0 level, x_hat = the same records one level deeper:
   --space features (default): x = Stage-0 features, x_hat = nested (Stage-1) features, both from
     forward_features (what the probes see);
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -36,12 +38,13 @@ from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
-from probes.geometry import GeometryResult, check_classes, geometry, plot_geometry
+from probes.geometry import GeometryResult, check_classes, check_spread, geometry, plot_geometry
 from probes.run import ProbeConfig, record_column, task_locator, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
 CARVING_SEED = 0
+NOT_FOUND = "not found under the data root"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +117,7 @@ def select_records(
             if row.sum() != 1:
                 sel.excluded["none of the chosen labels" if row.sum() == 0 else "several chosen labels"] += 1
             elif locator.locate(key) is None:
-                sel.excluded["not found under the data root"] += 1
+                sel.excluded[NOT_FOUND] += 1
             else:
                 sel.keys.append(key)
                 sel.labels.append(chosen[int(np.argmax(row))])
@@ -130,11 +133,12 @@ class Levels:
     stage1: nn.Module | None
     spec: object
     note: str = ""
+    unfinished: str | None = None  # a run folder still before its last step: which checkpoint is used
 
 
 def load_levels(path: str) -> Levels:
     """A nested run or export; the Stage-1 objective (decoder) when the folder provides one."""
-    from ecgpos.inference.resolve import resolve_encoder
+    from ecgpos.inference.resolve import resolve_encoder, unfinished_note
     from ecgpos.inference.scoring import load_recon_models
 
     loaded = resolve_encoder(path)
@@ -150,7 +154,7 @@ def load_levels(path: str) -> Levels:
         note = str(err)
     if stage1 is not None:
         module = stage1.nested_encoder()
-    return Levels(module.stage0.eval(), module.eval(), stage1, loaded.spec, note)
+    return Levels(module.stage0.eval(), module.eval(), stage1, loaded.spec, note, unfinished_note(loaded.info))
 
 
 @torch.no_grad()
@@ -273,19 +277,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if not anomalous:
         raise EcgposError("--anomalous needs at least one class")
+    if args.batch_size < 1:
+        raise EcgposError(f"--batch-size must be at least 1, got {args.batch_size}")
     make_output_folder(args.out, create=False)  # a file as --out: one line now, not after the work
     device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)
-    if problem:
-        raise EcgposError(f"{args.task} ({args.split}): {problem}")
+    if problem:  # with what was left out: a wrong --data-root shows as every record not found
+        named = {NOT_FOUND: f"not found under --data-root {args.data_root}"}
+        left_out = "; ".join(f"{v} {named.get(k, k)}" for k, v in sel.excluded.items())
+        raise EcgposError(f"{args.task} ({args.split}): {problem}" + (f" (left out: {left_out})" if left_out else ""))
     levels = load_levels(args.encoder)
+    if levels.unfinished:
+        print(f"ecgpos geometry: warning: {levels.unfinished}", file=sys.stderr)
     if args.space == "reconstruction" and levels.stage1 is None:
         raise EcgposError(f"--space reconstruction needs the Stage-1 decoder: {levels.note}")
     data = extract(levels, sel, located, nominal, args.space, device, args.batch_size)
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:
         raise EcgposError(f"{args.task} ({args.split}) after skipped records: {problem}")
+    problem = check_spread(data.x, data.x_hat, np.array(data.labels, dtype=str), nominal, ("Stage-0", "Stage-1"))
+    if problem:  # before anything is written: NaN or flat features make every metric meaningless
+        raise EcgposError(f"{args.encoder}: {problem}")
     res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
@@ -302,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             record_ids=np.array(data.keys, dtype=str),
         )
     text = summary_markdown(args, res, data, sel, carving_line(levels, data.violation), present)
+    if levels.unfinished:
+        text += f"\nWarning: {levels.unfinished}.\n"
     atomic_write_text(args.out / "summary.md", text, sync=False)
     plot_geometry(
         res,

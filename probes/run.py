@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -63,6 +64,22 @@ class TaskData:
     missing: dict[str, list[str]]
     failed: dict[str, str]
     keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
+
+
+WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
+
+
+def check_config(cfg: ProbeConfig) -> None:
+    """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
+    (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
+    if cfg.seeds < 1 or cfg.protocol.epochs < 1:
+        raise EcgposError("seeds and epochs must be at least 1")
+    counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
+    bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
+    if bad:
+        raise EcgposError(f"{', '.join(bad)}: must be at least 1")
+    if not cfg.raw_fs > 0:
+        raise EcgposError(f"raw_fs={cfg.raw_fs}: the raw-signal baseline's rate must be above 0 Hz")
 
 
 def extraction_device(cfg: ProbeConfig) -> str:
@@ -162,6 +179,12 @@ def prepare_task(
             f"{task.name}: {len(ids)} records failed to read and are excluded: "
             + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
             + (" ..." if len(ids) > 5 else "")
+        )
+    if failed and not feats:  # nothing to probe: one line instead of a table of NaN rows
+        reasons = Counter(reason.split(":")[0] for reason in failed.values())
+        raise EcgposError(
+            f"{task.name}: none of its {len(failed)} located records could be read "
+            f"({', '.join(f'{n} {r}' for r, n in reasons.most_common())}; e.g. {next(iter(failed.items()))[1]})"
         )
     x, y, keys, positions = {}, {}, {}, np.zeros(0, int)
     for split, table in tables.items():

@@ -242,7 +242,7 @@ def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: P
         (["--nominal", "A,B", "--anomalous", "B"], "both nominal and anomalous"),
         (["--nominal", "A,Q", "--anomalous", "X"], "no class Q"),
     ]
-    task2 = _custom_task(tmp_path / "task2", shared_data, {1: "A", 2: "B", 3: "B", 4: "Y"})
+    task2 = _custom_task(tmp_path / "task2", shared_data, {1: "A", 2: "B", 3: "B", 4: "Y", 5: "A"})
     cases.append((["--task", f"custom:{task2}", "--nominal", "A,B", "--anomalous", "Y"], None))
     for extra, text in cases:
         capsys.readouterr()

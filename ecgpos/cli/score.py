@@ -124,6 +124,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({args.masks} masks) -> {args.out}" + (f"; skipped {len(result.skipped)}" if result.skipped else "")
     )
     if labels is not None:
+        if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder
+            raise EcgposError(
+                f"--labels {args.labels}: none of its {len(labels)} record ids is a scored record (scored ids look "
+                f"like {result.ids[0]!r}, its ids like {next(iter(labels), '')!r}; a folder's records are named by "
+                f"their path below it); the scores are in {args.out}"
+            )
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
         path = args.out.parent / "scores_summary.md"

@@ -63,6 +63,17 @@ def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
     return LoadedEncoder(module, cfg.preprocess, _arch(module), str(Path(run_dir)), details)
 
 
+def unfinished_note(info: dict) -> str | None:
+    """For an encoder from a run folder whose training has not finished: one line saying which
+    checkpoint stands in for the trained model (None for finished runs, exports and random inits)."""
+    if "run_dir" not in info or info.get("finished"):
+        return None
+    return (
+        f"{info['run_dir']} is not finished (step {info.get('step', '?')} of {info.get('steps', '?')}): "
+        f"its newest checkpoint {Path(str(info.get('checkpoint', ''))).name} is used"
+    )
+
+
 def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
     """Randomly initialised encoder of a run config (the random-init baseline).
 
