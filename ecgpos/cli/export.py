@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.card import probe_section
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
@@ -89,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.probe_results is not None and not args.probe_results.is_dir():
         raise EcgposError(f"--probe-results {args.probe_results} is not a folder")
+    if args.probe_results is not None:
+        probe_section(args.probe_results)  # refused here, before any work, when unreadable or inconsistent
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
