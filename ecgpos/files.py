@@ -4,7 +4,10 @@ Every file ecgpos writes that another process may read while it is written (shar
 index.csv, run_info.json, checkpoints' trainer state, metrics.jsonl rewrites, figures, feature
 caches, `embed`'s feature files, `score`'s CSV, the result files of `probe` and `geometry`) goes
 through `atomic_path`: written under a process-unique temporary name beside the target, then
-renamed over it, which POSIX makes atomic within a file system.
+renamed over it, which POSIX makes atomic within a file system. The temporary name carries the
+host and the process id (`.index.csv.node07.4242.tmp`): processes on several nodes may write into
+one shared folder, and only a temporary file of this host whose process is gone is known to be
+abandoned (`remove_abandoned_temporaries`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +31,48 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     `suffix` keeps a file type visible to writers that choose the format by suffix (".png", ".npz").
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
+    tmp = path.with_name(f".{path.name}.{host_tag()}.{os.getpid()}.tmp{suffix}")
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp(\.[^.]+)?$")
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary file names: no dots, only [A-Za-z0-9_-]."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # not a pid this system can have
+        return False
+    return True
+
+
+def remove_abandoned_temporaries(folder: str | Path) -> int:
+    """Delete the `atomic_path` temporary files in `folder` that a killed process of this host left
+    behind (its pid no longer runs); return how many. Files of other hosts, of live processes, or
+    without a host in their name are left alone: their writer may still be at work."""
+    removed = 0
+    for path in Path(folder).glob(".*.tmp*"):
+        match = _TEMPORARY.match(path.name)
+        if match is None or match["host"] != host_tag() or _alive(int(match["pid"])) or not path.is_file():
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another process of this host cleaned it first
+            path.unlink()
+            removed += 1
+    return removed
 
 
 def user_path(text: str) -> Path:
