@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,37 @@ def remove_abandoned_temporaries(folder: str | Path) -> int:
             path.unlink()
             removed += 1
     return removed
+
+
+def replace_folder(new: str | Path, target: str | Path) -> None:
+    """Rename the complete folder `new` to `target`. An existing `target` is renamed aside first
+    (`.NAME.old-PID` beside it) and deleted last, so a kill at any point leaves one complete folder
+    under `target` or aside; `recover_replaced` finishes the job afterwards."""
+    new, target = Path(new), Path(target)
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)  # an aside of an earlier process with this pid: target is newer
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_replaced(parent: str | Path) -> int:
+    """Finish the `replace_folder` calls a kill interrupted in `parent`: an aside `.NAME.old-PID` is
+    deleted when NAME is in place again, and renamed back to NAME when the kill came between the two
+    renames (NAME is missing). Returns how many asides were found."""
+    found = 0
+    for aside in sorted(Path(parent).glob(".*.old-*")):
+        match = re.fullmatch(r"\.(?P<name>.+)\.old-\d+", aside.name)
+        if match is None or not aside.is_dir():
+            continue
+        found += 1
+        target = aside.with_name(match["name"])
+        if target.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.rename(target)
+    return found
 
 
 def user_path(text: str) -> Path:
