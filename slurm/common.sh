@@ -67,7 +67,11 @@ ecgpos_require_probe_tasks() {
 ecgpos_require_setup() {
     [ -n "${ECGPOS_SETUP:-}" ] || return 0
     local err
-    err=$(bash -n -c "$ECGPOS_SETUP" 2>&1) || ecgpos_die "ECGPOS_SETUP is not valid shell code: ${err##*: }"
+    if ! err=$(bash -n -c "$ECGPOS_SETUP" 2>&1); then
+        err=$(head -n 1 <<< "$err")
+        ecgpos_die "ECGPOS_SETUP is not valid shell code (${err#bash: -c: })"
+    fi
+    command -v python3 >/dev/null || return 0   # the file check below reads the code with Python's shlex
     err=$(python3 - "$ECGPOS_SETUP" <<'PY'
 import os, shlex, sys
 
