@@ -168,7 +168,8 @@ def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_sc
     rows = pd.read_csv(stale / "results.csv")
     rows["encoder"] = "checked"
     rows.to_csv(stale / "results.csv", index=False)
-    one_line_error(*_compare(capsys, stale)[::2], "probe", "results.csv disagrees with test_scores.npz")
+    rc, _, err = _compare(capsys, stale)
+    one_line_error(rc, err, "probe", "results.csv disagrees with test_scores.npz")
 
     # a row of a seed without stored scores (seed 7) is left as it is
     def extra_seed(rows: pd.DataFrame) -> pd.DataFrame:
