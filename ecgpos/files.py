@@ -4,7 +4,10 @@ Every file ecgpos writes that another process may read while it is written (shar
 index.csv, run_info.json, checkpoints' trainer state, metrics.jsonl rewrites, figures, feature
 caches, `embed`'s feature files, `score`'s CSV, the result files of `probe` and `geometry`) goes
 through `atomic_path`: written under a process-unique temporary name beside the target, then
-renamed over it, which POSIX makes atomic within a file system.
+renamed over it, which POSIX makes atomic within a file system. The temporary name carries the
+host and the process id (`.index.csv.node07.4242.tmp`): processes on several nodes may write into
+one shared folder, and only a temporary file of this host whose process is gone is known to be
+abandoned (`remove_abandoned_temporaries`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,13 +32,79 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     `suffix` keeps a file type visible to writers that choose the format by suffix (".png", ".npz").
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{suffix}")
+    tmp = path.with_name(f".{path.name}.{host_tag()}.{os.getpid()}.tmp{suffix}")
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp(\.[^.]+)?$")
+
+
+def host_tag() -> str:
+    """This host's name as it appears in temporary file names: no dots, only [A-Za-z0-9_-]."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    except OverflowError:  # not a pid this system can have
+        return False
+    return True
+
+
+def remove_abandoned_temporaries(folder: str | Path) -> int:
+    """Delete the `atomic_path` temporary files in `folder` that a killed process of this host left
+    behind (its pid no longer runs); return how many. Files of other hosts, of live processes, or
+    without a host in their name are left alone: their writer may still be at work."""
+    removed = 0
+    for path in Path(folder).glob(".*.tmp*"):
+        match = _TEMPORARY.match(path.name)
+        if match is None or match["host"] != host_tag() or _alive(int(match["pid"])) or not path.is_file():
+            continue
+        with contextlib.suppress(FileNotFoundError):  # another process of this host cleaned it first
+            path.unlink()
+            removed += 1
+    return removed
+
+
+def replace_folder(new: str | Path, target: str | Path) -> None:
+    """Rename the complete folder `new` to `target`. An existing `target` is renamed aside first
+    (`.NAME.old-PID` beside it) and deleted last, so a kill at any point leaves one complete folder
+    under `target` or aside; `recover_replaced` finishes the job afterwards."""
+    new, target = Path(new), Path(target)
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        shutil.rmtree(old, ignore_errors=True)  # an aside of an earlier process with this pid: target is newer
+        target.rename(old)
+    new.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_replaced(parent: str | Path) -> int:
+    """Finish the `replace_folder` calls a kill interrupted in `parent`: an aside `.NAME.old-PID` is
+    deleted when NAME is in place again, and renamed back to NAME when the kill came between the two
+    renames (NAME is missing). Returns how many asides were found."""
+    found = 0
+    for aside in sorted(Path(parent).glob(".*.old-*")):
+        match = re.fullmatch(r"\.(?P<name>.+)\.old-\d+", aside.name)
+        if match is None or not aside.is_dir():
+            continue
+        found += 1
+        target = aside.with_name(match["name"])
+        if target.exists():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.rename(target)
+    return found
 
 
 def user_path(text: str) -> Path:

@@ -27,6 +27,7 @@ from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, sha
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
+from ecgpos.files import remove_abandoned_temporaries
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -272,6 +273,18 @@ def _finished(req: BuildRequest) -> Summary | None:
     return Summary(c["stored"], c["skipped"], c["found"], True, f" (already complete in {req.out}; left untouched)")
 
 
+def _remove_abandoned(out: Path, stream: TextIO) -> None:
+    """Temporary files (a merge's index.csv, skipped.csv, preprocess.json; a chunk's shard or sidecar)
+    that a killed run of this host left in `out`; those of other hosts may belong to a running part."""
+    removed = remove_abandoned_temporaries(out)
+    if removed:
+        print(
+            f"ecgpos preprocess: removed {removed} temporary file(s) that killed runs on this host left in {out}",
+            file=stream,
+            flush=True,
+        )
+
+
 def check_output_folder(out: Path) -> None:
     """--out must be a folder this process can create and write into: one line otherwise (exit 2)."""
     try:
@@ -294,6 +307,8 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         raise EcgposError(f"--max-dead-leads must be in 0..{len(req.spec.leads) - 1}, got {req.max_dead_leads}")
     if req.out.exists() and not req.out.is_dir():
         raise EcgposError(f"--out {req.out} exists and is not a folder")
+    if req.out.is_dir():
+        _remove_abandoned(req.out, stream)
     finished = _finished(req)
     if finished:
         return finished
@@ -363,6 +378,7 @@ def check(out: Path) -> Summary:
     """Verify a set (SLURM's final step): every chunk done, shards match sidecars and hold what
     preprocessing writes (readable, 12 leads, finite standardised signals); merge if needed."""
     plan = manifest.read_plan(out)
+    _remove_abandoned(out, sys.stderr)
     source = SOURCES[plan["settings"]["source"]]
     final = out / "preprocess.json"
     done = final.exists()

@@ -16,10 +16,11 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.probe_scores import PROBE_SCORES_FILE
 from ecgpos.files import atomic_path
 from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
 
-SCORES_FILE = "test_scores.npz"
+SCORES_FILE = PROBE_SCORES_FILE
 DIFFERENCE_COLUMNS = [
     "encoder",
     "baseline",

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.probe_scores import check_probe_results
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
 from probes.tasks import TASKS, read_table
@@ -44,6 +45,7 @@ def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
 
 
 def read_results(folder: Path) -> pd.DataFrame:
+    """A probe folder's results.csv, refused when a row disagrees with the folder's stored test scores."""
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
@@ -51,6 +53,7 @@ def read_results(folder: Path) -> pd.DataFrame:
     missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
     if missing:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")
+    check_probe_results(folder, frame.to_dict("records"))
     return frame
 
 

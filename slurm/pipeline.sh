@@ -44,6 +44,7 @@ for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGP
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
 done
 [ -z "${ECGPOS_MAX_REQUEUES:-}" ] || ecgpos_require_int ECGPOS_MAX_REQUEUES 0
+ecgpos_require_setup
 if wants preprocess; then ecgpos_require_dir ECGPOS_SRC "raw pretraining corpus"; fi
 if { wants stage0 || wants stage1; } && ! wants preprocess && [ ! -f "$ECGPOS_SHARDS/index.csv" ]; then
     ecgpos_die "ECGPOS_SHARDS=$ECGPOS_SHARDS has no index.csv: add preprocess to ECGPOS_STEPS or set ECGPOS_SHARDS"
@@ -70,6 +71,13 @@ if wants export && ! wants stage1; then
     ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage1}
     ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add stage1 to ECGPOS_STEPS"
 fi
+# Last, as it imports ecgpos: each stage's config with the overrides, resolved as its job will resolve it.
+for _stage in 0 1; do
+    if wants "stage$_stage" && ! ecgpos_check_pretrain_config "$_stage" && [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
+        ecgpos_log "note: no ecgpos here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is checked when the stage" \
+            "$_stage job starts"
+    fi
+done
 [ "$ECGPOS_DRY_RUN" = 1 ] || command -v sbatch >/dev/null || ecgpos_die "sbatch not found: run this on a Slurm login node"
 [ "$ECGPOS_DRY_RUN" = 1 ] || mkdir -p "$ECGPOS_LOG_DIR" "$ECGPOS_WORK"   # sbatch cannot create the log folder
 

@@ -261,3 +261,20 @@ def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
     assert [(r[0], r[1].record_id) for r in out] == [("ok", "a"), ("skip", "b"), ("ok", "c"), ("ok", "d")]
     assert out[1][2] == "too_short"
     assert all(r[2].shape == (12, 2500) and r[2].dtype == np.float16 for r in out if r[0] == "ok")
+
+
+def test_short_constant_records_are_too_short_not_flat(tmp_path, capsys):
+    """A 3-sample record (or any short record that is also constant or all zero) was skipped as flat or
+    all_zero: the amplitude checks came before the length check."""
+    folder = tmp_path / "WFDBRecords" / "01" / "010"
+    write_record(folder, "JS00001", good_digital())
+    write_record(folder, "JS00002", np.full((12, 3), 100, np.int16))  # 3 samples, constant
+    write_record(folder, "JS00003", np.zeros((12, 3), np.int16))
+    write_record(folder, "JS00004", np.full((12, 2500), 100, np.int16))  # 5 s, constant
+    write_record(folder, "JS00005", np.full((12, 5000), 100, np.int16))  # long enough: flat it is
+    rc, out, err = run(
+        capsys, "ecg-arrhythmia", "--src", str(tmp_path), "--subset", "all", "--out", str(tmp_path / "o")
+    )
+    assert rc == 0 and "stored 1 + skipped 4 = found 5" in out, out + err
+    reasons = {row["record_id"]: row["reason"] for row in read_csv(tmp_path / "o" / "skipped.csv")}
+    assert reasons == {"JS00002": "too_short", "JS00003": "too_short", "JS00004": "too_short", "JS00005": "flat"}

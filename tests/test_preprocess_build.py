@@ -230,3 +230,36 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
         text = stream.getvalue()
         assert ("4/4" in text and "\r" in text) == bar
         assert ("chunk 0: stored 3, skipped 1 (4/4 records" in text) == (not bar)
+
+
+def test_a_later_run_removes_temporary_files_of_killed_merges_on_this_host_only(shared_data, tmp_path, capsys):
+    """A run killed while merging left `.index.csv.PID.tmp` behind for good; a pid alone cannot tell a
+    dead writer on this node from a live one on another node merging into the same folder."""
+    from ecgpos.files import atomic_path, host_tag
+
+    with atomic_path(tmp_path / "x.csv") as tmp:  # the temporary name says which host and process write it
+        assert tmp.name == f".x.csv.{host_tag()}.{os.getpid()}.tmp"
+        tmp.write_text("")
+    out_dir = tmp_path / "set"
+    args = ["--records-per-shard", "50", "--num-parts", "2"]
+    rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, *args, "--part", "0"))
+    assert rc == 0 and "2 chunks of other parts pending" in out
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # its pid no longer runs
+    dead = out_dir / f".index.csv.{host_tag()}.{finished.pid}.tmp"
+    dead_json = out_dir / f".preprocess.json.{host_tag()}.{finished.pid}.tmp"
+    other_host = out_dir / f".skipped.csv.{host_tag()}-other-node.{finished.pid}.tmp"
+    running = subprocess.Popen(["sleep", "60"])  # a writer of this host still at work
+    alive = out_dir / f".skipped.csv.{host_tag()}.{running.pid}.tmp"
+    for path in (dead, dead_json, other_host, alive):
+        path.write_text("half a file\n")
+    try:
+        rc, out, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, *args, "--part", "1"))
+        assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
+        assert f"removed 2 temporary file(s) that killed runs on this host left in {out_dir}" in err
+        assert not dead.exists() and not dead_json.exists() and other_host.exists() and alive.exists()
+        rc, out, err = preprocess(capsys, "--check", "--out", str(out_dir))
+        assert rc == 0 and "removed" not in err and other_host.exists() and alive.exists()
+    finally:
+        running.kill()
+        running.wait()

@@ -129,3 +129,52 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     assert "| against-paper − Stage 1 (published) | " in out and " †" in out
     assert "**† Our test set is smaller than the published one**" in out
     assert "against-paper, Super: 29 of 2158" in out
+
+
+def _edited_copy(folder: Path, dest: Path, edit) -> Path:
+    """A copy of a probe folder whose results.csv is passed through `edit` (test_scores.npz kept)."""
+    shutil.copytree(folder, dest)
+    rows = pd.read_csv(dest / "results.csv")
+    edit(rows).to_csv(dest / "results.csv", index=False)
+    return dest
+
+
+def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_scores(
+    capsys, probe_folder, tiny_run, tmp_path
+):
+    """A hand-edited test_auroc, or a results.csv left from another run, was merged and tabulated as if
+    the stored test scores said so."""
+    from refusal_helpers import one_line_error, run
+
+    base = probe_folder("checked")
+    assert _compare(capsys, base)[0] == 0  # the folder as the probe wrote it passes
+
+    def bump(rows: pd.DataFrame) -> pd.DataFrame:
+        rows.loc[1, "test_auroc"] = float(rows.loc[1, "test_auroc"]) + 0.01
+        return rows
+
+    edited = _edited_copy(base, tmp_path / "edited", bump)
+    written = float(pd.read_csv(edited / "results.csv").loc[1, "test_auroc"])
+    rc, _, err = _compare(capsys, edited)
+    line = one_line_error(rc, err, "probe", f"{edited}: results.csv disagrees with test_scores.npz")
+    assert "task ptbxl-super, fraction 1, label 'checked', seed 1" in line and repr(written) in line, line
+    rc, _, err = run(capsys, "export", "--run-dir", tiny_run, "--out", tmp_path / "enc", "--probe-results", edited)
+    one_line_error(rc, err, "export", "results.csv disagrees with test_scores.npz")
+    assert not (tmp_path / "enc").exists()
+
+    # a results.csv from another probe run, next to this folder's scores
+    stale = _edited_copy(base, tmp_path / "stale", lambda rows: rows)
+    shutil.copyfile(probe_folder("other-run", "--epochs", "3") / "results.csv", stale / "results.csv")
+    rows = pd.read_csv(stale / "results.csv")
+    rows["encoder"] = "checked"
+    rows.to_csv(stale / "results.csv", index=False)
+    rc, _, err = _compare(capsys, stale)
+    one_line_error(rc, err, "probe", "results.csv disagrees with test_scores.npz")
+
+    # a row of a seed without stored scores (seed 7) is left as it is
+    def extra_seed(rows: pd.DataFrame) -> pd.DataFrame:
+        row = rows.iloc[[0]].assign(seed=7, test_auroc=0.5)
+        return pd.concat([rows, row], ignore_index=True)
+
+    more = _edited_copy(base, tmp_path / "more", extra_seed)
+    assert _compare(capsys, more)[0] == 0

@@ -88,3 +88,18 @@ def test_cli_paths_given_after_an_equals_sign_expand_tilde(real_record, export, 
     assert main(["embed", "--encoder=~/enc", f"--input={real_record}.hea", "--out=~/features.csv"]) == 0
     assert (tmp_path / "features.csv").read_text().count("\n") == 2  # header + the record
     assert not (Path("~") / "features.csv").exists()
+
+
+def test_short_constant_records_are_too_short_for_embed_and_the_api(export, tmp_path, capsys):
+    """A 3-sample constant record was refused as flat (and an all-zero one as all_zero) by
+    `encoder.embed` and skipped so by `ecgpos embed`, though its length is what is wrong."""
+    from refusal_helpers import run
+
+    encoder = load_encoder(export)
+    for signal in (np.ones((12, 3)), np.zeros((12, 3)), np.ones((12, 2000))):
+        err = _reason(encoder, signal)
+        assert err.reason == "too_short", err
+    np.save(tmp_path / "short.npy", np.stack([np.ones((12, 3)), np.zeros((12, 3))]))
+    args = ["embed", "--encoder", export, "--input", tmp_path / "short.npy", "--out", tmp_path / "f.npy"]
+    rc, _, err = run(capsys, *args, "--fs", "500", "--leads", ",".join(LEADS), "--no-progress")
+    assert "skipped 0: too_short" in err and "skipped 1: too_short" in err, err

@@ -155,6 +155,12 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         # a chain that starts later needs the earlier steps' outputs on disk
         ({"ECGPOS_STEPS": "stage1 probe merge export"}, "ECGPOS_SHARDS"),
         ({"ECGPOS_STEPS": "export"}, "ECGPOS_EXPORT_RUN"),
+        # what the jobs would run first, and the overrides of `ecgpos pretrain`, resolved by its own config loader
+        ({"ECGPOS_SETUP": "module load cuda; source {tmp}/no-such-env/bin/activate"}, "ECGPOS_SETUP"),
+        ({"ECGPOS_SETUP": "{tmp}/missing-setup.sh"}, "ECGPOS_SETUP"),
+        ({"ECGPOS_SETUP": "source {tmp}/env.sh; if then"}, "ECGPOS_SETUP"),
+        ({"ECGPOS_PRETRAIN_SET": "train.batch_size=256 optim.stpes=1000"}, "optim.stpes"),
+        ({"ECGPOS_PRETRAIN_SET": "train.batch_size=many"}, "ECGPOS_PRETRAIN_SET"),
     ],
 )
 def test_pipeline_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
@@ -186,6 +192,36 @@ def test_pipeline_accepts_shipped_config_names(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "--array=0-2" in proc.stdout
+
+
+def test_pipeline_checks_pretrain_overrides_with_the_config_loader(tmp_path: Path, capsys) -> None:
+    """A misspelt ECGPOS_PRETRAIN_SET key was found only when the stage job started, hours later in the
+    queue; `ecgpos pretrain --check-config` resolves the config as the job will, and nothing more."""
+    from ecgpos.cli import main
+
+    assert (
+        main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--set", "optim.steps=7", "--check-config"]) == 0
+    )
+    assert "  steps: 7\n" in capsys.readouterr().out
+    data = probe_data_stand_ins(tmp_path)
+    setup = tmp_path / "env.sh"
+    setup.write_text(f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH\n")
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_DATA_ROOT=str(data),
+        ECGPOS_SETUP=f"source {setup}",
+        ECGPOS_PRETRAIN_SET="optim.steps=3 train.batch_size=8",
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and "stage1 <stage1>" in proc.stdout, proc.stderr
+    env["ECGPOS_PRETRAIN_SET"] = "optim.steps=3 train.batch_sise=8"
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "error: stage 0 config ECGPOS_STAGE0_CONFIG=" in lines[0], proc.stderr
+    assert 'ECGPOS_PRETRAIN_SET="optim.steps=3 train.batch_sise=8"' in lines[0] and "train.batch_sise" in lines[0]
 
 
 def test_known_probe_tasks_match_the_probe_cli() -> None:

@@ -193,3 +193,61 @@ def test_batched_reads_equal_per_item_reads_bit_for_bit(shards: Path) -> None:
         batch = data.__getitems__(items)
         assert batch.dtype == torch.float16 and torch.equal(batch, torch.stack([data[item] for item in items]))
         assert torch.equal(data.__getitems__(list(range(30))), torch.stack([data[i] for i in range(30)]))
+
+
+def test_a_step_saved_twice_replaces_its_checkpoint_without_a_moment_of_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saving a step that already had a checkpoint deleted the old folder before renaming the new one in:
+    a kill between the two lost the step. Now the old one is renamed aside, the new one in, then the old
+    one deleted; a kill in between leaves the old one aside, and the next save or resume puts it back."""
+    import os
+
+    from accelerate import Accelerator
+
+    from ecgpos.files import read_safetensors
+    from ecgpos.pretrain.checkpoint import resume_checkpoint, save_checkpoint
+    from ecgpos.pretrain.plan import check_run_dir
+    from ecgpos.runs.run_config import RunConfig
+
+    acc = Accelerator(cpu=True)
+    model = torch.nn.Linear(3, 2)
+    model, optimizer = acc.prepare(model, torch.optim.AdamW(model.parameters()))
+    root, final = tmp_path / "checkpoints", tmp_path / "checkpoints" / checkpoint_name(30)
+
+    def save(value: float, step: int = 30) -> Path:
+        with torch.no_grad():
+            model.weight.fill_(value)
+        return save_checkpoint(acc, tmp_path, step, {"epoch": 0, "value": value}, keep=3)
+
+    def weight(folder: Path) -> float:
+        return float(read_safetensors(folder / "model.safetensors")["weight"][0, 0])
+
+    assert save(1.0) == final and weight(final) == 1.0
+    assert save(2.0) == final and weight(final) == 2.0  # saved twice: the second one is kept
+    assert [p.name for p in root.iterdir()] == [final.name]  # nothing set aside is left
+
+    # killed after the old folder went aside, before the new one was renamed in
+    renames = os.rename, os.replace
+
+    def killed(src, dst, *args, **kwargs):  # noqa: ANN001, ANN202
+        if str(src).endswith(".tmp") and Path(dst) == final:
+            raise KeyboardInterrupt("killed")
+        return renames[0](src, dst, *args, **kwargs)
+
+    def save_killed(value: float) -> None:
+        with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+            patched.setattr(os, "rename", killed)
+            patched.setattr(os, "replace", killed)
+            save(value)
+
+    save_killed(3.0)
+    assert newest_checkpoint(tmp_path) is None  # step 30 is only aside: --resume auto must still resume
+    assert check_run_dir(RunConfig(), tmp_path, True, {}) is True
+    resumed = resume_checkpoint(acc, tmp_path)  # puts the set-aside step 30 back, drops the unfinished one
+    assert resumed.checkpoint == final and resumed.state["value"] == 2.0 and weight(final) == 2.0
+    assert sorted(p.name for p in root.iterdir()) == [final.name]
+    save_killed(4.0)  # the same kill again; this time the next save cleans up
+    save(5.0, step=40)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [30, 40] and weight(final) == 2.0
+    assert sorted(p.name for p in root.iterdir()) == [final.name, checkpoint_name(40)]

@@ -12,7 +12,6 @@ is refused.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -22,10 +21,11 @@ from pathlib import Path
 import torch
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.card import probe_section
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
-from ecgpos.files import make_output_folder, user_path
+from ecgpos.files import make_output_folder, replace_folder, user_path
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
@@ -76,19 +76,12 @@ def _remove_leftovers(out: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename `staging` to `out`; an earlier export at `out` is renamed aside first and deleted last."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        out.rename(old)
-    staging.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.probe_results is not None and not args.probe_results.is_dir():
         raise EcgposError(f"--probe-results {args.probe_results} is not a folder")
+    if args.probe_results is not None:
+        probe_section(args.probe_results)  # refused here, before any work, when unreadable or inconsistent
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
@@ -117,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
         make_public(staging)
-        _move_into_place(staging, args.out)
+        replace_folder(staging, args.out)  # an earlier export: renamed aside, deleted last
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -2,11 +2,14 @@
 
     ecgpos pretrain --stage {0,1} --config FILE --shards DIR --run-dir DIR
                     [--stage0 RUN_OR_EXPORT_DIR] [--set key=value ...] [--resume auto]
+    ecgpos pretrain --stage {0,1} --config FILE [--set key=value ...] --check-config
     python -m ecgpos.pretrain ...            (one process)
     accelerate launch [--num_processes N] -m ecgpos.pretrain ...   (any number of processes / nodes)
 
 Every input is validated first (ecgpos.pretrain.plan); each problem is one line on stderr and
-exit code 2.
+exit code 2. `--check-config` only resolves the config with its overrides (the same checks a run
+makes first: unknown keys, wrong types, impossible values), prints it as YAML and exits, without
+shards or a run folder: slurm/pipeline.sh uses it to refuse a misspelt override before submitting.
 
 Exit codes: 0 finished, or stopped cleanly by SIGUSR1/SIGTERM after writing a checkpoint
 (run_info.json then says finished: false; rerun with --resume auto to continue); 130 stopped the
@@ -25,7 +28,8 @@ from ecgpos.pretrain.plan import prepare
 from ecgpos.runs.run_folder import newest_checkpoint
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
+    """The options; with `check_only` (--check-config given) --shards and --run-dir are not required."""
     parser = argparse.ArgumentParser(
         prog="ecgpos pretrain",
         description="Pretrain Stage 0 (ST-MEM-style masked ECG autoencoder) or Stage 1 (masked latent "
@@ -48,11 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--shards",
         type=user_path,
         nargs="+",
-        required=True,
+        required=not check_only,
         metavar="DIR",
         help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled (e.g. Ningbo + CODE-15)",
     )
-    parser.add_argument("--run-dir", type=user_path, required=True, help="run folder (created)")
+    parser.add_argument("--run-dir", type=user_path, required=not check_only, help="run folder (created)")
     parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
     parser.add_argument(
         "--set",
@@ -67,12 +71,34 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("auto",),
         help="auto: continue from the newest complete checkpoint of --run-dir (start fresh if there is none)",
     )
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="only resolve --config with --stage and the --set overrides, print it as YAML and exit "
+        "(exit 2 naming an unknown key or a bad value); --shards and --run-dir are not needed",
+    )
     return parser
+
+
+def _check_only(argv: Sequence[str] | None) -> bool:
+    """Whether --check-config (or an unambiguous abbreviation of it) is among the arguments."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--check-config", action="store_true")
+    return first.parse_known_args(argv)[0].check_config
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (EcgposError propagates to ecgpos.cli: exit 2)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(_check_only(argv)).parse_args(argv)
+    if args.check_config:
+        import yaml
+
+        from ecgpos.config import to_dict
+        from ecgpos.runs.run_config import load_run_config
+
+        cfg = load_run_config(args.config, args.overrides, stage=args.stage)
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
     plan = prepare(args)
     from ecgpos.pretrain.trainer import Trainer
 

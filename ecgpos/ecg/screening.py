@@ -6,10 +6,11 @@ vector: each refusal is a SignalError whose reason is the skip reason of preproc
 
 Checks, in order: real-number samples (dtype: not complex, text, booleans or objects), lead
 names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate outside the spec's
-supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), NaN/inf
-(non_finite), every sample zero (all_zero), every lead flat (flat), a median lead amplitude no
-ECG in mV has (units: uV or ADC counts), more dead leads than allowed (dead_leads), shorter than
-one window after resampling (too_short, unless pad_short).
+supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), shorter
+than one window after resampling (too_short, unless pad_short; before the amplitude checks, which
+a handful of samples can fail by chance), NaN/inf (non_finite), every sample zero (all_zero), every
+lead flat (flat), a median lead amplitude no ECG in mV has (units: uV or ADC counts), more dead
+leads than allowed (dead_leads).
 """
 
 from __future__ import annotations
@@ -101,6 +102,13 @@ def screen_record(
         raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
     if x.shape[-1] == 0:
         raise SignalError("empty", "the record holds no samples")
+    # before the amplitude checks: a few samples are flat or all zero by chance, and too short is what is wrong
+    length = resampled_length(x.shape[-1], fs, spec.fs)
+    if length < spec.window and not policy.pad_short:
+        raise SignalError(
+            "too_short",
+            f"{x.shape[-1] / fs:.2f} s at {fs:g} Hz = {length} samples at {spec.fs} Hz < window {spec.window}",
+        )
     ptp = screen_ptp(x)  # raises non_finite; the peak-to-peak of each lead in the same max/min pass
     dead = ptp < DEAD_LEAD_PTP_MV
     if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
@@ -120,10 +128,4 @@ def screen_record(
     if count > policy.max_dead_leads:
         names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))
         raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
-    length = resampled_length(x.shape[-1], fs, spec.fs)
-    if length < spec.window and not policy.pad_short:
-        raise SignalError(
-            "too_short",
-            f"{x.shape[-1] / fs:.2f} s at {fs:g} Hz = {length} samples at {spec.fs} Hz < window {spec.window}",
-        )
     return Screened(signal=x, fs=fs, dead=dead)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.probe_scores import check_probe_results
 
 PAPER_TITLE = (
     "When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on Reconstruction-Based Anomaly Detection"
@@ -55,6 +56,9 @@ def probe_section(folder: str | Path) -> str:
     folder = Path(folder)
     summary, results = folder / "summary.md", folder / "results.csv"
     try:
+        if results.is_file():  # the summary is made from these rows: they must match the stored scores
+            with results.open(newline="") as handle:
+                check_probe_results(folder, csv.DictReader(handle))
         if summary.is_file():
             body = summary.read_text().strip()
             # demote headings so the summary nests under the card's own section

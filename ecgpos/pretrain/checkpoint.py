@@ -5,13 +5,15 @@ optimizer.bin, random_states_<rank>.pkl) plus trainer_state.json (step, epoch, b
 samples seen, per-process RNG states as JSON). Everything is first written to
 step-0001000.tmp/ and renamed only when complete, so a crash mid-write leaves at worst a .tmp
 folder (ignored and removed later), never a half-written step-N folder, and never touches the
-previous checkpoint. Old checkpoints are deleted only after the new one is in place.
+previous checkpoint. Old checkpoints are deleted only after the new one is in place. A step saved
+again (a stop signal right after a periodic save) replaces its folder the same way: the old one is
+renamed aside (.step-0001000.old-PID), the new one renamed in, then the old one deleted; a kill in
+between leaves the old one aside, and the next save or resume renames it back.
 """
 
 from __future__ import annotations
 
 import base64
-import os
 import random
 import shutil
 import sys
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_write_json
+from ecgpos.files import atomic_write_json, recover_replaced, replace_folder
 from ecgpos.runs.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints, read_trainer_state
 
 
@@ -77,9 +79,7 @@ def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_st
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         atomic_write_json(tmp / STATE_FILE, {**trainer_state, "step": step, "rng": rng}, compact=True)
-        if final.exists():  # the same step saved again (e.g. signal right after a periodic save)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        replace_folder(tmp, final)  # the same step saved again (e.g. a signal right after a periodic save)
         prune_checkpoints(run_dir, keep)
     accelerator.wait_for_everyone()
     return final
@@ -94,9 +94,11 @@ def prune_checkpoints(run_dir: str | Path, keep: int) -> None:
 
 
 def remove_partial(run_dir: str | Path) -> None:
-    """Remove .tmp folders that a crash mid-save left behind."""
+    """Finish a replacement of a checkpoint that a kill interrupted (the old folder set aside is put
+    back, or deleted when the new one is in place), then remove .tmp folders a crash mid-save left."""
     root = Path(run_dir) / CHECKPOINT_DIR
     if root.is_dir():
+        recover_replaced(root)
         for path in root.glob("step-*.tmp"):
             shutil.rmtree(path, ignore_errors=True)
 
@@ -140,6 +142,9 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
     taken for the run's newest checkpoint (by export, pruning or the next resume).
     No checkpoint at all: start fresh. Checkpoints, but none loads: EcgposError (exit 2).
     """
+    if accelerator.is_main_process:  # a checkpoint a killed save set aside is put back first (run lock held)
+        remove_partial(run_dir)
+    accelerator.wait_for_everyone()
     found = list_checkpoints(run_dir)
     skipped: list[dict[str, str]] = []
     for _, path in reversed(found):

@@ -95,12 +95,22 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
     from ecgpos.config import load_config
     from ecgpos.ecg.shards import SHARD_GLOB
-    from ecgpos.runs.run_folder import METRICS_FILE, RUN_CONFIG, newest_checkpoint, read_run_info
+    from ecgpos.runs.run_folder import (
+        METRICS_FILE,
+        RUN_CONFIG,
+        newest_checkpoint,
+        read_run_info,
+        set_aside_checkpoints,
+    )
 
     make_output_folder(run_dir, "--run-dir", create=False)  # a file there, or a file above it
     if run_dir.is_dir() and any(run_dir.glob(SHARD_GLOB)):  # e.g. --run-dir given one of the --shards folders
         raise ConfigError(f"--run-dir {run_dir} holds shard files ({SHARD_GLOB}): a run goes in a folder of its own")
-    has_run = run_dir.is_dir() and ((run_dir / METRICS_FILE).exists() or newest_checkpoint(run_dir) is not None)
+    has_run = run_dir.is_dir() and (
+        (run_dir / METRICS_FILE).exists()
+        or newest_checkpoint(run_dir) is not None
+        or bool(set_aside_checkpoints(run_dir))
+    )
     if not has_run:
         return False
     if not resume:
@@ -114,7 +124,7 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")
     if saved_hash and stage0_info and saved_hash != stage0_info.get("weights_sha256"):
         raise ConfigError("--stage0 holds other weights than the Stage-0 encoder this run was started with")
-    return newest_checkpoint(run_dir) is not None
+    return newest_checkpoint(run_dir) is not None or bool(set_aside_checkpoints(run_dir))
 
 
 def prepare(args: argparse.Namespace) -> RunPlan:

@@ -55,6 +55,13 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def set_aside_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoints that a save of the same step renamed aside (.step-N.old-PID) and a kill kept from
+    being deleted or renamed back; the trainer puts them back when it resumes (under the run lock)."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    return sorted(p for p in root.glob(".step-*.old-*") if p.is_dir()) if root.is_dir() else []
+
+
 def newest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None
