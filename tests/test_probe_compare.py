@@ -129,3 +129,16 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     assert "| against-paper − Stage 1 (published) | " in out and " †" in out
     assert "**† Our test set is smaller than the published one**" in out
     assert "against-paper, Super: 29 of 2158" in out
+
+
+def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> None:
+    """A custom task's column is its folder name in the paired-difference table, as in the results table."""
+    from probes.intervals import differences_markdown
+
+    diffs = pd.DataFrame(
+        [dict(encoder="b", baseline="a", task="custom:rhythm", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
+        + [dict(encoder="b", baseline="a", task="custom:rhythm2", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
+    ).assign(n_test=10, left_out=[0, 20])
+    text = differences_markdown(diffs)
+    assert "| Pair | rhythm | rhythm2 |" in text, text
+    assert "custom:" not in text, text
