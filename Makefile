@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ecgpos-installed
 
-.PHONY: demo test test-fast test-slurm lint bench install clean
+.PHONY: demo test test-fast test-slurm lint install clean
 
 install: $(STAMP)
 

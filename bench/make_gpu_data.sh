@@ -14,7 +14,8 @@ PYTHONPATH=$PWD "$PY" -m ecgpos preprocess ecg-arrhythmia --src "$DATA/ecg-arrhy
     --out gpu_data/shards --records-per-shard 64
 tar -C "$DATA" -cf - . | xz -T0 -6 > gpu_data/sample-data.tar.xz
 mkdir -p .whl
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+rm -f .whl/wfdb-*.whl .whl/neurokit2-*.whl .whl/pywavelets-*.whl .whl/PyWavelets-*.whl  # one version each
+"$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
     wfdb==4.3.1 neurokit2==0.2.13 PyWavelets==1.10.0

@@ -82,14 +82,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--task",
         default="all",
-        help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, all, custom:<dir>, or a comma-separated list",
+        help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, csn, all (default: the five without csn), "
+        "custom:<dir>, or a comma-separated list",
     )
     p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
     p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
     p.add_argument("--seeds", type=int, help="seeds per probe (default 5)")
     p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
-    p.add_argument("--out", type=user_path, help="output folder")
+    p.add_argument(
+        "--out", type=user_path, help="output folder (required to probe; --compare without it prints the table)"
+    )
     p.add_argument("--cache-dir", type=user_path, help="feature cache folder")
     p.add_argument(
         "--random-baseline", action="store_true", help="also probe a random-init encoder of the same architecture"

@@ -59,11 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
     p.add_argument("--nominal", required=True, help="comma-separated nominal classes (at least two)")
     p.add_argument("--anomalous", required=True, help="comma-separated anomalous classes")
-    p.add_argument("--split", default="test", help="train, val, test, a comma-separated list, or all")
+    p.add_argument("--split", default="test", help="train, val, test, a comma-separated list, or all (default test)")
     p.add_argument("--space", choices=SPACES, default="features", help="which x / x_hat pair (default features)")
     p.add_argument("--out", type=user_path, default=Path("geometry"), help="output folder (default ./geometry)")
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available)")
-    p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass")
+    p.add_argument("--batch-size", type=int, default=32, help="windows per forward pass (default 32)")
     return p
 
 

@@ -188,7 +188,7 @@ def paired_differences(
 
 def differences_markdown(diffs: pd.DataFrame) -> str:
     """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task."""
-    from probes.tasks import TASKS
+    from probes.tasks import TASKS, task_label
 
     lines = [
         "## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)",
@@ -207,7 +207,7 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
         lines += [
             f"### {fraction * 100:g}% of the training labels",
             "",
-            "| Pair | " + " | ".join(TASKS[t].label if t in TASKS else t for t in tasks) + " |",
+            "| Pair | " + " | ".join(task_label(t) for t in tasks) + " |",
             "|---|" + "---|" * len(tasks),
         ]
         for (enc, base), pair in part.groupby(["encoder", "baseline"], sort=False):
@@ -225,7 +225,7 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
                     cell += f" (on {shared} of {shared + left} records)"
                     if left >= shared:
                         flagged.append(
-                            f"- **{enc} − {base}, {TASKS[t].label if t in TASKS else t}: {left} of the "
+                            f"- **{enc} − {base}, {task_label(t)}: {left} of the "
                             f"{shared + left} test records are scored by only one of the two and are left out**; "
                             "the difference is over fewer test records than the rows of the table."
                         )

@@ -12,7 +12,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import check_probe_results
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
-from probes.tasks import TASKS, read_table
+from probes.tasks import TASKS, read_table, task_label
 
 RESULT_COLUMNS = [
     "encoder",
@@ -57,10 +57,6 @@ def read_results(folder: Path) -> pd.DataFrame:
     return frame
 
 
-def _task_label(task: str) -> str:
-    return TASKS[task].label if task in TASKS else task.split(":", 1)[-1]
-
-
 def _fraction_label(fraction: float) -> str:
     return f"{fraction * 100:g}%"
 
@@ -93,7 +89,7 @@ def summary_tables(frame: pd.DataFrame) -> dict[float, pd.DataFrame]:
                 vals = vals[np.isfinite(vals)]
                 text = f"{vals.mean():.4f} ± {vals.std():.4f}" if len(vals) else "—"
                 low, high = mean_interval(cell)
-                row[_task_label(task)] = text + (f" [{low:.4f}, {high:.4f}]" if len(vals) and np.isfinite(low) else "")
+                row[task_label(task)] = text + (f" [{low:.4f}, {high:.4f}]" if len(vals) and np.isfinite(low) else "")
             cells[enc] = row
         tables[fraction] = pd.DataFrame.from_dict(cells, orient="index")
     return tables
@@ -203,7 +199,7 @@ def write_chart(frame: pd.DataFrame, path: Path) -> None:
                 label=enc,
                 capsize=2,
             )
-        ax.set_xticks(np.arange(len(tasks)), [_task_label(t) for t in tasks], rotation=30)
+        ax.set_xticks(np.arange(len(tasks)), [task_label(t) for t in tasks], rotation=30)
         finite = part["test_auroc"].astype(float)
         ax.set_ylim(min(0.4, float(np.nanmin(finite)) - 0.05) if finite.notna().any() else 0.4, 1.0)
         ax.axhline(0.5, color="grey", lw=0.5, ls="--")

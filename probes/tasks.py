@@ -94,6 +94,11 @@ TASKS["csn"] = TaskDef(
 GUARDED_TASKS = ("csn",)  # never probed without the leakage guard
 
 
+def task_label(task: str) -> str:
+    """A task's column title in the tables: its label, or a custom task's folder name."""
+    return TASKS[task].label if task in TASKS else task.split(":", 1)[-1]
+
+
 def task_names(spec: str, include_csn: bool = False) -> list[str]:
     """'all' -> the five paper tasks (+ csn with include_csn); otherwise a comma-separated list of names
     or custom:<dir>."""

@@ -85,3 +85,29 @@ def test_bench_bad_input_is_one_line(tmp_path: Path) -> None:
     proc = bench_process("loader.py", "--shards", str(tmp_path / "none"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == [f"shard folder {tmp_path / 'none'} does not exist"]
+
+
+def test_gpu_check_reports_wheels_and_sample_data_it_could_not_set_up(tmp_path: Path) -> None:
+    """A wheel that does not install or a sample-data archive that does not unpack is a summary row,
+    not a silent run without wfdb or without the real-data tests."""
+    copy = tmp_path / "repo"
+    (copy / "bench").mkdir(parents=True)
+    (copy / "bench" / "gpu_check.sh").write_bytes((ROOT / "bench" / "gpu_check.sh").read_bytes())
+    (copy / ".whl").mkdir()
+    (copy / ".whl" / "broken-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
+    (copy / "gpu_data").mkdir()
+    (copy / "gpu_data" / "sample-data.tar.xz").write_bytes(b"not an archive")
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": sys.executable,
+        "BUDGET": "5",
+        "SKIP_PYTEST": "1",
+        "OUT": str(tmp_path / "out"),
+    }
+    proc = subprocess.run(
+        ["bash", str(copy / "bench" / "gpu_check.sh")], cwd=copy, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert re.search(r"^install \.whl +1 .*failed", summary, re.M), summary
+    assert re.search(r"^unpack sample data +1 .*failed", summary, re.M), summary

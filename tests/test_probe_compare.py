@@ -178,3 +178,16 @@ def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_sc
 
     more = _edited_copy(base, tmp_path / "more", extra_seed)
     assert _compare(capsys, more)[0] == 0
+
+
+def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> None:
+    """A custom task's column is its folder name in the paired-difference table, as in the results table."""
+    from probes.intervals import differences_markdown
+
+    diffs = pd.DataFrame(
+        [dict(encoder="b", baseline="a", task="custom:rhythm", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
+        + [dict(encoder="b", baseline="a", task="custom:rhythm2", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
+    ).assign(n_test=10, left_out=[0, 20])
+    text = differences_markdown(diffs)
+    assert "| Pair | rhythm | rhythm2 |" in text, text
+    assert "custom:" not in text, text

@@ -1,4 +1,5 @@
-"""`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`."""
+"""`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
+(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.cli, probes.geometry_cli, ecgpos.demo.demo)."""
 
 from __future__ import annotations
 

@@ -53,10 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-windows",
         type=int,
         default=DEFAULT_NUM_WINDOWS,
-        help="windows per record, spread evenly and averaged (1 = centre window)",
+        help="windows per record, spread evenly and averaged (default 1: the centre window)",
     )
-    parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     parser.add_argument(
         "--pad-short",
         action="store_true",

@@ -29,14 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
     p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
-    p.add_argument("--labels", type=user_path, help="CSV with columns record_id,label")
+    p.add_argument("--labels", type=user_path, help="CSV record_id,label (record_id as in scores.csv)")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
     p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
     p.add_argument("--fs", type=float, help="sampling rate of a .npy input (Hz)")
     p.add_argument("--leads", help="comma-separated lead names of a .npy input's rows")
-    p.add_argument("--num-windows", type=int, default=1, help="windows per record, averaged (1 = centre)")
-    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass")
-    p.add_argument("--device", default="cpu", help="torch device")
+    p.add_argument("--num-windows", type=int, default=1, help="windows per record, averaged (default 1: centre)")
+    p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 

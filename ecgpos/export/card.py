@@ -135,11 +135,13 @@ import ecgpos
 encoder = ecgpos.load_encoder("path/to/this/folder")          # eval mode, weights checked
 features = encoder.embed(signal_mV, fs=500, leads=lead_names)   # (leads, time) -> ({io.get("features", "?")},)
 ```
-From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, and
-`ecgpos verify DIR` checks an installation against `test_vectors.npz`.
+This needs ecgpos installed (`pip install .` in its source tree) and reads only this folder: no
+training run, checkpoint or training code. From the shell: `ecgpos embed --encoder DIR --input
+RECORDS --out feats.csv`, and `ecgpos verify DIR` checks an installation against `test_vectors.npz`.
 
 ## Preprocessing (applied by `embed`; apply it yourself before `forward_features`)
-- Input: raw signal in {spec["units"]}, any sampling rate with a small rational ratio to {spec["fs"]} Hz,
+- Input: raw signal in {spec["units"]}, any sampling rate above {2 * spec["lowpass_hz"]:g} Hz (twice the low-pass
+  cut-off) and up to 10 kHz with a small rational ratio to {spec["fs"]} Hz,
   the 12 standard leads in any order and common spellings (AVR/aVR, DI/I). `embed` refuses uV or
   ADC counts (median lead peak-to-peak above 100 mV).
 - Dead leads (raw peak-to-peak below 10 uV, at most 2 per record) are set to exact zeros after
@@ -148,7 +150,8 @@ From the shell: `ecgpos embed --encoder DIR --input RECORDS --out feats.csv`, an
   the source rate, per-{spec["standardise"]} z-score, resampling to {spec["fs"]} Hz.
 - Lead order: {", ".join(spec["leads"])}.
 - Window: {spec["window"]} samples ({spec["window"] / spec["fs"]:g} s); `embed` uses the centre window
-  (or `num_windows` windows spread over a long record, averaged). Records shorter than the window are refused.
+  (or `num_windows` windows spread over a long record, averaged). Records shorter than the window are refused
+  (`too_short`; `ecgpos embed --pad-short` zero-pads them).
 
 ## Training
 {chr(10).join(_training_lines(training))}

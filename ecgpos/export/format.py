@@ -10,6 +10,7 @@ Layout of an export folder (written by `ecgpos export`, read by `load_encoder` /
 - README.md          model card
 - test_vectors.npz   deterministic inputs and their expected features (see vectors.py)
 - encoder.onnx       optional (`--onnx`): features of a (batch, 12, window) float32 input
+- decoders.safetensors  optional (`--with-decoders`): reconstruction decoders for `ecgpos score`
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """`ecgpos pretrain` / `accelerate launch -m ecgpos.pretrain`: both stages on Accelerate.
 
-plan (every input validated before training), run_config, run_folder (every file of a run),
-stages (the training model of each stage), data, trainer, schedule, checkpoint, metrics_log, figures.
+plan (every input validated before training), data, trainer, optim, schedule, guard (non-finite
+steps), checkpoint, metrics_log, figures, stop (signals), run_lock. The run config, the run folder's
+files and each stage's training model live in ecgpos.runs.
 """
