@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import types
 import typing
@@ -25,6 +26,10 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
+        if not isinstance(key, str):  # `1:`, `null:`, `? [a]`: no config key is anything but a name
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is not a name (line {key_node.start_mark.line + 1})", key_node.start_mark
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (line {key_node.start_mark.line + 1})", key_node.start_mark
@@ -61,6 +66,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where}: must be one of {list(args)}, got {value!r}")
         return value
     if dataclasses.is_dataclass(hint):
+        if value is None:  # `optim:` with every key commented out: the section's defaults
+            value = {}
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return from_dict(hint, value, prefix=f"{where}.")
@@ -92,6 +99,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return number
     if hint is int:
+        if isinstance(value, str):  # PyYAML reads 1e5 and 1.5e5 as text (its floats need a dot and a signed exponent)
+            value = _integer_text(value)
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return int(value)
@@ -102,6 +111,17 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
+def _integer_text(text: str) -> int | str:
+    """The integer a number written as text means exactly ('1e5', '1.5e5', '200'), else the text unchanged."""
+    try:
+        number = decimal.Decimal(text.strip().replace("_", ""))
+    except decimal.InvalidOperation:
+        return text
+    if not number.is_finite() or number != number.to_integral_value() or abs(number) > 10**30:
+        return text
+    return int(number)
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping; unknown keys raise ConfigError with their dotted path."""
     if data is None:
@@ -110,7 +130,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     unknown = [k for k in data if k not in fields]
     if unknown:
         raise ConfigError(
-            f"unknown config key(s): {', '.join(prefix + k for k in unknown)} (known: {', '.join(sorted(fields))})"
+            f"unknown config key(s): {', '.join(prefix + str(k) for k in unknown)} (known: {', '.join(sorted(fields))})"
         )
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(value, hints[name], prefix + name) for name, value in data.items()}
@@ -144,15 +164,26 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             raise ConfigError(f"--set expects key=value with a dotted key such as optim.lr, got {item!r}")
         node = data
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or a section whose keys are all commented out
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key}: {part} is not a section")
         try:
-            node[parts[-1]] = _load_yaml(raw)
+            value = _load_yaml(raw)
         except yaml.YAMLError as err:  # e.g. a `!!python/...` tag, which safe_load refuses to construct
             problem = " ".join(str(getattr(err, "problem", None) or err).split())
             raise ConfigError(f"--set {key}: value {raw!r} is not plain YAML ({problem})") from None
+        node[parts[-1]] = _merged(node.get(parts[-1]), value)
     return data
+
+
+def _merged(old: Any, new: Any) -> Any:
+    """`new` laid over `old`: a mapping given for a section changes only the keys it names
+    (`--set optim={lr: 0.1}` keeps the file's optim.steps), anything else replaces the value."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{k: _merged(old.get(k), v) for k, v in new.items()}}
+    return new
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -299,6 +299,8 @@ def check_output_folder(out: Path) -> None:
 def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
     """Process this part's unfinished chunks; merge when every chunk of the set is done."""
     source = SOURCES[req.dataset]
+    if req.num_parts < 1:
+        raise EcgposError(f"--num-parts must be at least 1, got {req.num_parts}")
     if not 0 <= req.part < req.num_parts:
         raise EcgposError(f"--part must be in 0..{req.num_parts - 1}, got {req.part}")
     if req.records_per_shard < 1 or req.workers < 1:

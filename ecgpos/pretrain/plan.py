@@ -9,6 +9,8 @@ EcgposError: one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,56 @@ def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
         spec = read_shard_spec(folder)
         cfg.preprocess.check_compatible(spec, f"the shards in {folder}")
     return spec
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def max_workers() -> int:
+    """The most DataLoader workers a process may start: 4 per usable CPU, and never fewer than 16,
+    so the shipped configs run on a laptop; more only multiplies processes (a fork bomb at worst)."""
+    return max(16, 4 * usable_cpus())
+
+
+def estimated_parameters(cfg: RunConfig) -> float:
+    """About how many parameters the trained encoder and decoder have (transformer blocks dominate);
+    a float, infinite when the config's sizes overflow one."""
+    enc, dec = cfg.encoder, cfg.decoder
+    try:
+        e_w, e_r, d_w, d_r = float(enc.width), float(enc.mlp_ratio), float(dec.width), float(dec.mlp_ratio)
+        blocks = enc.depth * (4 + 2 * e_r) * e_w * e_w + dec.depth * (4 + 2 * d_r) * d_w * d_w
+        embeds = e_w * (enc.patch_size + enc.num_leads) + d_w * (e_w + enc.patch_size)
+        return blocks + embeds
+    except OverflowError:
+        return math.inf
+
+
+def check_resources(cfg: RunConfig) -> None:
+    """ConfigError (one line) for a model whose float32 weights alone exceed this machine's memory,
+    or more DataLoader workers than max_workers(): both would otherwise fail deep in torch."""
+    if cfg.train.num_workers > max_workers():
+        raise ConfigError(
+            f"train.num_workers {cfg.train.num_workers} is more than this machine's {usable_cpus()} CPUs can "
+            f"serve (at most {max_workers()}); lower it, e.g. --set train.num_workers={min(usable_cpus(), 8)}"
+        )
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf: torch reports a failed allocation itself
+        return
+    need = 4 * estimated_parameters(cfg)
+    if need > memory:
+        size = "an overflowing number of" if math.isinf(need) else f"about {need / 4:.3g}"
+        raise ConfigError(
+            f"the model of this config has {size} parameters, more than this machine's "
+            f"{memory / 2**30:.0f} GiB of memory hold as float32 (encoder width {cfg.encoder.width}, depth "
+            f"{cfg.encoder.depth}, mlp_ratio {cfg.encoder.mlp_ratio}; decoder width {cfg.decoder.width}, depth "
+            f"{cfg.decoder.depth}, mlp_ratio {cfg.decoder.mlp_ratio})"
+        )
 
 
 def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
@@ -93,7 +145,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
 
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
-    from ecgpos.config import load_config
+    from ecgpos.config import load_config, read_yaml
     from ecgpos.ecg.shards import SHARD_GLOB
     from ecgpos.runs.run_folder import (
         METRICS_FILE,
@@ -117,10 +169,15 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
         raise ConfigError(
             f"--run-dir {run_dir} already holds a run: pass --resume auto to continue it, or choose a new folder"
         )
-    if (run_dir / RUN_CONFIG).is_file():
-        diffs = config_differences(load_config(RunConfig, run_dir / RUN_CONFIG), cfg)
-        if diffs:
-            raise ConfigError(f"the config differs from the run's config.yaml, cannot resume: {'; '.join(diffs[:4])}")
+    saved = run_dir / RUN_CONFIG
+    if not saved.is_file() or not read_yaml(saved):  # nothing to compare the command line with
+        raise ConfigError(
+            f"--run-dir {run_dir} holds a run but its {RUN_CONFIG} is {'empty' if saved.is_file() else 'missing'}: "
+            "cannot check that this config is the run's; restore the file or choose a new folder"
+        )
+    diffs = config_differences(load_config(RunConfig, saved), cfg)
+    if diffs:
+        raise ConfigError(f"the config differs from the run's config.yaml, cannot resume: {'; '.join(diffs[:4])}")
     saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")
     if saved_hash and stage0_info and saved_hash != stage0_info.get("weights_sha256"):
         raise ConfigError("--stage0 holds other weights than the Stage-0 encoder this run was started with")
@@ -130,6 +187,7 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
 def prepare(args: argparse.Namespace) -> RunPlan:
     """Validate every input (EcgposError on the first problem) and return the plan."""
     cfg = load_run_config(args.config, args.overrides, stage=args.stage)
+    check_resources(cfg)
     if cfg.stage == 0 and args.stage0 is not None:
         raise ConfigError("--stage0 is only used with --stage 1")
     if cfg.stage == 1 and args.stage0 is None:
