@@ -7,7 +7,14 @@ through `atomic_path`: written under a process-unique temporary name beside the 
 renamed over it, which POSIX makes atomic within a file system. The temporary name carries the
 host and the process id (`.index.csv.node07.4242.tmp`): processes on several nodes may write into
 one shared folder, and only a temporary file of this host whose process is gone is known to be
-abandoned (`remove_abandoned_temporaries`).
+abandoned (`remove_abandoned_temporaries`). Any other file written beside a target for a moment (a
+write test) takes its name from `temporary_path`, so that cleanup sees it too.
+
+Earlier versions named temporaries `.NAME.PID.tmp`, without the host. No rule removes those safely
+when several nodes write one folder: the pid says nothing about another node, and the age of the
+file does not either (a suspended Slurm job may hold one for days, then rename it). Nor can the
+name tell them apart from another host's: `.index.csv.4242.tmp` reads as host `csv`. They are left
+for a person to delete.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +38,19 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
 
     `suffix` keeps a file type visible to writers that choose the format by suffix (".png", ".npz").
     """
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{host_tag()}.{os.getpid()}.tmp{suffix}")
+    tmp = temporary_path(path, suffix)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def temporary_path(path: str | Path, suffix: str = "") -> Path:
+    """This process's temporary name for `path`, beside it: `.NAME.<host>.<pid>.tmp[suffix]`."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{host_tag()}.{os.getpid()}.tmp{suffix}")
 
 
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp(\.[^.]+)?$")
@@ -61,16 +73,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_abandoned_temporaries(folder: str | Path) -> int:
-    """Delete the `atomic_path` temporary files in `folder` that a killed process of this host left
-    behind (its pid no longer runs); return how many. Files of other hosts, of live processes, or
-    without a host in their name are left alone: their writer may still be at work."""
+def remove_abandoned_temporaries(folder: str | Path, targets: Iterable[str] | None = None) -> int:
+    """Delete the `temporary_path` files in `folder` that a killed process of this host left behind
+    (its pid no longer runs); return how many. Files of other hosts, of live processes, or without a
+    host in their name are left alone: their writer may still be at work. `targets` (file names)
+    limits the cleanup to the temporaries of those files, for a folder ecgpos does not own."""
+    wanted = None if targets is None else set(targets)
     removed = 0
     for path in Path(folder).glob(".*.tmp*"):
         match = _TEMPORARY.match(path.name)
         if match is None or match["host"] != host_tag() or _alive(int(match["pid"])) or not path.is_file():
             continue
-        with contextlib.suppress(FileNotFoundError):  # another process of this host cleaned it first
+        if wanted is not None and match["target"] not in wanted:
+            continue
+        # gone: another process of this host cleaned it first; refused: another user's, in a sticky folder
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             path.unlink()
             removed += 1
     return removed

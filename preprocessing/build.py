@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -27,7 +26,7 @@ from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, sha
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
-from ecgpos.files import remove_abandoned_temporaries
+from ecgpos.files import remove_abandoned_temporaries, temporary_path
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -286,12 +285,17 @@ def _remove_abandoned(out: Path, stream: TextIO) -> None:
 
 
 def check_output_folder(out: Path) -> None:
-    """--out must be a folder this process can create and write into: one line otherwise (exit 2)."""
+    """--out must be a folder this process can create and write into: one line otherwise (exit 2).
+    A real file is written (os.access trusts permission bits that network file systems may not
+    enforce), under the shared temporary name so that a kill before its unlink leaves a file
+    `remove_abandoned_temporaries` removes."""
+    probe = temporary_path(out / "write-test")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test.{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        try:
+            probe.write_bytes(b"")
+        finally:
+            probe.unlink(missing_ok=True)
     except OSError as err:
         raise EcgposError(f"--out {out} is not writable: {err.strerror or err}") from None
 

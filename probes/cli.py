@@ -11,7 +11,13 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError, Interrupted
-from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
+from ecgpos.files import (
+    atomic_path,
+    atomic_write_text,
+    make_output_folder,
+    remove_abandoned_temporaries,
+    user_path,
+)
 from ecgpos.inference.resolve import unfinished_note
 from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.encoder import load_probe_encoder, random_twin
@@ -195,6 +201,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(summary_markdown(frame, notes, sections))
         return 0
     make_output_folder(args.out)
+    remove_abandoned_temporaries(args.out)  # what a killed run on this host left
     if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
         if sets:
@@ -329,6 +336,8 @@ def _probe(args: argparse.Namespace) -> int:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
     make_output_folder(args.out)
     make_output_folder(cache_dir, "--cache-dir")
+    for folder in (args.out, cache_dir):  # what a killed run on this host left
+        remove_abandoned_temporaries(folder)
     started = time.time()
     jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
     log = lambda s: (print(s), notes.append(s))  # noqa: E731

@@ -35,7 +35,13 @@ from torch import nn
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text, make_output_folder, user_path
+from ecgpos.files import (
+    atomic_path,
+    atomic_write_text,
+    make_output_folder,
+    remove_abandoned_temporaries,
+    user_path,
+)
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record
 from probes.geometry import GeometryResult, check_classes, check_spread, geometry, plot_geometry
@@ -302,6 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
+    remove_abandoned_temporaries(args.out)  # what a killed run on this host left
     with atomic_path(args.out / "metrics.csv") as tmp, tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
         writer.writeheader()

@@ -4,6 +4,7 @@ what is flagged in summary.md."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -191,3 +192,26 @@ def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> N
     text = differences_markdown(diffs)
     assert "| Pair | rhythm | rhythm2 |" in text, text
     assert "custom:" not in text, text
+
+
+def test_probe_and_compare_remove_what_killed_runs_of_this_host_left(capsys, probe_folder):
+    """Temporary files of a dead process of this host in --out and --cache-dir go; another host's stay."""
+    from ecgpos.files import host_tag
+
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # its pid no longer runs
+    out, cache, merged = (probe_folder.root / name for name in ("killed", "cache", "merged-killed"))
+    dead = [
+        out / f".results.csv.{host_tag()}.{finished.pid}.tmp",
+        cache / f".ptbxl-0123.npz.{host_tag()}.{finished.pid}.tmp.npz",
+        merged / f".differences.csv.{host_tag()}.{finished.pid}.tmp",
+    ]
+    other_host = out / f".summary.md.{host_tag()}-other-node.{finished.pid}.tmp"
+    for path in (*dead, other_host):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half a file\n")
+    assert probe_folder("killed") == out
+    assert [p.exists() for p in dead[:2]] == [False, False] and other_host.exists()
+    capsys.readouterr()
+    assert cli("probe", "--compare", out, probe_folder("base4"), "--out", merged) == 0
+    assert not dead[2].exists()

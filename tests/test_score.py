@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from tiny_runs import cli, pretrain_tiny
 
 from ecgpos.cli import main
 from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.files import host_tag
 from ecgpos.resources import config_dir
 
 CONFIG_DIR = config_dir()
@@ -26,6 +28,11 @@ PTBXL = "ptbxl/records500/00000"
 def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("score-runs")
     pretrain_tiny(0, arrhythmia_shards, root / "s0", *FAST)
+    for path in _left_by_killed_runs(root / "s1", "run_info.json") + _left_by_killed_runs(
+        root / "s1" / "figures", "curves.png", ".png"
+    ):  # a killed start of the Stage-1 run; pretrain removes those of this host (test_pretrain_removes_...)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half a file\n")
     pretrain_tiny(
         1,
         arrhythmia_shards,
@@ -50,6 +57,19 @@ def records(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         for ext in ("hea", "dat"):
             (folder / f"{n:05d}_hr.{ext}").write_bytes((shared_data / PTBXL / f"{n:05d}_hr.{ext}").read_bytes())
     return folder
+
+
+def _left_by_killed_runs(folder: Path, name: str, suffix: str = "") -> list[Path]:
+    """Temporary files for `name` in `folder` of a dead process of this host, and of one on another host."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()  # its pid no longer runs
+    return [folder / f".{name}.{host}.{finished.pid}.tmp{suffix}" for host in (host_tag(), f"{host_tag()}-other-node")]
+
+
+def test_pretrain_removes_what_killed_runs_of_this_host_left(runs: dict[str, Path]) -> None:
+    for folder in (runs["stage1"], runs["stage1"] / "figures"):
+        left = [path.name for path in folder.glob(".*.tmp*")]
+        assert len(left) == 1 and f".{host_tag()}-other-node." in left[0], left
 
 
 def score(run: Path, records: Path, out: Path, *extra: object) -> int:
@@ -119,10 +139,15 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     labels = tmp_path / "labels.csv"
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     out = tmp_path / "o" / "scores.csv"
+    dead, other_host = _left_by_killed_runs(out.parent, "scores_summary.md")
+    for path in (dead, other_host):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half a file\n")
     assert (
         score(runs["stage1"], records, out, "--masks", "2", "--labels", labels, "--nominal", "N", "--anomalous", "A")
         == 0
     )
+    assert not dead.exists() and other_host.exists()
     text = (out.parent / "scores_summary.md").read_text()
     _, rows = _read(out)
     from sklearn.metrics import roc_auc_score
@@ -193,6 +218,10 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
     labels = {n: ("A" if n <= 4 else "B" if n <= 8 else "X") for n in range(1, 11)}
     task = _custom_task(tmp_path / "task", shared_data, labels)
     out = tmp_path / "geo"
+    dead, other_host = _left_by_killed_runs(out / "features", "metrics.csv")
+    for path in (dead, other_host):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half a file\n")
     for space in ("features", "reconstruction"):
         assert (
             cli(
@@ -228,6 +257,7 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
         summary = (out / space / "summary.md").read_text()
         assert "Delta S > 0" in summary and "Carving criterion (Stage-1 level)" in summary
         assert (out / space / "geometry.png").stat().st_size > 5000
+    assert not dead.exists() and other_host.exists()
     # the two spaces are different readings of the same records
     assert not np.allclose(
         np.load(out / "features" / "features.npz")["x_hat"], np.load(out / "reconstruction" / "features.npz")["x_hat"]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text, user_path
+from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_temporaries, user_path
 from ecgpos.inference.inputs import check_writable, open_source
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
     check_writable(args.out, args.input)  # before any record is scored
+    remove_abandoned_temporaries(args.out.parent, ["scores_summary.md"])  # a killed run's, beside the CSV
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")

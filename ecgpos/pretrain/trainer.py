@@ -34,7 +34,7 @@ import torch
 from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
-from ecgpos.files import atomic_write_json, atomic_write_text
+from ecgpos.files import atomic_write_json, atomic_write_text, remove_abandoned_temporaries
 from ecgpos.pretrain.checkpoint import Resumed, remove_partial, resume_checkpoint, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
@@ -137,6 +137,8 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         remove_partial(self.run_dir)
+        for folder in (self.run_dir, self.run_dir / FIGURES_DIR):  # what a killed run on this host left
+            remove_abandoned_temporaries(folder)
         save_config(self.cfg, self.run_dir / RUN_CONFIG)
         atomic_write_text(self.run_dir / SPEC_FILE, self.cfg.preprocess.to_json() + "\n")
         self._write_run_info(finished=False)
