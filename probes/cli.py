@@ -20,6 +20,7 @@ from ecgpos.files import (
 )
 from ecgpos.inference.resolve import unfinished_note
 from probes.bootstrap import DEFAULT_RESAMPLES
+from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import (
@@ -41,15 +42,12 @@ from probes.run import (
     dataset_key,
     extraction_device,
     make_jobs,
-    missing_records,
-    missing_report,
     prepare_task,
     record_column,
     run_jobs,
     sort_rows,
-    task_locator,
 )
-from probes.tasks import GUARDED_TASKS, SplitTable, TaskDef, read_splits, resolve_task, task_names
+from probes.tasks import GUARDED_TASKS, read_splits, resolve_task, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -252,33 +250,6 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
-DATA_FOLDERS = {"ptbxl": "ptbxl/", "cpsc2018": "cpsc2018/", "csn": "ecg-arrhythmia/"}
-
-
-def _check_records(task: TaskDef, tables: dict[str, SplitTable], args: argparse.Namespace) -> None:
-    """One line when a split misses records under --require-complete, or when no record of the task
-    is found at all (a --data-root holding another dataset would otherwise give a table of NaN rows)."""
-    root = args.data_root or Path(".")
-    missing = {split: missing_records(task, table, root) for split, table in tables.items()}
-    for split, ids in missing.items():
-        if ids and args.require_complete:
-            line = missing_report(task.name, split, ids, len(tables[split].records)).replace(", excluded", "")
-            raise EcgposError(line + " (--require-complete)")
-    total = sum(len(t.records) for t in tables.values())
-    if total and sum(map(len, missing.values())) == total:
-        first = next(ids[0] for ids in missing.values() if ids)
-        where = (
-            f"--data-root {root} must be the folder holding {DATA_FOLDERS[task.dataset]}"
-            if task.dataset in DATA_FOLDERS
-            else f"record paths are read relative to {Path(task.files['train']).parent}"
-        )
-        other = {"records500": ("records100", "--records100"), "records100": ("records500", "no --records100")}
-        folder, flag = other.get(first.split("/")[0], ("", ""))
-        if task.dataset == "ptbxl" and folder and (root / "ptbxl" / folder).is_dir():
-            where += f" (it holds ptbxl/{folder}/: {flag}?)"
-        raise EcgposError(f"{task.name}: none of the {total} records of its splits was found (e.g. {first}); {where}")
-
-
 def _cache_dir(args: argparse.Namespace) -> Path:
     default = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
     return args.cache_dir or default
@@ -316,7 +287,9 @@ def _probe(args: argparse.Namespace) -> int:
     cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
     # check every split file and its records before loading the encoder
     for task in tasks:
-        _check_records(task, read_splits(task, args.splits, record_column(task, cfg)), args)
+        check_records(
+            task, read_splits(task, args.splits, record_column(task, cfg)), args.data_root, args.require_complete
+        )
 
     enc = load_probe_encoder(args.encoder)
     unfinished = unfinished_note(enc.info)

@@ -1,4 +1,5 @@
-"""Finding and reading probe records: PTB-XL (WFDB), CPSC2018 (three published forms), custom WFDB.
+"""Finding and reading probe records: PTB-XL (WFDB), CPSC2018 (three published forms), custom WFDB;
+which records of a task's splits the data root holds (`check_records`).
 
 Layouts under --data-root:
 - ptbxl/records500/00000/00001_hr.{hea,dat} (records100/..._lr at 100 Hz), as published.
@@ -14,7 +15,9 @@ Layouts under --data-root:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,8 @@ from ecgpos.ecg.screening import ScreenPolicy, screen_record
 from ecgpos.ecg.signal import preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
-from ecgpos.errors import SignalError
+from ecgpos.errors import EcgposError, SignalError
+from probes.tasks import SplitTable, TaskDef
 
 CPSC_FS = 500.0
 PROBE_POLICY = ScreenPolicy(pad_short=True)
@@ -162,3 +166,54 @@ def prepared_record(path: Path, form: str, spec: PreprocessSpec) -> np.ndarray:
     raw = read_record(path, form)
     ok = screen_record(raw.signal, raw.fs, raw.leads, spec, PROBE_POLICY)
     return preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
+
+
+def task_locator(task: TaskDef, data_root: Path) -> RecordLocator:
+    """The locator of a task's records (custom tasks: paths relative to their split folder)."""
+    base = Path(task.files["train"]).parent if task.dataset == "custom" else None
+    return _cached_locator(task.dataset, Path(data_root).resolve(), base)
+
+
+@lru_cache(maxsize=16)
+def _cached_locator(dataset: str, data_root: Path, base: Path | None) -> RecordLocator:
+    """One locator (and one directory scan) per dataset and root within a process."""
+    return RecordLocator(dataset, data_root, base)
+
+
+def missing_records(task: TaskDef, table: SplitTable, data_root: Path) -> list[str]:
+    """Record keys of a split that are not under the data root."""
+    locator = task_locator(task, data_root)
+    return [k for k in table.records if locator.locate(k) is None]
+
+
+def missing_report(task: str, split: str, ids: Sequence[str], total: int, first: int = 5) -> str:
+    """One line: how many records of a split are absent, and the first few ids."""
+    shown = ", ".join(ids[:first]) + (", ..." if len(ids) > first else "")
+    return f"{task} {split}: {len(ids)} of {total} records not found under the data root, excluded ({shown})"
+
+
+DATA_FOLDERS = {"ptbxl": "ptbxl/", "cpsc2018": "cpsc2018/", "csn": "ecg-arrhythmia/"}
+
+
+def check_records(task: TaskDef, tables: dict[str, SplitTable], data_root: Path | None, require_complete: bool) -> None:
+    """One line when a split misses records under --require-complete, or when no record of the task
+    is found at all (a --data-root holding another dataset would otherwise give a table of NaN rows)."""
+    root = data_root or Path(".")
+    missing = {split: missing_records(task, table, root) for split, table in tables.items()}
+    for split, ids in missing.items():
+        if ids and require_complete:
+            line = missing_report(task.name, split, ids, len(tables[split].records)).replace(", excluded", "")
+            raise EcgposError(line + " (--require-complete)")
+    total = sum(len(t.records) for t in tables.values())
+    if total and sum(map(len, missing.values())) == total:
+        first = next(ids[0] for ids in missing.values() if ids)
+        where = (
+            f"--data-root {root} must be the folder holding {DATA_FOLDERS[task.dataset]}"
+            if task.dataset in DATA_FOLDERS
+            else f"record paths are read relative to {Path(task.files['train']).parent}"
+        )
+        other = {"records500": ("records100", "--records100"), "records100": ("records500", "no --records100")}
+        folder, flag = other.get(first.split("/")[0], ("", ""))
+        if task.dataset == "ptbxl" and folder and (root / "ptbxl" / folder).is_dir():
+            where += f" (it holds ptbxl/{folder}/: {flag}?)"
+        raise EcgposError(f"{task.name}: none of the {total} records of its splits was found (e.g. {first}); {where}")

@@ -43,9 +43,9 @@ from ecgpos.files import (
     user_path,
 )
 from ecgpos.models.features import record_means, record_windows, resolve_device
-from probes.datasets import prepared_record
+from probes.datasets import prepared_record, task_locator
 from probes.geometry import GeometryResult, check_classes, check_spread, geometry, plot_geometry
-from probes.run import ProbeConfig, record_column, task_locator, task_windows
+from probes.run import ProbeConfig, record_column, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")

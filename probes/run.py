@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +22,10 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import resolve_device
-from probes.datasets import RecordLocator
+from probes.datasets import missing_report, task_locator
 from probes.features import FeatureSource, FeatureStats, extract_features
 from probes.linear import ProtocolConfig, label_fraction_rows, train_probe_groups
-from probes.tasks import SplitTable, TaskDef, read_splits
+from probes.tasks import TaskDef, read_splits
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
 
@@ -106,29 +105,6 @@ def record_column(task: TaskDef, cfg: ProbeConfig) -> str | None:
             raise EcgposError(f"ptbxl_records must be records500 or records100, got {cfg.ptbxl_records!r}")
         return "filename_lr" if cfg.ptbxl_records == "records100" else "filename_hr"
     return None
-
-
-def task_locator(task: TaskDef, data_root: Path) -> RecordLocator:
-    base = Path(task.files["train"]).parent if task.dataset == "custom" else None
-    return _cached_locator(task.dataset, Path(data_root).resolve(), base)
-
-
-@lru_cache(maxsize=16)
-def _cached_locator(dataset: str, data_root: Path, base: Path | None) -> RecordLocator:
-    """One locator (and one directory scan) per dataset and root within a process."""
-    return RecordLocator(dataset, data_root, base)
-
-
-def missing_records(task: TaskDef, table: SplitTable, data_root: Path) -> list[str]:
-    """Record keys of a split that are not under the data root."""
-    locator = task_locator(task, data_root)
-    return [k for k in table.records if locator.locate(k) is None]
-
-
-def missing_report(task: str, split: str, ids: Sequence[str], total: int, first: int = 5) -> str:
-    """One line: how many records of a split are absent, and the first few ids."""
-    shown = ", ".join(ids[:first]) + (", ..." if len(ids) > first else "")
-    return f"{task} {split}: {len(ids)} of {total} records not found under the data root, excluded ({shown})"
 
 
 def prepare_task(
