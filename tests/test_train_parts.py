@@ -205,10 +205,12 @@ def test_a_step_saved_twice_replaces_its_checkpoint_without_a_moment_of_loss(
 
     from accelerate import Accelerator
 
+    from ecgpos.config import save_config
     from ecgpos.files import read_safetensors
     from ecgpos.pretrain.checkpoint import resume_checkpoint, save_checkpoint
     from ecgpos.pretrain.plan import check_run_dir
     from ecgpos.runs.run_config import RunConfig
+    from ecgpos.runs.run_folder import RUN_CONFIG
 
     acc = Accelerator(cpu=True)
     model = torch.nn.Linear(3, 2)
@@ -243,6 +245,7 @@ def test_a_step_saved_twice_replaces_its_checkpoint_without_a_moment_of_loss(
 
     save_killed(3.0)
     assert newest_checkpoint(tmp_path) is None  # step 30 is only aside: --resume auto must still resume
+    save_config(RunConfig(), tmp_path / RUN_CONFIG)  # what the trainer writes before its first step
     assert check_run_dir(RunConfig(), tmp_path, True, {}) is True
     resumed = resume_checkpoint(acc, tmp_path)  # puts the set-aside step 30 back, drops the unfinished one
     assert resumed.checkpoint == final and resumed.state["value"] == 2.0 and weight(final) == 2.0
