@@ -82,7 +82,9 @@ def main() -> None:
     rows = run_jobs(jobs, workers=args.workers)
     trained = time.perf_counter()
     add_intervals(
-        rows, collect_scores(rows, {n: (t.keys["test"], t.y["test"]) for n, t in tasks.items()}), args.bootstrap
+        rows,
+        collect_scores(rows, {("random", n): (t.keys["test"], t.y["test"]) for n, t in tasks.items()}),
+        args.bootstrap,
     )
     batched, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
     boot = time.perf_counter() - trained

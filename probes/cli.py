@@ -335,7 +335,7 @@ def _probe(args: argparse.Namespace) -> int:
                 "cached": stats.cached,
                 "failed": stats.failed,
             }
-            tests[task.name] = (data.keys.get("test", []), data.y["test"])
+            tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"])
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
     t_train = time.time()

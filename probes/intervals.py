@@ -49,10 +49,11 @@ class ScoreSet:
     scores: np.ndarray  # (S, N, C) float32
 
 
-def collect_scores(rows: list[dict], tests: dict[str, tuple[list[str], np.ndarray]]) -> list[ScoreSet]:
+def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str], np.ndarray]]) -> list[ScoreSet]:
     """Take the per-seed `scores` out of result rows into one ScoreSet per (encoder, task, fraction).
 
-    tests: task -> (test record keys, test labels) in the order the probes scored them.
+    tests: (encoder, task) -> (test record keys, test labels) in the order that encoder's probes scored
+    them (per encoder: a record one encoder could not embed is missing from its test set only).
     """
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -62,7 +63,7 @@ def collect_scores(rows: list[dict], tests: dict[str, tuple[list[str], np.ndarra
     out = []
     for (encoder, task, fraction), part in groups.items():
         part.sort(key=lambda r: r["seed"])
-        keys, labels = tests[task]
+        keys, labels = tests[(encoder, task)]
         out.append(
             ScoreSet(
                 encoder,
@@ -95,16 +96,20 @@ def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level
 
 
 def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
-    """OUT/test_scores.npz: an index (JSON) plus, per set, the logits, and per task the keys and labels."""
-    arrays, index, tasks = {}, [], {}
+    """OUT/test_scores.npz: an index (JSON) plus, per set, the logits, and per distinct test set (keys
+    and labels) its keys and labels. Sets of one task may differ in their test records (a merged folder,
+    or a record one encoder could not embed), so test sets are shared by content, never by task."""
+    arrays, index, tests = {}, [], {}
     for i, s in enumerate(sets):
         arrays[f"scores_{i}"] = s.scores.astype(np.float32)
-        if s.task not in tasks:
-            tasks[s.task] = len(tasks)
-            arrays[f"keys_{tasks[s.task]}"] = np.array(s.keys, dtype=str)
-            arrays[f"labels_{tasks[s.task]}"] = s.labels
+        labels = np.asarray(s.labels)
+        test = (s.task, tuple(s.keys), labels.shape, labels.tobytes())
+        if test not in tests:
+            tests[test] = len(tests)
+            arrays[f"keys_{tests[test]}"] = np.array(s.keys, dtype=str)
+            arrays[f"labels_{tests[test]}"] = labels
         index.append(
-            {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tasks[s.task]}
+            {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tests[test]}
         )
     with atomic_path(out / SCORES_FILE, suffix=".npz") as tmp:
         np.savez_compressed(tmp, index=np.array(json.dumps(index)), **arrays)

@@ -72,9 +72,19 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     # the table's own rows are over different test sets too: said beside the table
     assert "**Rows over different test sets**" in out
     assert f"- ptbxl-super, 100% labels: test records base2 {n_base}, small 10" in out
-    rc = cli("probe", "--compare", base, small, "--out", probe_folder.root / "merged-small")
-    diffs = pd.read_csv(probe_folder.root / "merged-small" / "differences.csv")
+    merged = probe_folder.root / "merged-small"
+    rc = cli("probe", "--compare", base, small, "--out", merged)
+    diffs = pd.read_csv(merged / "differences.csv")
     assert diffs[["n_test", "left_out"]].to_numpy().tolist() == [[10, n_base - 10]]
+    # the merged folder keeps each encoder's own test records with its scores, so it compares as its parts
+    from probes.intervals import load_scores
+
+    sets = {s.encoder: s for s in load_scores(merged)}
+    assert (len(sets["small"].keys), sets["small"].scores.shape[1]) == (10, 10)
+    assert (len(sets["base2"].keys), sets["base2"].scores.shape[1]) == (n_base, n_base)
+    rc, out, err = _compare(capsys, merged)
+    assert rc == 0, err
+    assert f"(on 10 of {n_base} records)" in out
 
 
 def test_compare_notes_a_folder_without_test_scores(capsys, probe_folder):

@@ -47,7 +47,10 @@ def _stored(folder: Path) -> dict[tuple[str, str, float, int], float]:
     try:
         with np.load(path, allow_pickle=False) as data:
             for i, entry in enumerate(json.loads(str(data["index"]))):
-                macros = macro_aurocs(data[f"labels_{entry['test']}"], data[f"scores_{i}"])
+                labels, scores = data[f"labels_{entry['test']}"], data[f"scores_{i}"]
+                if scores.ndim != 3 or labels.shape != scores.shape[1:]:
+                    continue  # an older writer paired these logits with another set's labels: not checkable
+                macros = macro_aurocs(labels, scores)
                 for seed, macro in zip(entry["seeds"], macros):
                     key = (str(entry["encoder"]), str(entry["task"]), float(entry["fraction"]), int(seed))
                     out[key] = float(macro)
