@@ -62,56 +62,66 @@ ecgpos_require_probe_tasks() {
     done
 }
 
-# ecgpos_require_setup: ECGPOS_SETUP is valid shell code, and every file it sources (`source F`, `. F`) or runs
-# by path exists (a path that needs a command substitution, or a variable unset here, is left to the job).
+# ecgpos_require_setup: ECGPOS_SETUP must be valid shell code (`bash -n`), or every job would fail at once.
+# Files it sources (`source F`, `. F`) or runs by path that are missing here are noted, not refused: the jobs
+# run it on the compute nodes, where node-local paths differ and the set-up may create its own files.
 ecgpos_require_setup() {
     [ -n "${ECGPOS_SETUP:-}" ] || return 0
-    local err
+    local err note
     if ! err=$(bash -n -c "$ECGPOS_SETUP" 2>&1); then
         err=$(head -n 1 <<< "$err")
         ecgpos_die "ECGPOS_SETUP is not valid shell code (${err#bash: -c: })"
     fi
-    command -v python3 >/dev/null || return 0   # the file check below reads the code with Python's shlex
-    err=$(python3 - "$ECGPOS_SETUP" <<'PY'
+    command -v python3 >/dev/null || return 0   # the file check reads the code with Python's shlex
+    python3 - "$ECGPOS_SETUP" <<'PY' 2>/dev/null | while IFS= read -r note; do
 import os, shlex, sys
 
-def fail(message):
-    print(message)
-    sys.exit(1)
-
-def usable(word):  # the path as the job's shell will see it; None when that takes running code
+def path_here(word):  # the path as a shell here would see it; None when that takes running code
     path = os.path.expanduser(os.path.expandvars(word))
     return None if "$" in path or "`" in path else path
 
-lexer = shlex.shlex(sys.argv[1].replace("\n", ";"), posix=True, punctuation_chars=";&|()")
-commands, words = [], []
-for token in lexer:
-    if set(token) <= set(";&|()"):
-        commands.append(words)
-        words = []
-    else:
-        words.append(token)
-commands.append(words)
-for words in commands:
+def check(words):
     while words and "=" in words[0] and not words[0].startswith("="):  # VAR=value before a command
         words = words[1:]
     if len(words) > 1 and words[0] in ("source", "."):
-        path = usable(words[1])
+        path = path_here(words[1])
         if path is not None and not os.path.isfile(path):
-            fail(f"{words[0]} {words[1]}: no such file")
+            print(f"{words[0]} {words[1]}: no such file")
     elif words and "/" in words[0]:
-        path = usable(words[0])
+        path = path_here(words[0])
         if path is not None and not os.path.isfile(path):
-            fail(f"{words[0]}: no such file")
-        if path is not None and not os.access(path, os.X_OK):
-            fail(f"{words[0]}: not executable (to read it into the job's shell: source {words[0]})")
+            print(f"{words[0]}: no such file")
+        elif path is not None and not os.access(path, os.X_OK):
+            print(f"{words[0]}: not executable (to read it into the job's shell: source {words[0]})")
+
+for line in sys.argv[1].splitlines():
+    if "$(" in line or "`" in line:  # command substitutions: what they expand to is known only when run
+        continue
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()")
+    lexer.commenters = ""  # `#` starts a comment only at the start of a word, as in the shell: see below
+    lexer.wordchars += "#"
+    try:
+        tokens = list(lexer)
+    except ValueError:  # quoting shlex does not read as bash does: this line is left to the job
+        continue
+    comment = next((i for i, token in enumerate(tokens) if token.startswith("#")), len(tokens))
+    words, guarded = [], False
+    for token in tokens[:comment] + [";"]:  # a word starting with `#` begins a comment to the line's end
+        if set(token) <= set(";&|()"):
+            if words and not guarded:  # a command after && or || runs only when its guard allows
+                check(words)
+            words, guarded = [], token in ("&&", "||")
+        else:
+            words.append(token)
 PY
-) || ecgpos_die "ECGPOS_SETUP (run first in every job): ${err:-cannot be checked}"
+        ecgpos_log "note: ECGPOS_SETUP: $note here (the jobs run it on the compute nodes)"
+    done
 }
 
 # ecgpos_check_pretrain_config STAGE: Stage STAGE's config with the ECGPOS_PRETRAIN_SET overrides, resolved by
-# `ecgpos pretrain --check-config` after the jobs' set-up (in a subshell): an unknown key or a bad value stops
-# here with one line. Returns 1, having checked nothing, when no `ecgpos` can be found here.
+# `ecgpos pretrain --check-config` after the jobs' set-up (in a subshell): an unknown key or a bad value (exit 2)
+# stops here with one line. Returns 1, having checked nothing, when no `ecgpos` with --check-config runs here
+# (none on PATH, an older one, or one whose imports fail on this machine): the job then checks for itself.
 ecgpos_check_pretrain_config() {
     local stage=$1 var=ECGPOS_STAGE${1}_CONFIG kv out line rc=0
     local args=(pretrain --stage "$stage" --config "${!var}" --check-config)
@@ -120,10 +130,11 @@ ecgpos_check_pretrain_config() {
         ECGPOS_DRY_RUN=1   # the set-up only, without its "not on PATH" refusal
         ecgpos_setup >/dev/null 2>&1 || true
         command -v ecgpos >/dev/null || exit 127
+        ecgpos pretrain --help 2>/dev/null | grep -q -- --check-config || exit 127
         ecgpos "${args[@]}" 2>&1 >/dev/null
     ) || rc=$?
-    [ "$rc" -ne 127 ] || return 1
     [ "$rc" -ne 0 ] || return 0
+    [ "$rc" -eq 2 ] || return 1
     line=$(grep -m 1 '^ecgpos pretrain: error: ' <<< "$out" || tail -n 1 <<< "$out")
     ecgpos_die "stage $stage config $var=${!var}${ECGPOS_PRETRAIN_SET:+ with ECGPOS_PRETRAIN_SET=\"$ECGPOS_PRETRAIN_SET\"}:" \
         "${line#ecgpos pretrain: error: }"

@@ -74,8 +74,8 @@ fi
 # Last, as it imports ecgpos: each stage's config with the overrides, resolved as its job will resolve it.
 for _stage in 0 1; do
     if wants "stage$_stage" && ! ecgpos_check_pretrain_config "$_stage" && [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
-        ecgpos_log "note: no ecgpos here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is checked when the stage" \
-            "$_stage job starts"
+        ecgpos_log "note: no ecgpos with --check-config runs here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is" \
+            "checked when the stage $_stage job starts"
     fi
 done
 [ "$ECGPOS_DRY_RUN" = 1 ] || command -v sbatch >/dev/null || ecgpos_die "sbatch not found: run this on a Slurm login node"
