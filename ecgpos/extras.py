@@ -33,7 +33,7 @@ class MissingExtra(EcgposError):
 
 
 def missing_message(names: Iterable[str]) -> str:
-    """"needs X, Y and Z, which are not installed: pip install 'ecgpos[EXTRA]'" for import names of OPTIONAL."""
+    """ "needs X, Y and Z, which are not installed: pip install 'ecgpos[EXTRA]'" for import names of OPTIONAL."""
     names = list(dict.fromkeys(names))
     extras = sorted({OPTIONAL[name][1] for name in names})
     packages = [OPTIONAL[name][0] for name in names]
