@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ecgpos.cli import COMMANDS, NEEDS
 from ecgpos.extras import OPTIONAL
 
 try:
@@ -159,6 +160,9 @@ def test_extras_table_matches_pyproject_and_every_import_is_declared() -> None:
     assert {_name(dist): extra for dist, extra in OPTIONAL.values()} == declared
     core = {_name(r) for r in project["dependencies"]}
     assert not core & set(declared)
+    # what the CLI checks before a command of the train extra runs
+    assert all(OPTIONAL[name][1] == "train" for needs in NEEDS.values() for name in needs)
+    assert set(NEEDS) <= set(COMMANDS)
     # every third-party package the code imports is a core dependency or in an extra
     imported = set()
     for folder in FIRST_PARTY:
