@@ -33,13 +33,13 @@ class MissingExtra(EcgposError):
 
 
 def missing_message(names: Iterable[str]) -> str:
-    """ "needs X, Y and Z, which are not installed: pip install 'ecgpos[EXTRA]'" for import names of OPTIONAL."""
+    """The line for import names of OPTIONAL: needs X, Y and Z, which are not installed: pip install 'ecgpos[E]'."""
     names = list(dict.fromkeys(names))
     extras = sorted({OPTIONAL[name][1] for name in names})
     packages = [OPTIONAL[name][0] for name in names]
-    packages = ", ".join(packages[:-1]) + " and " + packages[-1] if len(packages) > 1 else packages[0]
+    listed = ", ".join(packages[:-1]) + " and " + packages[-1] if len(packages) > 1 else packages[0]
     verb = "is" if len(names) == 1 else "are"
-    return f"needs {packages}, which {verb} not installed: pip install 'ecgpos[{','.join(extras)}]'"
+    return f"needs {listed}, which {verb} not installed: pip install 'ecgpos[{','.join(extras)}]'"
 
 
 def is_missing(name: str) -> bool:
