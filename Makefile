@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,export]'
+	$(PY) -m pip install --quiet -e '.[train,dev,export]'
 	touch $(STAMP)
 
 demo: $(STAMP)

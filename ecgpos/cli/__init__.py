@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ecgpos import __version__
 from ecgpos.errors import EcgposError
+from ecgpos.extras import from_import_error, require
 
 # command -> (module with main(argv) -> int, one-line help). Imported lazily so that
 # `ecgpos --help` and light commands do not pay for torch.
@@ -27,6 +28,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),
 }
 
+# command -> the packages of the `train` extra it needs (ecgpos.extras), checked before its module is
+# imported: without them it stops at once with one line naming them and `pip install 'ecgpos[train]'`.
+# embed, verify, score and export need none of them (embed's shard inputs and .h5 output need h5py,
+# reported the same way when used).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "preprocess": ("h5py", "pandas"),
+    "pretrain": ("accelerate", "h5py", "matplotlib"),
+    "probe": ("sklearn", "pandas", "h5py", "matplotlib"),
+    "geometry": ("sklearn", "pandas", "matplotlib"),
+    "demo": ("neurokit2", "accelerate", "h5py", "pandas", "sklearn", "matplotlib"),
+}
+
 
 def _usage() -> str:
     width = max(map(len, COMMANDS))
@@ -43,13 +56,20 @@ def _usage() -> str:
 
 
 def run_command(name: str, argv: Sequence[str]) -> int:
-    """Run one command's main; user errors become one line on stderr and exit code 2."""
+    """Run one command's main; user errors and missing optional packages become one line on stderr and exit code 2."""
     module_name, _ = COMMANDS[name]
     try:
+        require(*NEEDS.get(name, ()))
         module = importlib.import_module(module_name)
         return int(module.main(list(argv)) or 0)
     except EcgposError as err:
         print(f"ecgpos {name}: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:  # an optional package imported where it is first used
+        missing = from_import_error(err)
+        if missing is None:
+            raise
+        print(f"ecgpos {name}: error: {missing}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         # commands that keep work say what and how to go on (Interrupted); the others write whole files only

@@ -12,11 +12,11 @@ PATH is one of
   stem (2-D) or the row index (3-D).
 FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
-suffix `.ids.txt` beside it, since .npy holds a single array). Raw records go through the record
-screening of preprocessing (`ecgpos.ecg.screening`): bad records are reported on stderr with their
-id and reason, listed in FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv)
-and the others are still embedded; exit 0 if any record was embedded (1 with --strict when any
-was skipped).
+suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and `.h5` need h5py
+(`pip install 'ecgpos[train]'`). Raw records go through the record screening of preprocessing
+(`ecgpos.ecg.screening`): bad records are reported on stderr with their id and reason, listed in
+FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv) and the others are still
+embedded; exit 0 if any record was embedded (1 with --strict when any was skipped).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS, ScreenPolicy
 from ecgpos.errors import EcgposError
 from ecgpos.export.load import load_encoder
+from ecgpos.extras import require
 from ecgpos.files import user_path
 from ecgpos.inference.inputs import (
     OUTPUT_SUFFIXES,
@@ -79,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.out.suffix not in OUTPUT_SUFFIXES:
         raise EcgposError(f"--out {args.out}: suffix must be one of {', '.join(OUTPUT_SUFFIXES)}")
+    if args.out.suffix == ".h5":
+        require("h5py")  # before any record is embedded
     if args.num_windows < 1 or args.batch_size < 1:
         raise EcgposError("--num-windows and --batch-size must be at least 1")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import h5py
 import numpy as np
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_path
+
+if TYPE_CHECKING:  # h5py is imported where a shard is opened: `embed` of WFDB records or arrays runs without it
+    import h5py
 
 SHARD_GLOB = "shard-*.h5"
 _WRITE_BLOCK = 64  # records padded and written at a time
@@ -39,6 +42,8 @@ def write_shard(
     attrs: dict | None = None,
 ) -> None:
     """Write float32 (12, length_i) signals as one shard, atomically (temporary name, then rename)."""
+    import h5py
+
     if not signals:
         raise ValueError("a shard needs at least one record")
     lengths = np.array([s.shape[-1] for s in signals], dtype=np.int32)
@@ -85,6 +90,8 @@ def _one_line(err: BaseException) -> str:
 
 def open_shard(path: str | Path) -> h5py.File:
     """Open a shard read-only; a truncated, empty or non-HDF5 file is an EcgposError (one line)."""
+    import h5py
+
     try:
         return h5py.File(path, "r")
     except (OSError, ValueError) as err:

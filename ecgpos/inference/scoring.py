@@ -163,7 +163,7 @@ def auroc_by_level(
     anomalous: Sequence[str],
 ) -> tuple[dict[str, float], dict[str, int]]:
     """AUROC of anomalous (positive) vs nominal records per level, and the record counts used."""
-    from sklearn.metrics import roc_auc_score
+    from ecgpos.metrics import auroc_columns  # sklearn's roc_auc_score, without needing scikit-learn
 
     y, rows = [], []
     for row, record_id in enumerate(ids):
@@ -177,4 +177,9 @@ def auroc_by_level(
             f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
             "records; AUROC needs both"
         )
-    return {level: float(roc_auc_score(y, np.asarray(values)[rows])) for level, values in scores.items()}, counts
+    labels_column = np.asarray(y)[:, None]
+    aurocs = {
+        level: float(auroc_columns(np.asarray(values, dtype=np.float64)[rows][:, None], labels_column)[0])
+        for level, values in scores.items()
+    }
+    return aurocs, counts

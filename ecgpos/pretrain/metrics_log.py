@@ -59,7 +59,7 @@ class MetricsLog:
 
             # purge_step drops events a crashed attempt wrote after the checkpoint
             self.writer = SummaryWriter(str(run_dir / TB_DIR), purge_step=start_step + 1 if start_step else None)
-        except ImportError:  # tensorboard is a dependency; keep training if an install lacks it
+        except ImportError:  # tensorboard comes with the train extra; keep training if an install lacks it
             self.writer = None
 
     def _reset(self) -> None:
