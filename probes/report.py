@@ -49,7 +49,9 @@ def read_results(folder: Path) -> pd.DataFrame:
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
-    frame = read_table(path, keep_default_na=True).fillna({"excluded_val": "", "excluded_test": "", "note": ""})
+    frame = read_table(path, keep_default_na=True)
+    text = [c for c in ("excluded_val", "excluded_test", "note") if c in frame.columns]
+    frame[text] = frame[text].astype(object).fillna("")  # an all-empty column reads as float NaN
     missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
     if missing:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")
