@@ -20,6 +20,7 @@ for a person to delete.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
@@ -106,12 +107,12 @@ def replace_folder(new: str | Path, target: str | Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def recover_replaced(parent: str | Path) -> int:
-    """Finish the `replace_folder` calls a kill interrupted in `parent`: an aside `.NAME.old-PID` is
-    deleted when NAME is in place again, and renamed back to NAME when the kill came between the two
-    renames (NAME is missing). Returns how many asides were found."""
+def recover_replaced(parent: str | Path, name: str | None = None) -> int:
+    """Finish the `replace_folder` calls a kill interrupted in `parent` (for the target `name` only,
+    when given): an aside `.NAME.old-PID` is deleted when NAME is in place again, and renamed back to
+    NAME when the kill came between the two renames (NAME is missing). Returns how many asides were found."""
     found = 0
-    for aside in sorted(Path(parent).glob(".*.old-*")):
+    for aside in sorted(Path(parent).glob(f".{glob.escape(name)}.old-*" if name else ".*.old-*")):
         match = re.fullmatch(r"\.(?P<name>.+)\.old-\d+", aside.name)
         if match is None or not aside.is_dir():
             continue

@@ -108,6 +108,23 @@ def test_export_killed_while_staging_keeps_the_old_export_and_the_rerun_cleans_u
     assert main(["verify", str(out)]) == 0
 
 
+def test_an_export_a_kill_left_aside_survives_the_next_killed_export(tiny_run: Path, tmp_path: Path) -> None:
+    """A kill between the two renames of a re-export leaves the earlier export only aside (.enc.old-PID);
+    the next export puts it back before anything else, instead of deleting it as a leftover, so a second
+    kill does not lose the only complete export."""
+    out = tmp_path / "enc"
+    assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
+    before = (out / "model.safetensors").read_bytes()
+    out.rename(tmp_path / ".enc.old-4242")  # the state a kill between the two renames leaves
+    proc = start("export", "--run-dir", tiny_run, "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".enc.partial-*/model.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
+
+
 def test_demo_step_stopped_by_ctrl_c_is_an_interruption_not_an_error(shards: Path, tmp_path: Path) -> None:
     """Ctrl-C during the demo's pretraining: the step saves a checkpoint, and the demo reports an
     interruption that its rerun continues from (not a failed step, exit 2)."""

@@ -12,6 +12,7 @@ is refused.
 from __future__ import annotations
 
 import argparse
+import glob
 import shutil
 import sys
 import tempfile
@@ -25,7 +26,7 @@ from ecgpos.export.card import probe_section
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
-from ecgpos.files import make_output_folder, replace_folder, user_path
+from ecgpos.files import make_output_folder, recover_replaced, replace_folder, user_path
 from ecgpos.inference.resolve import load_run_encoder
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
@@ -70,10 +71,9 @@ def _prepare_out(out: Path) -> bool:
 
 
 def _remove_leftovers(out: Path) -> None:
-    """The staging and set-aside folders that a killed export to `out` left beside it."""
-    for pattern in (f".{out.name}.partial-*", f".{out.name}.old-*"):
-        for leftover in out.parent.glob(pattern):
-            shutil.rmtree(leftover, ignore_errors=True)
+    """The staging folders that a killed export to `out` left beside it."""
+    for leftover in out.parent.glob(f".{glob.escape(out.name)}.partial-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError(f"--probe-results {args.probe_results} is not a folder")
     if args.probe_results is not None:
         probe_section(args.probe_results)  # refused here, before any work, when unreadable or inconsistent
+    if args.out.parent.is_dir():  # an earlier export a killed re-export left aside is put back first
+        recover_replaced(args.out.parent, args.out.name)
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
