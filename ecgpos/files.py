@@ -54,12 +54,35 @@ def temporary_path(path: str | Path, suffix: str = "") -> Path:
     return path.with_name(f".{path.name}.{host_tag()}.{os.getpid()}.tmp{suffix}")
 
 
+def write_test(target: str | Path, what: str) -> None:
+    """Create `target`'s folder and write and delete a real file beside `target`: EcgposError '`what` is
+    not writable' otherwise, before any work. A real file, because os.access trusts permission bits
+    that network file systems may not enforce; under `temporary_path`, because a kill before the
+    delete then leaves a file `remove_abandoned_temporaries` knows."""
+    probe = temporary_path(target)
+    try:
+        probe.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            probe.write_bytes(b"")
+        finally:
+            probe.unlink(missing_ok=True)
+    except OSError as err:
+        raise EcgposError(f"{what} is not writable: {err.strerror or err}") from None
+
+
 _TEMPORARY = re.compile(r"^\.(?P<target>.+)\.(?P<host>[^.]+)\.(?P<pid>\d+)\.tmp(\.[^.]+)?$")
 
 
 def host_tag() -> str:
-    """This host's name as it appears in temporary file names: no dots, only [A-Za-z0-9_-]."""
-    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+    """Where this process's pid means something, as it appears in temporary file names (no dots, only
+    [A-Za-z0-9_-]): the host name, plus the pid namespace where the OS has them, because containers
+    sharing a host name (host networking) do not share pids: another container's live writer would
+    look dead."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+    try:
+        return f"{host}-pidns{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # no /proc (macOS): one pid space per host
+        return host
 
 
 def _alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, sha
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
-from ecgpos.files import remove_abandoned_temporaries, temporary_path
+from ecgpos.files import remove_abandoned_temporaries, write_test
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -284,22 +284,6 @@ def _remove_abandoned(out: Path, stream: TextIO) -> None:
         )
 
 
-def check_output_folder(out: Path) -> None:
-    """--out must be a folder this process can create and write into: one line otherwise (exit 2).
-    A real file is written (os.access trusts permission bits that network file systems may not
-    enforce), under the shared temporary name so that a kill before its unlink leaves a file
-    `remove_abandoned_temporaries` removes."""
-    probe = temporary_path(out / "write-test")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        try:
-            probe.write_bytes(b"")
-        finally:
-            probe.unlink(missing_ok=True)
-    except OSError as err:
-        raise EcgposError(f"--out {out} is not writable: {err.strerror or err}") from None
-
-
 def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
     """Process this part's unfinished chunks; merge when every chunk of the set is done."""
     source = SOURCES[req.dataset]
@@ -329,7 +313,7 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         )
         raise EcgposError(f"no {req.dataset} records found under {req.src}{hint}")
     chunks = _chunks(refs, req.records_per_shard)
-    check_output_folder(req.out)
+    write_test(req.out / "write-test", f"--out {req.out}")  # a folder this process can create and write into
     plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes, req.sources())
     if notes.get("not_a_record"):
         print(

@@ -31,7 +31,7 @@ def _killed_during(call: str) -> None:
 def test_a_preprocess_write_test_that_a_kill_left_is_removed_by_the_cleanup(tmp_path):
     out = tmp_path / "set"
     _killed_during(
-        f"from preprocessing.build import check_output_folder\ncheck_output_folder(pathlib.Path({str(out)!r}))"
+        f"from ecgpos.files import write_test\nwrite_test(pathlib.Path({str(out)!r}) / 'write-test', '--out')"
     )
     (left,) = [p.name for p in out.iterdir()]
     match = _TEMPORARY.match(left)

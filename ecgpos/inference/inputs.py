@@ -26,7 +26,7 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_temporaries, temporary_path
+from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_temporaries, write_test
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -238,15 +238,7 @@ def check_writable(out: Path, input_path: Path | None = None) -> None:
                 raise EcgposError(
                     f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere"
                 )
-    probe = temporary_path(out)  # the shared name: a kill before the unlink leaves a file the cleanup knows
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            probe.write_bytes(b"")
-        finally:
-            probe.unlink(missing_ok=True)
-    except OSError as err:
-        raise EcgposError(f"--out {out} is not writable: {err.strerror or err}") from None
+    write_test(out, f"--out {out}")
     # what a killed run of this command left beside these files (the folder is the user's: only ours)
     remove_abandoned_temporaries(out.parent, {path.name for path in output_paths(out)})
 
