@@ -99,7 +99,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return number
     if hint is int:
-        if isinstance(value, str):  # PyYAML reads 1e5 and 1.5e5 as text (its floats need a dot and a signed exponent)
+        # PyYAML reads 1e5 and 1.5e5 as text: its floats need a dot, and a sign on any exponent
+        if isinstance(value, str):
             value = _integer_text(value)
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")

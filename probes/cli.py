@@ -38,7 +38,7 @@ from probes.published import read_reference, reference_markdown
 from probes.report import merge_results, summary_markdown, write_outputs, write_results
 from probes.run import (
     ProbeConfig,
-    check_config,
+    check_probe_config,
     dataset_key,
     extraction_device,
     make_jobs,
@@ -167,7 +167,7 @@ def _config(args: argparse.Namespace) -> ProbeConfig:
     if args.records100:
         overrides.append("ptbxl_records=records100")
     cfg = load_config(ProbeConfig, args.config, overrides)
-    check_config(cfg)
+    check_probe_config(cfg)
     return cfg
 
 

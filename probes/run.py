@@ -68,7 +68,7 @@ class TaskData:
 WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
 
 
-def check_config(cfg: ProbeConfig) -> None:
+def check_probe_config(cfg: ProbeConfig) -> None:
     """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
     if cfg.seeds < 1 or cfg.protocol.epochs < 1:
