@@ -182,17 +182,6 @@ def test_extras_table_matches_pyproject_and_every_import_is_declared() -> None:
     assert set(declared) - {_distribution(n) for n in third_party} == unseen
 
 
-@pytest.mark.parametrize(
-    ("argv", "missing"),
-    [
-        (["pretrain", "--help"], "accelerate"),
-        (["pretrain", "--stage", "0", "--config", "tiny/stage0", "--check-config"], "accelerate"),
-        (["probe", "--help"], "scikit-learn"),
-        (["preprocess", "--help"], "h5py"),
-        (["geometry", "--help"], "matplotlib"),
-        (["demo", "--quick"], "neurokit2"),
-    ],
-)
 def _blocked_cli(argv: list[str], blocked: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """`ecgpos ARGV` in a fresh interpreter in which the `blocked` packages cannot be imported."""
     code = (

@@ -90,18 +90,23 @@ def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data
     assert all(np.array_equal(features[k], again[k]) for k in keys)
 
 
+def _kill_export_while_staging(tiny_run: Path, out: Path) -> None:
+    """Start `ecgpos export` to `out` and SIGKILL it once its staging folder holds the weights."""
+    proc = start("export", "--run-dir", tiny_run, "--out", out)
+    deadline = time.monotonic() + 120
+    while not list(out.parent.glob(f".{out.name}.partial-*/model.safetensors")) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def test_export_killed_while_staging_keeps_the_old_export_and_the_rerun_cleans_up(
     tiny_run: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "enc"
     assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
     before = (out / "model.safetensors").read_bytes()
-    proc = start("export", "--run-dir", tiny_run, "--out", out)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".enc.partial-*/model.safetensors")) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_export_while_staging(tiny_run, out)
     assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
     assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["enc"]  # no staging folder left beside it
@@ -116,12 +121,7 @@ def test_an_export_a_kill_left_aside_survives_the_next_killed_export(tiny_run: P
     assert main(["export", "--run-dir", str(tiny_run), "--out", str(out)]) == 0
     before = (out / "model.safetensors").read_bytes()
     out.rename(tmp_path / ".enc.old-4242")  # the state a kill between the two renames leaves
-    proc = start("export", "--run-dir", tiny_run, "--out", out)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob(".enc.partial-*/model.safetensors")) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _kill_export_while_staging(tiny_run, out)
     assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
 
 
