@@ -4,6 +4,7 @@ written before records were stamped are recomputed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -97,3 +98,28 @@ def test_a_cache_written_before_records_were_stamped_is_recomputed(shared_data, 
     assert all(np.array_equal(feats[k], fresh[k]) for k in keys)
     with np.load(current) as data:  # rewritten in the current layout
         assert sorted(data["ids"].tolist()) == keys and len(data["stamps"]) == len(keys)
+
+
+def test_the_leakage_guard_fingerprints_a_changed_record_again(shared_data, tmp_path, monkeypatch):
+    """Probe-record fingerprints were cached by record key alone as well: a record replaced on disk
+    by a copy of a pretraining record kept its old fingerprint, and the guard reported no overlap."""
+    from probes import leakage
+    from probes.leakage import _cache_path, probe_fingerprints
+
+    keys, paths = _copy_records(shared_data, tmp_path / "data", "ptbxl")
+    cache = tmp_path / "cache"
+    first = probe_fingerprints(keys, RecordLocator("ptbxl", tmp_path / "data"), DEFAULT_SPEC, cache, "ptbxl")
+    assert len(set(first.values())) == len(keys)
+    Path(f"{paths[keys[1]]}.dat").write_bytes(Path(f"{paths[keys[2]]}.dat").read_bytes())
+    again = probe_fingerprints(keys, RecordLocator("ptbxl", tmp_path / "data"), DEFAULT_SPEC, cache, "ptbxl")
+    assert again == {**first, keys[1]: first[keys[2]]}
+
+    # version 1's layout (record -> fingerprint, no stamp), under its own name and the current one
+    current = _cache_path(cache, "ptbxl", DEFAULT_SPEC)
+    monkeypatch.setattr(leakage, "CACHE_VERSION", 1)
+    old = _cache_path(cache, "ptbxl", DEFAULT_SPEC)
+    monkeypatch.undo()
+    assert old != current
+    for path in (old, current):
+        path.write_text(json.dumps(dict.fromkeys(keys, "00" * 68)))
+    assert probe_fingerprints(keys, RecordLocator("ptbxl", tmp_path / "data"), DEFAULT_SPEC, cache, "ptbxl") == again
