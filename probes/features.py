@@ -200,7 +200,7 @@ def extract_features(
             del store[key]
     stats.cached = len(stamps) - len(todo)
     if todo:
-        changed = f", {stats.changed} of them re-extracted because their files changed" if stats.changed else ""
+        changed = f", {stats.changed} re-extracted because their files changed" if stats.changed else ""
         log(
             f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached{changed}) "
             f"with {source.name}"
