@@ -142,10 +142,10 @@ def probe_fingerprints(
     for key in todo:
         store.pop(key, None)  # stale: not kept when the record now fails to read
         try:
-            print_ = fingerprint(prepared_record(*located[key], spec), spec.fs, spec.window, spec.dtype)
+            record_print = fingerprint(prepared_record(*located[key], spec), spec.fs, spec.window, spec.dtype)
         except EcgposError:  # unreadable and refused records are reported by feature extraction
             continue
-        store[key] = [stamps[key], print_]
+        store[key] = [stamps[key], record_print]
     if todo:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
