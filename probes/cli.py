@@ -57,7 +57,8 @@ PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<con
 (WFDB record path relative to <dir>) followed by one 0/1 column per class.
 Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
 ~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
-preprocessing spec and window count: a second run on the same encoder extracts nothing. Windows per record
+preprocessing spec and window count: a second run on the same encoder extracts nothing, except
+records whose files changed since (size or mtime of their .hea/.dat/.mat differs). Windows per record
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
@@ -333,6 +334,7 @@ def _probe(args: argparse.Namespace) -> int:
             extraction[f"{source.name} / {task.name}"] = {
                 "extracted": stats.extracted,
                 "cached": stats.cached,
+                "changed": stats.changed,
                 "failed": stats.failed,
             }
             tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"])

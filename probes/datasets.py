@@ -14,6 +14,7 @@ Layouts under --data-root:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -158,6 +159,24 @@ def read_record(path: Path, form: str) -> RawRecord:
     if form == "original":
         return read_cpsc_original(path)
     return read_wfdb_record(path)
+
+
+def record_stamp(path: Path, form: str) -> str:
+    """A cheap stamp of the files a located record is read from: its path and form and the size and
+    mtime_ns of `<path>.hea`, `.dat` and `.mat` (the original CPSC2018 form: `.mat` alone).
+
+    It changes when one of them is edited, replaced, added or removed, or when the record is found
+    at another path or in another form; no content is read (a few stat calls per record). Data files
+    under other names than the record's (multi-file WFDB records) are not covered.
+    """
+    parts = [form, str(path)]
+    for suffix in (".mat",) if form == "original" else (".hea", ".dat", ".mat"):
+        try:
+            stat = os.stat(f"{path}{suffix}")
+            parts.append(f"{suffix}:{stat.st_size}:{stat.st_mtime_ns}")
+        except OSError:  # an absent file is part of the state too: one appearing changes the stamp
+            parts.append(f"{suffix}:-")
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
 def prepared_record(path: Path, form: str, spec: PreprocessSpec) -> np.ndarray:

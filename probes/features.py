@@ -6,6 +6,8 @@ settings) key: source = the encoder's weights hash and architecture (or 'raw' + 
 dataset = the dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
 are stored per record key (the split CSV's record column), so the four PTB-XL tasks and their
 three splits share one extraction and a second run with the same encoder extracts nothing.
+Each feature vector is stored with the stamp of its record's files (`probes.datasets.record_stamp`:
+path, form, size and mtime_ns): a record edited or replaced on disk since is extracted again.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.format import weights_hash
 from ecgpos.files import atomic_path
 from ecgpos.models.features import record_means, record_windows, window_features
-from probes.datasets import RecordLocator, prepared_record
+from probes.datasets import RecordLocator, prepared_record, record_stamp
 
-CACHE_VERSION = 2  # 2: records are screened as in preprocessing (earlier caches may hold refused records)
+# 2: records are screened as in preprocessing (earlier caches may hold refused records)
+# 3: a stamp of the record's files beside each feature vector (earlier caches cannot tell a changed record)
+CACHE_VERSION = 3
 
 
 @dataclass
@@ -88,6 +92,7 @@ class FeatureStats:
 
     extracted: int = 0
     cached: int = 0
+    changed: int = 0  # cached, but their files changed since: extracted again (or failed)
     failed: dict[str, str] = field(default_factory=dict)
     padded: list[str] = field(default_factory=list)  # records shorter than the window, zero-padded
 
@@ -104,21 +109,30 @@ def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: in
     return cache_dir / f"{dataset.split(':')[0].replace('/', '_')}-{digest}.npz"
 
 
-def _load_cache(path: Path) -> dict[str, np.ndarray]:
+Store = dict[str, tuple[str, np.ndarray]]  # record key -> (stamp of its files, features)
+
+
+def _load_cache(path: Path) -> Store:
     if not path.is_file():
         return {}
     try:
         with np.load(path, allow_pickle=False) as data:  # NaN rows (written before they were refused) are redone
-            return {k: v for k, v in zip(data["ids"].tolist(), data["features"]) if np.isfinite(v).all()}
-    except Exception:  # a truncated cache file is recomputed, never trusted
+            rows = zip(data["ids"].tolist(), data["stamps"].tolist(), data["features"])
+            return {k: (str(stamp), v) for k, stamp, v in rows if np.isfinite(v).all()}
+    except Exception:  # a truncated cache file, or one without stamps, is recomputed, never trusted
         return {}
 
 
-def _save_cache(path: Path, store: dict[str, np.ndarray]) -> None:
+def _save_cache(path: Path, store: Store) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     ids = sorted(store)
     with atomic_path(path, suffix=".npz") as tmp:  # a concurrent reader sees the old or the new file
-        np.savez(tmp, ids=np.array(ids, dtype=str), features=np.stack([store[i] for i in ids]).astype(np.float32))
+        np.savez(
+            tmp,
+            ids=np.array(ids, dtype=str),
+            stamps=np.array([store[i][0] for i in ids], dtype=str),
+            features=np.stack([store[i][1] for i in ids]).astype(np.float32) if ids else np.zeros((0, 0), np.float32),
+        )
 
 
 def _embed_chunk(
@@ -126,14 +140,16 @@ def _embed_chunk(
     keys: Sequence[str],
     locator: RecordLocator,
     windows: int,
-    store: dict[str, np.ndarray],
+    store: Store,
+    stamps: dict[str, str | None],
     stats: FeatureStats,
 ) -> bool:
-    """Embed the readable records among `keys` into `store` (failures into `stats`); True if any was."""
+    """Embed the readable records among `keys` into `store` with their `stamps` (failures into
+    `stats`); True if any was."""
     names, signals = [], []
     for key in keys:
         found = locator.locate(key)
-        if found is None:
+        if found is None or stamps[key] is None:
             stats.failed[key] = "missing"
             continue
         try:
@@ -150,7 +166,7 @@ def _embed_chunk(
             if not np.isfinite(vec).all():  # never cached: a probe would train on NaN and crash
                 stats.failed[key] = "non-finite features (NaN or inf) from the encoder"
                 continue
-            store[key] = vec
+            store[key] = (str(stamps[key]), vec)
             stats.extracted += 1
     return bool(signals)
 
@@ -165,21 +181,33 @@ def extract_features(
     chunk: int = 32,
     log: Callable[[str], None] = lambda s: None,
 ) -> tuple[dict[str, np.ndarray], FeatureStats]:
-    """Features of the located records `keys` (record key -> (D,)), from the cache where present.
+    """Features of the located records `keys` (record key -> (D,)), from the cache where present
+    and the record's files are unchanged since (same `record_stamp`).
 
     Records that fail to read or are refused by the screening (PROBE_POLICY) are left out and
-    listed in stats.failed with their reason.
+    listed in stats.failed with their reason; stats.changed counts the cached records extracted
+    again because their files changed.
     """
     path = cache_file(cache_dir, source, dataset, windows)
     store = _load_cache(path)
     stats = FeatureStats()
-    todo = [k for k in dict.fromkeys(keys) if k not in store]
-    stats.cached = len(set(keys)) - len(todo)
+    # stamped before reading: a file changed during the extraction is extracted again next time
+    stamps = {k: (record_stamp(*found) if (found := locator.locate(k)) else None) for k in dict.fromkeys(keys)}
+    todo = [k for k, stamp in stamps.items() if k not in store or store[k][0] != stamp]
+    for key in todo:
+        if key in store:  # stale: never served, and dropped from the cache even if it now fails to read
+            stats.changed += int(stamps[key] is not None)
+            del store[key]
+    stats.cached = len(stamps) - len(todo)
     if todo:
-        log(f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached) with {source.name}")
+        changed = f", {stats.changed} re-extracted because their files changed" if stats.changed else ""
+        log(
+            f"  extracting {len(todo)} {dataset.split(':')[0]} records ({stats.cached} cached{changed}) "
+            f"with {source.name}"
+        )
     try:
         for start in range(0, len(todo), chunk):
-            embedded = _embed_chunk(source, todo[start : start + chunk], locator, windows, store, stats)
+            embedded = _embed_chunk(source, todo[start : start + chunk], locator, windows, store, stamps, stats)
             if embedded and (start // chunk) % 50 == 49:  # a killed full-size run keeps most of its work
                 _save_cache(path, store)
     except KeyboardInterrupt:  # Ctrl-C keeps everything extracted: the rerun extracts only the rest
@@ -192,6 +220,6 @@ def extract_features(
             + ", ".join(stats.padded[:5])
             + (" ..." if len(stats.padded) > 5 else "")
         )
-    if stats.extracted:
+    if stats.extracted or stats.changed:
         _save_cache(path, store)
-    return {k: store[k] for k in keys if k in store}, stats
+    return {k: store[k][1] for k in keys if k in store}, stats

@@ -5,7 +5,9 @@ Record ids are not enough: one recording is published under other ids and in oth
 So the guard compares content fingerprints (ecgpos.fingerprint) of each probe record, preprocessed
 with the shards' spec, against those of the pretraining shards: read from their index.csv
 (`fingerprint` column, written by `ecgpos preprocess`) or, for older shards without it, computed
-from the stored signals. Probe-record fingerprints are cached beside the feature cache.
+from the stored signals. Probe-record fingerprints are cached beside the feature cache, each with
+the stamp of its record's files (`probes.datasets.record_stamp`): a record changed on disk since is
+fingerprinted again.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
 from ecgpos.files import atomic_path
 from ecgpos.runs.run_folder import RUN_INFO
-from probes.datasets import RecordLocator, prepared_record
+from probes.datasets import RecordLocator, prepared_record, record_stamp
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: [stamp of the record's files, fingerprint] per record (1: the fingerprint alone)
 
 
 def _read_json(path: Path) -> dict:
@@ -121,26 +123,34 @@ def _cache_path(cache_dir: Path, dataset_key: str, spec: PreprocessSpec) -> Path
 def probe_fingerprints(
     keys: Sequence[str], locator: RecordLocator, spec: PreprocessSpec, cache_dir: Path, dataset_key: str
 ) -> dict[str, str]:
-    """Fingerprint (under `spec`) of every readable record among `keys`; cached per dataset and spec."""
+    """Fingerprint (under `spec`) of every readable record among `keys`; cached per dataset and spec,
+    and computed again for a record whose files changed since (another `record_stamp`)."""
     path = _cache_path(cache_dir, dataset_key, spec)
     try:
-        store: dict[str, str] = json.loads(path.read_text()) if path.is_file() else {}
+        loaded = json.loads(path.read_text()) if path.is_file() else {}
     except ValueError:  # a damaged cache is recomputed
-        store = {}
-    todo = [k for k in dict.fromkeys(keys) if k not in store]
+        loaded = {}
+    # [stamp, fingerprint] pairs; anything else (a hand-edited or foreign file) is recomputed
+    store: dict[str, list[str]] = {
+        k: v
+        for k, v in (loaded.items() if isinstance(loaded, dict) else ())
+        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
+    }
+    located = {k: locator.locate(k) for k in dict.fromkeys(keys)}
+    stamps = {k: record_stamp(*found) for k, found in located.items() if found is not None}
+    todo = [k for k in stamps if store.get(k, [None])[0] != stamps[k]]
     for key in todo:
-        found = locator.locate(key)
-        if found is None:
-            continue
+        store.pop(key, None)  # stale: not kept when the record now fails to read
         try:
-            store[key] = fingerprint(prepared_record(*found, spec), spec.fs, spec.window, spec.dtype)
+            record_print = fingerprint(prepared_record(*located[key], spec), spec.fs, spec.window, spec.dtype)
         except EcgposError:  # unreadable and refused records are reported by feature extraction
             continue
+        store[key] = [stamps[key], record_print]
     if todo:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
             tmp.write_text(json.dumps(store))
-    return {k: store[k] for k in keys if k in store}
+    return {k: store[k][1] for k in stamps if k in store}
 
 
 @dataclass

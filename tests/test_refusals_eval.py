@@ -210,9 +210,10 @@ def test_non_finite_features_are_neither_cached_nor_trusted_from_a_cache(tmp_pat
     # a cache written with a NaN row: that row is extracted again, the others are reused
     path = cache_file(tmp_path, raw, "ptbxl:t", 1)
     first, _ = extract_features(raw, "ptbxl:t", keys, locator, tmp_path, windows=1)
-    rows = np.stack([first[k] for k in keys])
-    rows[0] = np.nan
-    np.savez(path, ids=np.array(keys, dtype=str), features=rows)
+    with np.load(path) as data:
+        cached = dict(data)
+    cached["features"][cached["ids"].tolist().index(keys[0])] = np.nan
+    np.savez(path, **cached)
     again, stats = extract_features(raw, "ptbxl:t", keys, locator, tmp_path, windows=1)
     assert stats.cached == 2 and stats.extracted == 1
     assert all(np.array_equal(again[k], first[k]) for k in keys)

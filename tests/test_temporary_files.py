@@ -57,13 +57,10 @@ def test_embed_and_score_remove_only_their_own_abandoned_temporaries_beside_the_
     assert sorted(tmp_path.iterdir()) == [not_ours], probe.name
 
 
-def test_the_leakage_guard_writes_its_fingerprint_cache_under_the_shared_name(tmp_path, monkeypatch):
+def test_the_leakage_guard_writes_its_fingerprint_cache_under_the_shared_name(tmp_path, monkeypatch, shared_data):
     from ecgpos.ecg.spec import PreprocessSpec
+    from probes.datasets import RecordLocator
     from probes.leakage import probe_fingerprints
-
-    class Nowhere:
-        def locate(self, key):
-            return None
 
     renamed: list[str] = []
 
@@ -74,7 +71,9 @@ def test_the_leakage_guard_writes_its_fingerprint_cache_under_the_shared_name(tm
     monkeypatch.setattr(os, "replace", killed)
     cache = tmp_path / "cache"
     with pytest.raises(KeyboardInterrupt):
-        probe_fingerprints(["a"], Nowhere(), PreprocessSpec(), cache, "custom:x")
+        probe_fingerprints(
+            ["records500/00000/00001_hr"], RecordLocator("ptbxl", shared_data), PreprocessSpec(), cache, "ptbxl"
+        )
     (name,) = renamed
     match = _TEMPORARY.match(name)
     assert match and match["host"] == host_tag() and int(match["pid"]) == os.getpid(), name
