@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from ecgpos.export.probe_scores import macro_aurocs
+
 DEFAULT_RESAMPLES = 1000
 LEVEL = 0.95
 SEED = 20240101  # fixed: the same test labels always give the same resamples
@@ -191,8 +193,5 @@ def paired_difference(
     indices = stratified_indices(labels, n_boot, seed)
     a = macro_auroc_resamples(scores_a, labels, indices).mean(axis=0)
     b = macro_auroc_resamples(scores_b, labels, indices).mean(axis=0)
-    point = float(
-        macro_auroc_resamples(scores_a, labels, np.arange(len(labels))[None]).mean()
-        - macro_auroc_resamples(scores_b, labels, np.arange(len(labels))[None]).mean()
-    )
+    point = float(macro_aurocs(labels, np.asarray(scores_a)).mean() - macro_aurocs(labels, np.asarray(scores_b)).mean())
     return (point, *percentile_interval(a - b, level))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.errors import EcgposError, Interrupted
+from ecgpos.export.probe_scores import PROBE_SCORES_FILE, load_scores, save_scores
 from ecgpos.files import (
     atomic_path,
     atomic_write_text,
@@ -23,15 +24,7 @@ from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
-from probes.intervals import (
-    SCORES_FILE,
-    add_intervals,
-    collect_scores,
-    differences_markdown,
-    load_scores,
-    paired_differences,
-    save_scores,
-)
+from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
 from probes.provenance import INFO_FILE, common_protocol, protocol, protocol_section, read_info, sources
 from probes.published import read_reference, reference_markdown
@@ -190,7 +183,7 @@ def _compare(args: argparse.Namespace) -> int:
     for folder, names in renamed.items():
         found = load_scores(folder, names)
         if not found:  # its encoders would silently be missing from the paired differences
-            notes.append(f"{folder}: no {SCORES_FILE}, so its rows are in no paired difference")
+            notes.append(f"{folder}: no {PROBE_SCORES_FILE}, so its rows are in no paired difference")
         sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
     sections = [s for s in [protocol_section(infos)] if s]

@@ -163,19 +163,29 @@ def check_spread(
     return None
 
 
+class UnmeasurableError(ValueError):
+    """Records on which the metrics are undefined; the message says why, in one line."""
+
+
 def geometry(
-    x: np.ndarray, x_hat: np.ndarray, labels: Sequence[str], nominal: Sequence[str], anomalous: Sequence[str]
+    x: np.ndarray,
+    x_hat: np.ndarray,
+    labels: Sequence[str],
+    nominal: Sequence[str],
+    anomalous: Sequence[str],
+    names: tuple[str, str] = ("x", "x_hat"),
 ) -> GeometryResult:
     """Standardise both levels on nominal x, compute the metrics in each and their relative change.
 
-    Nominal classes without records are dropped (their centre is undefined); raises ValueError when
-    fewer than two nominal classes or no anomaly remain, a nominal class has a single record or
-    identical features (radius 0), or features are not finite.
+    Nominal classes without records are dropped (their centre is undefined); raises UnmeasurableError
+    (a ValueError) when fewer than two nominal classes or no anomaly remain, a nominal class has a
+    single record or identical features (radius 0), or features are not finite; `names` name the two
+    levels in that message.
     """
     labels = np.asarray(labels, dtype=str)
-    problem = check_classes(labels, nominal, anomalous) or check_spread(x, x_hat, labels, nominal)
+    problem = check_classes(labels, nominal, anomalous) or check_spread(x, x_hat, labels, nominal, names)
     if problem:
-        raise ValueError(problem)
+        raise UnmeasurableError(problem)
     nominal = [c for c in nominal if np.any(labels == c)]
     z_x, z_x_hat = standardise(x, x_hat, np.isin(labels, nominal))
     mx = level_metrics(z_x, labels, nominal, anomalous)

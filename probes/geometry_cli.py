@@ -44,7 +44,7 @@ from ecgpos.files import (
 )
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record, task_locator
-from probes.geometry import GeometryResult, check_classes, check_spread, geometry, plot_geometry
+from probes.geometry import GeometryResult, UnmeasurableError, check_classes, geometry, plot_geometry
 from probes.run import ProbeConfig, record_column, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
 
@@ -302,10 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:
         raise EcgposError(f"{args.task} ({args.split}) after skipped records: {problem}")
-    problem = check_spread(data.x, data.x_hat, np.array(data.labels, dtype=str), nominal, ("Stage-0", "Stage-1"))
-    if problem:  # before anything is written: NaN or flat features make every metric meaningless
-        raise EcgposError(f"{args.encoder}: {problem}")
-    res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous)
+    try:  # before anything is written: NaN or flat features make every metric meaningless
+        res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous, ("Stage-0", "Stage-1"))
+    except UnmeasurableError as err:
+        raise EcgposError(f"{args.encoder}: {err}") from None
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left

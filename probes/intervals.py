@@ -1,26 +1,21 @@
-"""Bootstrap intervals for probe results, the stored test scores they come from, and paired differences.
+"""Bootstrap intervals for probe results, from the seeds' test scores, and paired differences.
 
 A probe folder keeps every seed's test logits in `test_scores.npz` (with the test record keys and
-labels), so `--compare` can redo the bootstrap on the same resamples for two encoders: the paired
-difference of their seed-mean macro-AUROC and its interval.
+labels; the file is ecgpos.export.probe_scores's), so `--compare` can redo the bootstrap on the same
+resamples for two encoders: the paired difference of their seed-mean macro-AUROC and its interval.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.probe_scores import PROBE_SCORES_FILE
-from ecgpos.files import atomic_path
+from ecgpos.export.probe_scores import ScoreSet
 from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
 
-SCORES_FILE = PROBE_SCORES_FILE
 DIFFERENCE_COLUMNS = [
     "encoder",
     "baseline",
@@ -34,19 +29,6 @@ DIFFERENCE_COLUMNS = [
     "bootstrap",
 ]
 INTERVAL_COLUMNS = ["test_auroc_low", "test_auroc_high", "mean_auroc_low", "mean_auroc_high", "bootstrap"]
-
-
-@dataclass
-class ScoreSet:
-    """Test logits of every seed of one (encoder, task, fraction) and the test records they score."""
-
-    encoder: str
-    task: str
-    fraction: float
-    seeds: list[int]
-    keys: list[str]
-    labels: np.ndarray  # (N, C) 0/1
-    scores: np.ndarray  # (S, N, C) float32
 
 
 def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str], np.ndarray]]) -> list[ScoreSet]:
@@ -93,47 +75,6 @@ def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level
         row.update(
             test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh, bootstrap=n_boot
         )
-
-
-def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
-    """OUT/test_scores.npz: an index (JSON) plus, per set, the logits, and per distinct test set (keys
-    and labels) its keys and labels. Sets of one task may differ in their test records (a merged folder,
-    or a record one encoder could not embed), so test sets are shared by content, never by task."""
-    arrays, index, tests = {}, [], {}
-    for i, s in enumerate(sets):
-        arrays[f"scores_{i}"] = s.scores.astype(np.float32)
-        labels = np.asarray(s.labels)
-        test = (s.task, tuple(s.keys), labels.shape, labels.tobytes())
-        if test not in tests:
-            tests[test] = len(tests)
-            arrays[f"keys_{tests[test]}"] = np.array(s.keys, dtype=str)
-            arrays[f"labels_{tests[test]}"] = labels
-        index.append(
-            {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tests[test]}
-        )
-    with atomic_path(out / SCORES_FILE, suffix=".npz") as tmp:
-        np.savez_compressed(tmp, index=np.array(json.dumps(index)), **arrays)
-
-
-def load_scores(folder: Path, renames: dict[str, str] | None = None) -> list[ScoreSet]:
-    """The ScoreSets of a probe folder (none when it has no test_scores.npz); encoders renamed as merged."""
-    path = Path(folder) / SCORES_FILE
-    if not path.is_file():
-        return []
-    with np.load(path, allow_pickle=False) as data:
-        index = json.loads(str(data["index"]))
-        return [
-            ScoreSet(
-                (renames or {}).get(e["encoder"], e["encoder"]),
-                e["task"],
-                float(e["fraction"]),
-                e["seeds"],
-                data[f"keys_{e['test']}"].tolist(),
-                data[f"labels_{e['test']}"],
-                data[f"scores_{i}"],
-            )
-            for i, e in enumerate(index)
-        ]
 
 
 def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

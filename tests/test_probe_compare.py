@@ -77,7 +77,7 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     diffs = pd.read_csv(merged / "differences.csv")
     assert diffs[["n_test", "left_out"]].to_numpy().tolist() == [[10, n_base - 10]]
     # the merged folder keeps each encoder's own test records with its scores, so it compares as its parts
-    from probes.intervals import load_scores
+    from ecgpos.export.probe_scores import load_scores
 
     sets = {s.encoder: s for s in load_scores(merged)}
     assert (len(sets["small"].keys), sets["small"].scores.shape[1]) == (10, 10)

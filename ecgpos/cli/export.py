@@ -27,7 +27,7 @@ from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, make_public, write_export
 from ecgpos.files import make_output_folder, recover_replaced, replace_folder, user_path
-from ecgpos.inference.resolve import load_run_encoder
+from ecgpos.inference.resolve import load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
 
@@ -88,12 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
-    if training.get("finished") is not True:
-        print(
-            f"ecgpos export: warning: {args.run_dir} is not finished (step {training.get('step', '?')} of "
-            f"{training.get('steps', '?')}); exporting its newest checkpoint {training.get('checkpoint', '')}",
-            file=sys.stderr,
-        )
+    unfinished = unfinished_note(training)
+    if unfinished:
+        print(f"ecgpos export: warning: {unfinished}", file=sys.stderr)
     decoders = None
     if args.with_decoders:
         recon = load_recon_models(args.run_dir)

@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_temporaries, user_path
+from ecgpos.files import atomic_path, atomic_write_text, user_path
 from ecgpos.inference.inputs import check_writable, open_source
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
+
+SUMMARY_FILE = "scores_summary.md"  # beside --out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    check_writable(args.out, args.input)  # before any record is scored
-    remove_abandoned_temporaries(args.out.parent, ["scores_summary.md"])  # a killed run's, beside the CSV
+    check_writable(args.out, args.input, [SUMMARY_FILE])  # before any record is scored
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
@@ -133,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
-        path = args.out.parent / "scores_summary.md"
+        path = args.out.parent / SUMMARY_FILE
         atomic_write_text(path, text, sync=False)
         print(text, end="")
         print(f"wrote {path}")

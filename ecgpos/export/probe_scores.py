@@ -1,9 +1,10 @@
-"""A probe folder's results.csv checked against its test_scores.npz.
+"""A probe folder's stored test scores (test_scores.npz), their macro-AUROC, and results.csv checked against them.
 
 `ecgpos probe` writes each seed's test macro-AUROC to results.csv and that seed's test logits, with
-the test labels, to test_scores.npz. A row edited by hand, or a results.csv left from another run,
-no longer matches the logits beside it; `probe --compare` and `export --probe-results` recompute the
-macro-AUROC of every row whose logits are stored and refuse a folder where the two disagree.
+the test record keys and labels, to test_scores.npz (`save_scores`; `load_scores` reads them back for
+`probe --compare`). A row edited by hand, or a results.csv left from another run, no longer matches
+the logits beside it; `probe --compare` and `export --probe-results` recompute the macro-AUROC of
+every row whose logits are stored and refuse a folder where the two disagree.
 """
 
 from __future__ import annotations
@@ -11,18 +12,82 @@ from __future__ import annotations
 import json
 import math
 import zipfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ecgpos.errors import EcgposError
+from ecgpos.files import atomic_path
 from ecgpos.metrics import auroc_columns
 
 PROBE_SCORES_FILE = "test_scores.npz"
 # results.csv holds the float written by the probe; reading it back may differ in the last bit or so
 TOLERANCE = 1e-9
+
+
+@dataclass
+class ScoreSet:
+    """Test logits of every seed of one (encoder, task, fraction) and the test records they score."""
+
+    encoder: str
+    task: str
+    fraction: float
+    seeds: list[int]
+    keys: list[str]
+    labels: np.ndarray  # (N, C) 0/1
+    scores: np.ndarray  # (S, N, C) float32
+
+
+def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
+    """OUT/test_scores.npz: an index (JSON) plus, per set, the logits, and per distinct test set (keys
+    and labels) its keys and labels. Sets of one task may differ in their test records (a merged folder,
+    or a record one encoder could not embed), so test sets are shared by content, never by task."""
+    arrays, index, tests = {}, [], {}
+    for i, s in enumerate(sets):
+        arrays[f"scores_{i}"] = s.scores.astype(np.float32)
+        labels = np.asarray(s.labels)
+        test = (s.task, tuple(s.keys), labels.shape, labels.tobytes())
+        if test not in tests:
+            tests[test] = len(tests)
+            arrays[f"keys_{tests[test]}"] = np.array(s.keys, dtype=str)
+            arrays[f"labels_{tests[test]}"] = labels
+        index.append(
+            {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tests[test]}
+        )
+    with atomic_path(Path(out) / PROBE_SCORES_FILE, suffix=".npz") as tmp:
+        np.savez_compressed(tmp, index=np.array(json.dumps(index)), **arrays)
+
+
+def load_scores(folder: str | Path, renames: dict[str, str] | None = None) -> list[ScoreSet]:
+    """The ScoreSets of a probe folder (none when it has no test_scores.npz); encoders renamed as merged.
+    A file that cannot be read as one is refused (EcgposError)."""
+    path = Path(folder) / PROBE_SCORES_FILE
+    if not path.is_file():
+        return []
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            index = json.loads(str(data["index"]))
+            return [
+                ScoreSet(
+                    (renames or {}).get(e["encoder"], e["encoder"]),
+                    e["task"],
+                    float(e["fraction"]),
+                    e["seeds"],
+                    data[f"keys_{e['test']}"].tolist(),
+                    data[f"labels_{e['test']}"],
+                    data[f"scores_{i}"],
+                )
+                for i, e in enumerate(index)
+            ]
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> EcgposError:
+    return EcgposError(f"{path}: not a readable probe test-score file ({type(err).__name__}: {err})")
 
 
 def macro_aurocs(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -42,20 +107,15 @@ def macro_aurocs(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
 
 def _stored(folder: Path) -> dict[tuple[str, str, float, int], float]:
     """(encoder, task, fraction, seed) -> macro-AUROC recomputed from the folder's test_scores.npz."""
-    path = folder / PROBE_SCORES_FILE
     out = {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            for i, entry in enumerate(json.loads(str(data["index"]))):
-                labels, scores = data[f"labels_{entry['test']}"], data[f"scores_{i}"]
-                if scores.ndim != 3 or labels.shape != scores.shape[1:]:
-                    continue  # an older writer paired these logits with another set's labels: not checkable
-                macros = macro_aurocs(labels, scores)
-                for seed, macro in zip(entry["seeds"], macros):
-                    key = (str(entry["encoder"]), str(entry["task"]), float(entry["fraction"]), int(seed))
-                    out[key] = float(macro)
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
-        raise EcgposError(f"{path}: not a readable probe test-score file ({type(err).__name__}: {err})") from None
+        for s in load_scores(folder):
+            if s.scores.ndim != 3 or s.labels.shape != s.scores.shape[1:]:
+                continue  # an older writer paired these logits with another set's labels: not checkable
+            for seed, macro in zip(s.seeds, macro_aurocs(s.labels, s.scores)):
+                out[(str(s.encoder), str(s.task), s.fraction, int(seed))] = float(macro)
+    except (ValueError, TypeError) as err:  # readable, but not numbers where numbers belong
+        raise _unreadable(folder / PROBE_SCORES_FILE, err) from None
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,10 +223,11 @@ def output_paths(out: Path) -> list[Path]:
     return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
 
 
-def check_writable(out: Path, input_path: Path | None = None) -> None:
+def check_writable(out: Path, input_path: Path | None = None, also: Iterable[str] = ()) -> None:
     """--out must be a file this process can create, and none of its files may be (or join) the
     input: one line otherwise, before any record is read. An output over the input would destroy it
-    after it was read, and a `shard-*.h5` written beside the input shards would join them."""
+    after it was read, and a `shard-*.h5` written beside the input shards would join them. `also`:
+    names of other files the command writes in --out's folder, whose abandoned temporaries go too."""
     if out.is_dir():
         raise EcgposError(f"--out {out} is a folder; give a file name")
     if input_path is not None:
@@ -240,7 +241,7 @@ def check_writable(out: Path, input_path: Path | None = None) -> None:
                 )
     write_test(out, f"--out {out}")
     # what a killed run of this command left beside these files (the folder is the user's: only ours)
-    remove_abandoned_temporaries(out.parent, {path.name for path in output_paths(out)})
+    remove_abandoned_temporaries(out.parent, {path.name for path in output_paths(out)} | set(also))
 
 
 def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:

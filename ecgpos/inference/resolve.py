@@ -65,7 +65,8 @@ def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
 
 def unfinished_note(info: dict) -> str | None:
     """For an encoder from a run folder whose training has not finished: one line saying which
-    checkpoint stands in for the trained model (None for finished runs, exports and random inits)."""
+    checkpoint stands in for the trained model (None for finished runs, exports and random inits).
+    info: a loaded encoder's info, or the training summary an export records (the same keys)."""
     if "run_dir" not in info or info.get("finished"):
         return None
     return (
