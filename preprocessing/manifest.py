@@ -21,7 +21,7 @@ from pathlib import Path
 import h5py
 
 from ecgpos import __version__
-from ecgpos.ecg.shards import shard_name
+from ecgpos.ecg.shards import shard_name, shard_paths
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
@@ -110,6 +110,14 @@ def write_or_check_plan(
                 f"({old.get('found')} then, {len(refs)} now); use a new --out"
             )
         return old
+    # Shards without a plan come from another run (or a set whose chunks/ was deleted): chunks of
+    # this run would overwrite some and leave the others for every reader of the folder to pool.
+    stray = shard_paths(out)
+    if stray:
+        raise ConfigError(
+            f"{out} holds {len(stray)} shard file(s) ({stray[0].name} ...) but no {path.relative_to(out)}: "
+            "not a set this command started; use a new --out"
+        )
     chunk_dir(out).mkdir(parents=True, exist_ok=True)
     write_json(path, plan)
     return plan
@@ -169,6 +177,12 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
             shards.append(shard.name)
         index_rows += side["index"]
         skipped_rows += side["skipped"]
+    extra = [p.name for p in shard_paths(out) if p.name not in shards]
+    if extra:  # readers take every shard-*.h5 of the folder: one no chunk wrote would be pooled silently
+        raise EcgposError(
+            f"{out} holds shard file(s) that no chunk of this set wrote ({', '.join(extra[:5])}"
+            f"{' ...' if len(extra) > 5 else ''}); move them out of the folder"
+        )
     counts = {
         "found": len(index_rows) + len(skipped_rows),
         "stored": len(index_rows),

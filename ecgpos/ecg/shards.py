@@ -102,8 +102,10 @@ def check_shard(path: str | Path) -> tuple[PreprocessSpec, int]:
     """The spec and record count of one shard, after checking its layout (see the module docstring).
 
     EcgposError naming the file for anything else: unreadable, no spec, missing datasets, a lead
-    count other than the spec's, or signals / lengths / record_id that disagree.
+    count other than the spec's, signals / lengths / record_id that disagree, or ids that are not text.
     """
+    import h5py
+
     with open_shard(path) as f:
         try:
             spec = PreprocessSpec.from_h5_attrs(f.attrs)
@@ -121,6 +123,8 @@ def check_shard(path: str | Path) -> tuple[PreprocessSpec, int]:
                 )
             if n and (lengths.min() < 0 or lengths.max() > width):
                 raise EcgposError(f"lengths outside 0..{width}")
+            if h5py.check_string_dtype(ids.dtype) is None:  # readers decode ids as text
+                raise EcgposError(f"record_id has dtype {ids.dtype}, expected strings")
         except EcgposError as err:
             raise EcgposError(f"{path}: {err}") from None
         except (OSError, KeyError, ValueError, TypeError) as err:  # damaged datasets or attributes

@@ -23,7 +23,7 @@ import numpy as np
 from wfdb.io.header import rx_record, rx_signal
 
 from ecgpos.ecg.rates import wfdb_header_fs
-from ecgpos.ecg.wfdb_io import RawRecord, check_mat_header
+from ecgpos.ecg.wfdb_io import RawRecord, check_checksums, check_mat_header
 from ecgpos.errors import SignalError
 
 _INVALID_FMT16 = -32768  # WFDB's "no sample" value for format 16
@@ -148,17 +148,8 @@ def read_fast(base: Path) -> RawRecord | None:
 
 
 def _check_checksums(values: np.ndarray, digital: np.ndarray, header: FastHeader) -> None:
-    """WFDB checksum: 16-bit two's-complement sum of a lead's samples; initial value: its first sample.
-
-    values: the samples as float64 (leads, time), whose sums are exact integers (< 2**53).
-    """
+    """values: the samples as float64 (leads, time), whose sums are exact integers (< 2**53)."""
     if header.sig_len == 0:
         return
-    sums = values.sum(axis=1).astype(np.int64) & 0xFFFF  # headers write it signed or unsigned
-    for row, (lead, want_sum, want_first) in enumerate(zip(header.leads, header.checksums, header.init_values)):
-        if want_sum is not None and int(sums[row]) != want_sum & 0xFFFF:
-            raise SignalError("corrupt_signal", f"lead {lead}: checksum {int(sums[row])} != header {want_sum}")
-        if want_first is not None and int(digital[row, 0]) != want_first:
-            raise SignalError(
-                "corrupt_signal", f"lead {lead}: first sample {int(digital[row, 0])} != header {want_first}"
-            )
+    sums = values.sum(axis=1).astype(np.int64)
+    check_checksums(sums, digital[:, 0], header.leads, header.checksums, header.init_values)

@@ -70,6 +70,20 @@ def check_mat_header(prefix: bytes, file_name: str, byte_offset: int, n_sig: int
         )
 
 
+def check_checksums(sums: np.ndarray, firsts: np.ndarray, leads: list[str], checksums: list, init_values: list) -> None:
+    """WFDB checksum: 16-bit two's-complement sum of a lead's stored samples (headers write it
+    signed or unsigned); initial value: its first sample. A header field left out (None) is not checked.
+
+    sums, firsts: per lead, the exact integer sum and the first of the digital samples.
+    Raises SignalError('corrupt_signal').
+    """
+    for lead, total, first, want_sum, want_first in zip(leads, sums, firsts, checksums or [], init_values or []):
+        if want_sum is not None and int(total) & 0xFFFF != int(want_sum) & 0xFFFF:
+            raise SignalError("corrupt_signal", f"lead {lead}: checksum {int(total) & 0xFFFF} != header {want_sum}")
+        if want_first is not None and int(first) != int(want_first):
+            raise SignalError("corrupt_signal", f"lead {lead}: first sample {int(first)} != header {want_first}")
+
+
 def check_signal_files(base: Path, header: Any) -> None:
     """The size checks the fast reader makes, for any header wfdb reads (wfdb itself makes none:
     it reads what the header says and silently drops the rest of a longer file).
@@ -77,8 +91,30 @@ def check_signal_files(base: Path, header: Any) -> None:
     Each signal file must hold exactly byte offset + the header's samples (truncated_signal when
     shorter, header_mismatch when longer); a `.mat` file's MATLAB header must agree with the WFDB
     header. Files in formats without a fixed sample size, or with several samples per frame, are
-    left to wfdb.
+    left to wfdb. A multi-segment header is checked segment by segment (each is a record of its
+    own; `~` marks a gap).
     """
+    if isinstance(header, wfdb.MultiRecord):
+        lengths = [int(n) for n in header.seg_len]
+        if header.sig_len is not None and sum(lengths) != header.sig_len:
+            raise SignalError("header_mismatch", f"segments hold {sum(lengths)} samples, header says {header.sig_len}")
+        for name, length in zip(header.seg_name, lengths):
+            if name == "~":
+                continue
+            segment = base.parent / name
+            try:
+                segment_header = wfdb.rdheader(str(segment))
+            except Exception as err:  # wfdb raises many types for missing or malformed headers
+                detail = f"segment {name}: {type(err).__name__}: {err}".splitlines()[0]
+                raise SignalError("unreadable", detail) from None
+            # a layout segment (length 0) only names the signals; wfdb reads the first `length`
+            # samples of the others and would silently drop the rest of a longer segment
+            if length and segment_header.sig_len != length:
+                raise SignalError(
+                    "header_mismatch", f"segment {name} holds {segment_header.sig_len} samples, header says {length}"
+                )
+            check_signal_files(segment, segment_header)
+        return
     sig_len = header.sig_len
     if sig_len is None or not header.file_name:
         return  # wfdb infers the length from the file: nothing the header could misstate
@@ -107,11 +143,28 @@ def check_signal_files(base: Path, header: Any) -> None:
             raise SignalError("header_mismatch", f"{name}: {size} bytes, header describes {expected}")
 
 
+def _check_digital(rec: Any, name: str) -> None:
+    """Checksums and initial values of a record read as stored (wfdb checks none), where every
+    sample of the file is in `d_signal` as written: one sample per frame and no skew."""
+    digital = rec.d_signal
+    if digital is None or digital.ndim != 2 or not digital.shape[0]:
+        return
+    if any(int(n or 1) != 1 for n in rec.samps_per_frame or []) or any(int(k or 0) for k in rec.skew or []):
+        return  # wfdb averages frames and shifts skewed signals: not the stored samples
+    try:
+        check_checksums(
+            digital.sum(axis=0, dtype=np.int64), digital[0], list(rec.sig_name or []), rec.checksum, rec.init_value
+        )
+    except SignalError as err:
+        raise SignalError(err.reason, f"{name}: {err.detail}") from None
+
+
 def read_wfdb_record(path: str | Path) -> RawRecord:
     """Read a WFDB record (format 16 .dat or MATLAB v4 .mat, or anything else wfdb reads) in mV.
 
-    The rate is parsed strictly from the header (`ecgpos.ecg.rates`) and the signal files are
-    checked against the header's sizes before wfdb reads them. Raises SignalError('unreadable' |
+    The rate is parsed strictly from the header (`ecgpos.ecg.rates`), the signal files are
+    checked against the header's sizes before wfdb reads them and the samples against its
+    checksums and initial values after. Raises SignalError('unreadable' |
     'truncated_signal' | 'corrupt_signal' | 'header_mismatch' | 'units' | 'sampling_rate') with the
     record name, never a raw wfdb/numpy traceback.
     """
@@ -135,11 +188,20 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
         check_signal_files(base, header)
     except SignalError as err:
         raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
+    # A single-segment record is read as stored, its checksums checked, then converted as
+    # wfdb.rdrecord(physical=True) converts it; segments of a multi-segment record are read physical.
+    multi = isinstance(header, wfdb.MultiRecord)
     try:
-        rec = wfdb.rdrecord(str(base), physical=True)
+        rec = wfdb.rdrecord(str(base), physical=multi)
     except Exception as err:  # wfdb raises many types for corrupt/truncated files
         kind = "header_mismatch" if "length" in str(err).lower() or "shape" in str(err).lower() else "unreadable"
         raise SignalError(kind, f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
+    if not multi and rec.d_signal is not None:
+        _check_digital(rec, base.name)
+        try:
+            rec.dac(expanded=False, return_res=64, inplace=True)
+        except Exception as err:  # wfdb raises many types for fields it cannot convert with
+            raise SignalError("unreadable", f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
     if rec.p_signal is None or rec.p_signal.ndim != 2:
         raise SignalError("unreadable", f"{base.name}: no signal")
     if rec.p_signal.shape != (rec.sig_len, rec.n_sig):
