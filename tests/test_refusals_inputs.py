@@ -6,6 +6,7 @@ Each bad input was once a traceback or a silently wrong result; each test drives
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -227,3 +228,25 @@ def test_unreadable_csv_and_vector_files_are_one_line(capsys, tmp_path, tiny_run
     (copy / "test_vectors.npz").write_bytes(b"")
     rc, out, err = run(capsys, "verify", copy)
     assert rc == 1 and "Traceback" not in err and "FAIL test vectors" in out and "not a readable" in out, out + err
+    # readable vectors of the wrong kind were a TypeError / numpy ufunc traceback
+    good = dict(np.load(export / "test_vectors.npz"))
+    for key, value in (("raw_fs", np.array([500.0, 250.0])), ("features", good["features"].astype(str))):
+        np.savez(copy / "test_vectors.npz", **{**good, key: value})
+        rc, out, err = run(capsys, "verify", copy)
+        assert rc == 1 and f"FAIL test vectors: stored {key} must" in out, out + err
+
+
+def test_export_config_fields_of_the_wrong_kind_are_one_line(capsys, tmp_path, export):
+    """A config.json `training` that is not an object (a hand edit; it is descriptive, so no hash
+    binds it) was a ValueError traceback in load_encoder, hence embed and verify."""
+    from ecgpos.export.load import load_encoder
+
+    for key in ("training", "io", "arch"):
+        copy = tmp_path / key
+        shutil.copytree(export, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, key: "edited"}))
+        with pytest.raises(EcgposError, match=f"{key} must be a JSON object"):
+            load_encoder(copy)
+        rc, _, err = run(capsys, "verify", copy)
+        one_line_error(rc, err, "verify", f"{key} must be a JSON object")

@@ -70,6 +70,10 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
     missing = [key for key in ("arch", "preprocess", "weights_sha256") if key not in config]
     if missing:
         raise EcgposError(f"{config_path} lacks {', '.join(missing)}")
+    # `training` and `io` are descriptive (not in config_sha256) but read as objects by the loader and card
+    for key in ("arch", "preprocess", "training", "io"):
+        if not isinstance(config.get(key, {}), dict):
+            raise EcgposError(f"{config_path}: {key} must be a JSON object ({{...}}), got {config[key]!r:.60}")
     return config
 
 
