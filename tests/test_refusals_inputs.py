@@ -150,8 +150,8 @@ def test_interrupted_feature_write_keeps_the_previous_file(tmp_path, export):
 
 
 def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_record, tiny_run):
-    """An --out folder or unwritable path failed after every record was scored; a --labels file
-    that is not text was a UnicodeDecodeError."""
+    """An --out folder or unwritable path failed after every record was scored; an --out not ending
+    in .csv got CSV text anyway; a --labels file that is not text was a UnicodeDecodeError."""
     np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
     args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS, "--no-progress"]
     (tmp_path / "folder").mkdir()
@@ -159,6 +159,10 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     one_line_error(rc, err, "score", "is a folder")
     rc, _, err = run(capsys, *args, "--out", "/proc/ecgpos-test/s.csv")
     one_line_error(rc, err, "score", "not writable")
+    for name in ("s.npy", "s.h5", "s.tsv"):  # were CSV text under a name that promises another format
+        rc, _, err = run(capsys, *args, "--out", tmp_path / name)
+        one_line_error(rc, err, "score", "ending in .csv")
+        assert not (tmp_path / name).exists()
     (tmp_path / "labels.csv").write_bytes(b"\xff\xfe\x00garbage\x81")
     labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
     rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)

@@ -4,7 +4,8 @@ Per-record reconstruction anomaly scores per level (see ecgpos.inference.scoring
 a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RECORDS are read
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
-Writes CSV columns record_id,stage0_score[,stage1_score] (a Stage-0 run has Stage-0 scores only).
+Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
+Stage-0 scores only).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
 """
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
-    p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
+    p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output .csv file (default scores.csv)")
     p.add_argument("--labels", type=user_path, help="CSV record_id,label (record_id as in scores.csv)")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
     p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
@@ -102,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
     check_writable(args.out, args.input)  # before any record is scored
+    if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
+        raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
     remove_abandoned_temporaries(args.out.parent, ["scores_summary.md"])  # a killed run's, beside the CSV
     models = load_recon_models(args.run)
     if not models.levels:
