@@ -54,6 +54,10 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     assert rc == 2 and "skipped int: units" in err and "dtype" not in err
     np.save(tmp_path / "f64.npy", x.astype(np.float64))
     assert _embed_npy(capsys, export, tmp_path / "f64.npy", tmp_path / "f.csv")[0] == 0
+    # float64 beyond float32's range: was cast to inf first and called non_finite (encoder.embed said units)
+    np.save(tmp_path / "huge.npy", x.astype(np.float64) * 1e300)
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "huge.npy", tmp_path / "h.csv")
+    assert rc == 2 and "skipped huge: units" in err and "non_finite" not in err
 
 
 def test_api_refuses_what_it_cannot_embed(real_record, export):

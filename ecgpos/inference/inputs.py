@@ -60,8 +60,9 @@ def raw_thunk(
     """
 
     def run() -> np.ndarray:
-        x = np.asarray(signal, dtype=np.float32)
-        ok = check_raw_record(x, fs, leads, spec, policy)
+        # screened as stored, as `encoder.embed` screens: a float32 copy first would turn float64
+        # samples beyond float32's range into inf, refused as non_finite instead of units
+        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy)
         y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
         return pad_to(y, spec.window) if policy.pad_short else y
 
