@@ -29,7 +29,8 @@ def _embed_npy(capsys, export: Path, npy: Path, out: Path, *extra) -> tuple[int,
 
 def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, export):
     """complex lost its imaginary part silently; text, an empty file and an .npz under a .npy name
-    were tracebacks (UFuncTypeError, EOFError, AttributeError)."""
+    were tracebacks (UFuncTypeError, EOFError, AttributeError); an array of no records was "none of
+    the 0 records could be embedded (0 skipped)"."""
     x = read_wfdb_record(real_record).signal
     cases = {
         "complex": (x.astype(np.complex64) + 1j, "got dtype complex64"),
@@ -44,6 +45,10 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     (tmp_path / "empty.npy").write_bytes(b"")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "empty.npy", tmp_path / "e.csv")
     one_line_error(rc, err, "embed", "not a readable .npy array")
+    np.save(tmp_path / "none.npy", np.zeros((0, 12, 5000), np.float32))
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "none.npy", tmp_path / "n.csv")
+    one_line_error(rc, err, "embed", "holds no records: shape (0, 12, 5000)")
+    assert not (tmp_path / "n.skipped.csv").exists()
     np.savez(tmp_path / "archive.npz", x=x)
     shutil.copyfile(tmp_path / "archive.npz", tmp_path / "archive.npy")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "archive.npy", tmp_path / "a.csv")

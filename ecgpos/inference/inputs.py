@@ -145,12 +145,11 @@ def npy_source(
         raise EcgposError(f"{path} is an .npz archive, not a .npy array; save one array with np.save")
     if array.dtype.kind not in "iuf":  # one dtype for every row: the run's error, not N skips
         raise EcgposError(f"{path}: samples must be real numbers in mV, got dtype {array.dtype}")
-    if array.ndim == 2:
-        items = [(path.stem, array)]
-    elif array.ndim == 3:
-        items = [(str(i), array[i]) for i in range(array.shape[0])]
-    else:
+    if array.ndim not in (2, 3):
         raise EcgposError(f"{path}: expected shape (leads, time) or (N, leads, time), got {array.shape}")
+    if array.ndim == 3 and array.shape[0] == 0:  # not "none of the 0 records could be embedded"
+        raise EcgposError(f"{path} holds no records: shape {array.shape}")
+    items = [(path.stem, array)] if array.ndim == 2 else [(str(i), array[i]) for i in range(array.shape[0])]
     return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec, policy)) for rid, x in items))
 
 
