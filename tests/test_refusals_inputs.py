@@ -182,6 +182,26 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     assert not (tmp_path / "s.csv").exists()
 
 
+def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
+    """A folder at FILE.skipped.csv, FILE.ids.txt or scores_summary.md was an IsADirectoryError
+    traceback after every record was processed, with FILE already written and its ids missing."""
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    out = tmp_path / "out"
+    for name, sibling in (("f.csv", "f.skipped.csv"), ("f.npy", "f.ids.txt")):
+        (out / sibling).mkdir(parents=True)
+        rc, _, err = _embed_npy(capsys, export, tmp_path / "x.npy", out / name)
+        one_line_error(rc, err, "embed", f"{sibling} is a folder")
+        (out / sibling).rmdir()
+        assert not any(out.iterdir())
+    (out / "scores_summary.md").mkdir()
+    (tmp_path / "labels.csv").write_text("record_id,label\nx,a\ny,b\n")
+    args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS]
+    labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
+    rc, _, err = run(capsys, *args, "--out", out / "s.csv", *labels, "--no-progress")
+    one_line_error(rc, err, "score", "scores_summary.md is a folder")
+    assert not (out / "s.csv").exists()
+
+
 @pytest.mark.parametrize(
     "text, needle",
     [

@@ -102,10 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    check_writable(args.out, args.input)  # before any record is scored
+    summary = args.out.parent / "scores_summary.md"
+    check_writable(args.out, args.input, [summary] if labels is not None else [])  # before any record is scored
     if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
         raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
-    remove_abandoned_temporaries(args.out.parent, ["scores_summary.md"])  # a killed run's, beside the CSV
+    remove_abandoned_temporaries(args.out.parent, [summary.name])  # a killed run's, beside the CSV
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
@@ -136,8 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
-        path = args.out.parent / "scores_summary.md"
-        atomic_write_text(path, text, sync=False)
+        atomic_write_text(summary, text, sync=False)
         print(text, end="")
-        print(f"wrote {path}")
+        print(f"wrote {summary}")
     return 0

@@ -223,15 +223,19 @@ def output_paths(out: Path) -> list[Path]:
     return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
 
 
-def check_writable(out: Path, input_path: Path | None = None) -> None:
-    """--out must be a file this process can create, and none of its files may be (or join) the
-    input: one line otherwise, before any record is read. An output over the input would destroy it
-    after it was read, and a `shard-*.h5` written beside the input shards would join them."""
+def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Path] = ()) -> None:
+    """--out must be a file this process can create, and none of its files (`output_paths`, plus
+    `also`) may be a folder or be (or join) the input: one line otherwise, before any record is read.
+    A folder in a file's place would fail only after every record was processed; an output over the
+    input would destroy it after it was read, and a `shard-*.h5` beside the input shards would join them."""
     if out.is_dir():
         raise EcgposError(f"--out {out} is a folder; give a file name")
+    for path in [*output_paths(out), *also]:
+        if path.is_dir():
+            raise EcgposError(f"--out {out}: {path} is a folder where a file of the output goes; move it aside")
     if input_path is not None:
         source = input_path.resolve()
-        for path in output_paths(out):
+        for path in [*output_paths(out), *also]:
             target = path.resolve()
             beside = target.match(SHARD_GLOB) and target.parent in (source, source.parent)
             if target == source or beside:
