@@ -92,7 +92,7 @@ def test_edited_export_config_is_refused(capsys, tmp_path, export, real_record):
 
 def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run, real_record):
     """score read an export's encoder weights and config.json unchecked: other weights, an edited
-    preprocess or edited decoder settings gave other scores without a word."""
+    preprocess or edited decoder settings gave other scores without a word, and verify passed them."""
     from safetensors.torch import load_file, save_file
 
     full = tmp_path / "full"
@@ -127,6 +127,10 @@ def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run
         rc, _, err = run(capsys, *score, "--run", copy, "--out", out, "--no-progress")
         one_line_error(rc, err, "score", needle)
         assert not out.exists()
+        rc, report, _ = run(capsys, "verify", copy)  # verify passed edited decoder settings
+        assert rc == 1 and needle in report, report
+    rc, report, _ = run(capsys, "verify", full)
+    assert rc == 0 and "PASS decoders.safetensors" in report, report
     # an export written before settings_sha256 existed still scores
     config(lambda c: c["decoders"].pop("settings_sha256"))(full)
     assert run(capsys, *score, "--run", full, "--out", tmp_path / "old.csv", "--no-progress")[0] == 0
