@@ -79,6 +79,14 @@ def test_export_paths_with_tilde_files_and_non_paths(export, tmp_path, monkeypat
             load_encoder(bad)
 
 
+def test_a_checkpoint_given_as_an_export_names_its_run(tiny_run):
+    """A run's checkpoint folder, or its model.safetensors, was a bare 'not an export folder'."""
+    checkpoint = sorted((tiny_run / "checkpoints").iterdir())[-1]
+    for path in (tiny_run, checkpoint, checkpoint / WEIGHTS_FILE):
+        with pytest.raises(EcgposError, match=rf"export the run first with `ecgpos export --run-dir {tiny_run} "):
+            load_encoder(path)
+
+
 def test_cli_paths_given_after_an_equals_sign_expand_tilde(real_record, export, tmp_path, monkeypatch):
     """The shell leaves `--out=~/x` as written; every path option expands it like the shell would."""
     from ecgpos.cli import main

@@ -6,6 +6,7 @@ Each bad input was once a traceback or a silently wrong result; each test drives
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,7 +29,8 @@ def _embed_npy(capsys, export: Path, npy: Path, out: Path, *extra) -> tuple[int,
 
 def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, export):
     """complex lost its imaginary part silently; text, an empty file and an .npz under a .npy name
-    were tracebacks (UFuncTypeError, EOFError, AttributeError)."""
+    were tracebacks (UFuncTypeError, EOFError, AttributeError); an array of no records was "none of
+    the 0 records could be embedded (0 skipped)"."""
     x = read_wfdb_record(real_record).signal
     cases = {
         "complex": (x.astype(np.complex64) + 1j, "got dtype complex64"),
@@ -43,6 +45,10 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     (tmp_path / "empty.npy").write_bytes(b"")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "empty.npy", tmp_path / "e.csv")
     one_line_error(rc, err, "embed", "not a readable .npy array")
+    np.save(tmp_path / "none.npy", np.zeros((0, 12, 5000), np.float32))
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "none.npy", tmp_path / "n.csv")
+    one_line_error(rc, err, "embed", "holds no records: shape (0, 12, 5000)")
+    assert not (tmp_path / "n.skipped.csv").exists()
     np.savez(tmp_path / "archive.npz", x=x)
     shutil.copyfile(tmp_path / "archive.npz", tmp_path / "archive.npy")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "archive.npy", tmp_path / "a.csv")
@@ -53,6 +59,10 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     assert rc == 2 and "skipped int: units" in err and "dtype" not in err
     np.save(tmp_path / "f64.npy", x.astype(np.float64))
     assert _embed_npy(capsys, export, tmp_path / "f64.npy", tmp_path / "f.csv")[0] == 0
+    # float64 beyond float32's range: was cast to inf first and called non_finite (encoder.embed said units)
+    np.save(tmp_path / "huge.npy", x.astype(np.float64) * 1e300)
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "huge.npy", tmp_path / "h.csv")
+    assert rc == 2 and "skipped huge: units" in err and "non_finite" not in err
 
 
 def test_api_refuses_what_it_cannot_embed(real_record, export):
@@ -149,8 +159,8 @@ def test_interrupted_feature_write_keeps_the_previous_file(tmp_path, export):
 
 
 def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_record, tiny_run):
-    """An --out folder or unwritable path failed after every record was scored; a --labels file
-    that is not text was a UnicodeDecodeError."""
+    """An --out folder or unwritable path failed after every record was scored; an --out not ending
+    in .csv got CSV text anyway; a --labels file that is not text was a UnicodeDecodeError."""
     np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
     args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS, "--no-progress"]
     (tmp_path / "folder").mkdir()
@@ -158,6 +168,10 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     one_line_error(rc, err, "score", "is a folder")
     rc, _, err = run(capsys, *args, "--out", "/proc/ecgpos-test/s.csv")
     one_line_error(rc, err, "score", "not writable")
+    for name in ("s.npy", "s.h5", "s.tsv"):  # were CSV text under a name that promises another format
+        rc, _, err = run(capsys, *args, "--out", tmp_path / name)
+        one_line_error(rc, err, "score", "ending in .csv")
+        assert not (tmp_path / name).exists()
     (tmp_path / "labels.csv").write_bytes(b"\xff\xfe\x00garbage\x81")
     labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
     rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
@@ -166,6 +180,26 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     rc, _, err = run(capsys, *args, "--out", tmp_path / "s.csv", *labels)
     one_line_error(rc, err, "score", "has no record labelled --anomalous b")
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
+    """A folder at FILE.skipped.csv, FILE.ids.txt or scores_summary.md was an IsADirectoryError
+    traceback after every record was processed, with FILE already written and its ids missing."""
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    out = tmp_path / "out"
+    for name, sibling in (("f.csv", "f.skipped.csv"), ("f.npy", "f.ids.txt")):
+        (out / sibling).mkdir(parents=True)
+        rc, _, err = _embed_npy(capsys, export, tmp_path / "x.npy", out / name)
+        one_line_error(rc, err, "embed", f"{sibling} is a folder")
+        (out / sibling).rmdir()
+        assert not any(out.iterdir())
+    (out / "scores_summary.md").mkdir()
+    (tmp_path / "labels.csv").write_text("record_id,label\nx,a\ny,b\n")
+    args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS]
+    labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
+    rc, _, err = run(capsys, *args, "--out", out / "s.csv", *labels, "--no-progress")
+    one_line_error(rc, err, "score", "scores_summary.md is a folder")
+    assert not (out / "s.csv").exists()
 
 
 @pytest.mark.parametrize(
@@ -227,3 +261,25 @@ def test_unreadable_csv_and_vector_files_are_one_line(capsys, tmp_path, tiny_run
     (copy / "test_vectors.npz").write_bytes(b"")
     rc, out, err = run(capsys, "verify", copy)
     assert rc == 1 and "Traceback" not in err and "FAIL test vectors" in out and "not a readable" in out, out + err
+    # readable vectors of the wrong kind were a TypeError / numpy ufunc traceback
+    good = dict(np.load(export / "test_vectors.npz"))
+    for key, value in (("raw_fs", np.array([500.0, 250.0])), ("features", good["features"].astype(str))):
+        np.savez(copy / "test_vectors.npz", **{**good, key: value})
+        rc, out, err = run(capsys, "verify", copy)
+        assert rc == 1 and f"FAIL test vectors: stored {key} must" in out, out + err
+
+
+def test_export_config_fields_of_the_wrong_kind_are_one_line(capsys, tmp_path, export):
+    """A config.json `training` that is not an object (a hand edit; it is descriptive, so no hash
+    binds it) was a ValueError traceback in load_encoder, hence embed and verify."""
+    from ecgpos.export.load import load_encoder
+
+    for key in ("training", "io", "arch"):
+        copy = tmp_path / key
+        shutil.copytree(export, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, key: "edited"}))
+        with pytest.raises(EcgposError, match=f"{key} must be a JSON object"):
+            load_encoder(copy)
+        rc, _, err = run(capsys, "verify", copy)
+        one_line_error(rc, err, "verify", f"{key} must be a JSON object")

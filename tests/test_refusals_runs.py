@@ -91,6 +91,52 @@ def test_edited_export_config_is_refused(capsys, tmp_path, export, real_record):
     assert run(capsys, "verify", export)[0] == 0
 
 
+def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run, real_record):
+    """score read an export's encoder weights and config.json unchecked: other weights, an edited
+    preprocess or edited decoder settings gave other scores without a word, and verify passed them."""
+    from safetensors.torch import load_file, save_file
+
+    full = tmp_path / "full"
+    assert run(capsys, "export", "--run-dir", tiny_run, "--out", full, "--with-decoders")[0] == 0
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    score = ["score", "--input", tmp_path / "x.npy", "--fs", "500", "--leads", ",".join(CANONICAL_LEADS)]
+
+    def weights(folder: Path) -> None:
+        state = load_file(folder / "model.safetensors")
+        name = sorted(state)[0]
+        save_file({**state, name: state[name] + 0.5}, str(folder / "model.safetensors"))
+
+    def config(edit):
+        def apply(folder: Path) -> None:
+            data = json.loads((folder / "config.json").read_text())
+            edit(data)
+            (folder / "config.json").write_text(json.dumps(data, indent=2))
+
+        return apply
+
+    cases = {
+        "weights": (weights, "does not match config.json"),
+        "highpass": (config(lambda c: c["preprocess"].update(highpass_hz=5.0)), "edited after export"),
+        "mask_ratio": (config(lambda c: c["decoders"]["stage0"].update(mask_ratio=0.1)), "decoders settings"),
+        "norm_target": (config(lambda c: c["decoders"]["stage0"].update(norm_target=False)), "decoders settings"),
+    }
+    for name, (edit, needle) in cases.items():
+        copy = tmp_path / name
+        shutil.copytree(full, copy)
+        edit(copy)
+        out = tmp_path / f"{name}.csv"
+        rc, _, err = run(capsys, *score, "--run", copy, "--out", out, "--no-progress")
+        one_line_error(rc, err, "score", needle)
+        assert not out.exists()
+        rc, report, _ = run(capsys, "verify", copy)  # verify passed edited decoder settings
+        assert rc == 1 and needle in report, report
+    rc, report, _ = run(capsys, "verify", full)
+    assert rc == 0 and "PASS decoders.safetensors" in report, report
+    # an export written before settings_sha256 existed still scores
+    config(lambda c: c["decoders"].pop("settings_sha256"))(full)
+    assert run(capsys, *score, "--run", full, "--out", tmp_path / "old.csv", "--no-progress")[0] == 0
+
+
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # the corrupt file is written on purpose
 def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tiny_run, tiny_shards):
     run_dir = tmp_path / "run"

@@ -4,7 +4,8 @@ Per-record reconstruction anomaly scores per level (see ecgpos.inference.scoring
 a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RECORDS are read
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
-Writes CSV columns record_id,stage0_score[,stage1_score] (a Stage-0 run has Stage-0 scores only).
+Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
+Stage-0 scores only).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
 """
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
-    p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output CSV (default scores.csv)")
+    p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output .csv file (default scores.csv)")
     p.add_argument("--labels", type=user_path, help="CSV record_id,label (record_id as in scores.csv)")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
     p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
@@ -103,7 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    check_writable(args.out, args.input, [SUMMARY_FILE])  # before any record is scored
+    if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
+        raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
+    summary = args.out.parent / SUMMARY_FILE
+    check_writable(args.out, args.input, [summary] if labels is not None else [])  # before any record is scored
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
@@ -134,8 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
         text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
-        path = args.out.parent / SUMMARY_FILE
-        atomic_write_text(path, text, sync=False)
+        atomic_write_text(summary, text, sync=False)
         print(text, end="")
-        print(f"wrote {path}")
+        print(f"wrote {summary}")
     return 0

@@ -4,9 +4,12 @@ The clinical export is encoder-only. Reconstruction-based anomaly scores (`ecgpo
 carving criterion need each level's decoder as well, so an export may carry them in
 `decoders.safetensors` (keys `stage0.*` = the Stage-0 per-lead decoder, `stage1.*` = the Stage-1
 one) with their settings under `decoders` in config.json:
-    {"file", "sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
+    {"file", "sha256", "settings_sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
      "stage1": {"decoder", "mask_ratio", "norm_target", "push_pull"}}
-A level is present only when its decoder was available at export time.
+A level is present only when its decoder was available at export time. `sha256` binds the decoder
+weights, `settings_sha256` the rest of the entry (settings change scores as weights do); the encoder
+is loaded by `load_encoder`, with its own checks. Exports written before settings_sha256 existed
+have their settings checked against the weights' shapes only.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import torch
 from torch import nn
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.format import WEIGHTS_FILE, state_sha256
-from ecgpos.export.load import build_from_state
+from ecgpos.export.format import CONFIG_FILE, json_sha256, state_sha256
+from ecgpos.export.load import load_encoder
 from ecgpos.files import read_safetensors
 from ecgpos.models.decoder import DecoderConfig
 from ecgpos.models.factory import state_mismatch
@@ -57,7 +60,13 @@ def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]
     save_file(state, str(out / DECODERS_FILE), metadata={"format": "ecgpos-decoders"})
     entry: dict[str, Any] = {"file": DECODERS_FILE, "sha256": state_sha256(state)}
     entry.update({level: decoder_settings(model) for level, model in models.items()})
+    entry["settings_sha256"] = settings_sha256(entry)
     return entry
+
+
+def settings_sha256(entry: Mapping[str, Any]) -> str:
+    """`json_sha256` of a decoders entry without its own settings_sha256."""
+    return json_sha256({key: value for key, value in entry.items() if key != "settings_sha256"})
 
 
 def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: str, what: str) -> nn.Module:
@@ -83,9 +92,13 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     state = read_safetensors(folder / str(entry.get("file", DECODERS_FILE)), "decoder weights")
     if state_sha256(state) != entry.get("sha256"):
         raise EcgposError(f"{folder / DECODERS_FILE} does not match config.json (decoders sha256 differs)")
-    encoder = build_from_state(
-        config["arch"], read_safetensors(folder / WEIGHTS_FILE), str(folder / WEIGHTS_FILE)
-    ).float()
+    if "settings_sha256" in entry and settings_sha256(entry) != entry["settings_sha256"]:
+        raise EcgposError(
+            f"{folder / CONFIG_FILE} was edited after export: its decoders settings no longer match "
+            "settings_sha256; re-export the run instead"
+        )
+    # the encoder as `embed` loads it: weights hash, edited arch/preprocess and strict load all refused
+    encoder = load_encoder(folder).encoder
     stage0 = encoder.stage0 if config["arch"].get("kind") == "nested" else encoder
     what = str(folder / DECODERS_FILE)
     models: dict[str, nn.Module] = {}

@@ -58,10 +58,15 @@ CONFIG_HASH_FIELDS = ("arch", "preprocess", "pooling", "weights_sha256")
 which binds them to model.safetensors). `training`, `io` and the card are descriptive only."""
 
 
+def json_sha256(value: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of `value`: equal before and after a
+    round trip through config.json."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def config_sha256(config: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON (sorted keys, no spaces) of config's CONFIG_HASH_FIELDS."""
-    bound = {key: config.get(key) for key in CONFIG_HASH_FIELDS}
-    return hashlib.sha256(json.dumps(bound, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """`json_sha256` of config's CONFIG_HASH_FIELDS."""
+    return json_sha256({key: config.get(key) for key in CONFIG_HASH_FIELDS})
 
 
 def is_export_dir(path: str | Path) -> bool:

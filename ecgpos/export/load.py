@@ -43,19 +43,28 @@ def export_folder(path: str | Path) -> Path:
     return Path(path).expanduser()
 
 
+def _run_hint(path: Path) -> str:
+    """For a training run folder, one of its checkpoints or a checkpoint's weights: how to export it."""
+    if not path.exists():
+        return ""
+    # up to three levels: RUN/checkpoints/step-N/model.safetensors
+    run = next((p for p in (path, *list(path.parents)[:3]) if is_run_dir(p)), None)
+    if run is None:
+        return ""
+    where = "a training run folder" if run == path else f"in the training run folder {run}"
+    return f": it is {where}; export the run first with `ecgpos export --run-dir {run} --out DIR`"
+
+
 def read_export_config(path: str | Path) -> dict[str, Any]:
     """config.json of an export folder, validated; EcgposError (one line) for anything else."""
     folder = export_folder(path)
     if folder.is_file() and is_export_dir(folder.parent):  # model.safetensors, config.json, ...
         raise EcgposError(f"{folder} is a file of an export; pass its folder, {folder.parent}")
     if not folder.is_dir():
-        raise EcgposError(f"{folder} is not a folder (expected an ecgpos export folder)")
+        raise EcgposError(f"{folder} is not a folder (expected an ecgpos export folder){_run_hint(folder)}")
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
-        hint = ""
-        if is_run_dir(folder):
-            hint = f": it is a training run folder; export it first with `ecgpos export --run-dir {folder} --out DIR`"
-        raise EcgposError(f"{folder} is not an ecgpos export folder (no {CONFIG_FILE}){hint}")
+        raise EcgposError(f"{folder} is not an ecgpos export folder (no {CONFIG_FILE}){_run_hint(folder)}")
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -70,6 +79,10 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
     missing = [key for key in ("arch", "preprocess", "weights_sha256") if key not in config]
     if missing:
         raise EcgposError(f"{config_path} lacks {', '.join(missing)}")
+    # `training` and `io` are descriptive (not in config_sha256) but read as objects by the loader and card
+    for key in ("arch", "preprocess", "training", "io"):
+        if not isinstance(config.get(key, {}), dict):
+            raise EcgposError(f"{config_path}: {key} must be a JSON object ({{...}}), got {config[key]!r:.60}")
     return config
 
 

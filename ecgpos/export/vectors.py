@@ -117,6 +117,11 @@ def run_vectors(encoder: Any, vectors: dict[str, np.ndarray]) -> dict[str, dict[
     ]
     if missing:
         raise EcgposError(f"test vectors lack {', '.join(missing)}")
+    for key in ("inputs", "features", "raw_signal", "raw_fs", "raw_features"):
+        if vectors[key].dtype.kind not in "iuf":
+            raise EcgposError(f"stored {key} must hold numbers, got dtype {vectors[key].dtype}")
+    if vectors["raw_fs"].shape != ():
+        raise EcgposError(f"stored raw_fs must be one number, got shape {vectors['raw_fs'].shape}")
     feats = window_features(encoder, vectors["inputs"], device=encoder.device)
     raw = encoder.embed(vectors["raw_signal"], float(vectors["raw_fs"]), [str(x) for x in vectors["raw_leads"]])
     return {"features": compare(vectors["features"], feats), "embed": compare(vectors["raw_features"], raw)}

@@ -2,7 +2,8 @@
 
 Checks, each printed as PASS/FAIL: the weights load and match config.json's sha256 and
 architecture; forward_features of the stored inputs; `embed` of the stored raw record (preprocessing
-and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime).
+and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime);
+decoders.safetensors when present (`--with-decoders`: hash, settings, strict load).
 Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
 """
 
@@ -59,6 +60,15 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
             )
         )
     passed = all(res["ok"] for res in results.values())
+    if "decoders" in config:  # `score` refuses decoders that do not load: so does verify
+        from ecgpos.export.decoders import DECODERS_FILE, load_decoders
+
+        try:
+            levels = ", ".join(load_decoders(folder, config))
+            lines.append(_line(True, DECODERS_FILE, f"sha256 matches, levels {levels} loaded strictly"))
+        except EcgposError as err:
+            lines.append(_line(False, DECODERS_FILE, str(err)))
+            passed = False
     if (folder / ONNX_FILE).is_file():
         try:
             from ecgpos.export.onnx_export import onnx_features

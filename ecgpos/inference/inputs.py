@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,8 +60,9 @@ def raw_thunk(
     """
 
     def run() -> np.ndarray:
-        x = np.asarray(signal, dtype=np.float32)
-        ok = check_raw_record(x, fs, leads, spec, policy)
+        # screened as stored, as `encoder.embed` screens: a float32 copy first would turn float64
+        # samples beyond float32's range into inf, refused as non_finite instead of units
+        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy)
         y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
         return pad_to(y, spec.window) if policy.pad_short else y
 
@@ -144,12 +145,11 @@ def npy_source(
         raise EcgposError(f"{path} is an .npz archive, not a .npy array; save one array with np.save")
     if array.dtype.kind not in "iuf":  # one dtype for every row: the run's error, not N skips
         raise EcgposError(f"{path}: samples must be real numbers in mV, got dtype {array.dtype}")
-    if array.ndim == 2:
-        items = [(path.stem, array)]
-    elif array.ndim == 3:
-        items = [(str(i), array[i]) for i in range(array.shape[0])]
-    else:
+    if array.ndim not in (2, 3):
         raise EcgposError(f"{path}: expected shape (leads, time) or (N, leads, time), got {array.shape}")
+    if array.ndim == 3 and array.shape[0] == 0:  # not "none of the 0 records could be embedded"
+        raise EcgposError(f"{path} holds no records: shape {array.shape}")
+    items = [(path.stem, array)] if array.ndim == 2 else [(str(i), array[i]) for i in range(array.shape[0])]
     return Source("array records", len(items), ((rid, raw_thunk(x, fs, names, spec, policy)) for rid, x in items))
 
 
@@ -223,16 +223,20 @@ def output_paths(out: Path) -> list[Path]:
     return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
 
 
-def check_writable(out: Path, input_path: Path | None = None, also: Iterable[str] = ()) -> None:
-    """--out must be a file this process can create, and none of its files may be (or join) the
-    input: one line otherwise, before any record is read. An output over the input would destroy it
-    after it was read, and a `shard-*.h5` written beside the input shards would join them. `also`:
-    names of other files the command writes in --out's folder, whose abandoned temporaries go too."""
+def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Path] = ()) -> None:
+    """--out must be a file this process can create, and none of its files (`output_paths`, plus
+    `also`) may be a folder or be (or join) the input: one line otherwise, before any record is read.
+    A folder in a file's place would fail only after every record was processed; an output over the
+    input would destroy it after it was read, and a `shard-*.h5` beside the input shards would join them.
+    Abandoned temporaries of all these files (a killed run's) are removed."""
     if out.is_dir():
         raise EcgposError(f"--out {out} is a folder; give a file name")
+    for path in [*output_paths(out), *also]:
+        if path.is_dir():
+            raise EcgposError(f"--out {out}: {path} is a folder where a file of the output goes; move it aside")
     if input_path is not None:
         source = input_path.resolve()
-        for path in output_paths(out):
+        for path in [*output_paths(out), *also]:
             target = path.resolve()
             beside = target.match(SHARD_GLOB) and target.parent in (source, source.parent)
             if target == source or beside:
@@ -241,7 +245,7 @@ def check_writable(out: Path, input_path: Path | None = None, also: Iterable[str
                 )
     write_test(out, f"--out {out}")
     # what a killed run of this command left beside these files (the folder is the user's: only ours)
-    remove_abandoned_temporaries(out.parent, {path.name for path in output_paths(out)} | set(also))
+    remove_abandoned_temporaries(out.parent, {path.name for path in [*output_paths(out), *also]})
 
 
 def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
