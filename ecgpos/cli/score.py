@@ -104,10 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
-        raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
     summary = args.out.parent / SUMMARY_FILE
     check_writable(args.out, args.input, [summary] if labels is not None else [])  # before any record is scored
+    if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
+        raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
