@@ -108,6 +108,23 @@ def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Pat
     assert len(rows) == 6
 
 
+def test_skipped_records_are_listed_beside_the_scores(
+    runs: dict[str, Path], records: Path, tmp_path: Path, capsys
+) -> None:
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for path in records.iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    dat = folder / "00002_hr.dat"
+    dat.write_bytes(dat.read_bytes()[:1000])  # a truncated download
+    assert score(runs["stage0"], folder, tmp_path / "s.csv", "--masks", "2") == 0
+    assert len(_read(tmp_path / "s.csv")[1]) == 5
+    with (tmp_path / "s.skipped.csv").open() as handle:
+        skipped = list(csv.DictReader(handle))
+    assert [(row["record_id"], row["reason"]) for row in skipped] == [("00002_hr", "truncated_signal")]
+    assert "; skipped 1 (truncated_signal 1)" in capsys.readouterr().out
+
+
 def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     raw = read_wfdb_record(records / "00001_hr")
     order = np.random.default_rng(0).permutation(12)

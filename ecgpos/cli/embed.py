@@ -22,7 +22,6 @@ embedded; exit 0 if any record was embedded (1 with --strict when any was skippe
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,6 +36,7 @@ from ecgpos.inference.inputs import (
     check_writable,
     embed_records,
     open_source,
+    skipped_note,
     write_features,
     write_skipped,
 )
@@ -100,14 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     features = np.stack(result.features).astype(np.float32)
     written = write_features(args.out, result.ids, features, encoder)
     written.append(write_skipped(args.out, result.skipped))
-    reasons = Counter(reason for _, reason, _ in result.skipped)
-    skipped = (
-        f"; skipped {len(result.skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
-        if result.skipped
-        else ""
-    )
     print(
         f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
-        f"{', '.join(map(str, written))}{skipped}"
+        f"{', '.join(map(str, written))}{skipped_note(result.skipped)}"
     )
     return 1 if args.strict and result.skipped else 0

@@ -5,7 +5,7 @@ a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RE
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
 Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
-Stage-0 scores only).
+Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does.
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_path, atomic_write_text, user_path
-from ecgpos.inference.inputs import check_writable, open_source
+from ecgpos.inference.inputs import check_writable, open_source, skipped_note, write_skipped
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
 
@@ -115,8 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = score_records(
         models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )
+    listed = write_skipped(args.out, result.skipped)
     if not result.ids:
-        raise EcgposError(f"none of the {source.count} {source.kind} could be scored ({len(result.skipped)} skipped)")
+        raise EcgposError(
+            f"none of the {source.count} {source.kind} could be scored "
+            f"({len(result.skipped)} skipped, reasons above and in {listed})"
+        )
     levels = list(result.scores)
     with atomic_path(args.out) as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -127,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {note}")
     print(
         f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
-        f"({args.masks} masks) -> {args.out}" + (f"; skipped {len(result.skipped)}" if result.skipped else "")
+        f"({args.masks} masks) -> {args.out}, {listed}{skipped_note(result.skipped)}"
     )
     if labels is not None:
         if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,6 +257,14 @@ def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
         writer.writerow(["record_id", "reason", "detail"])
         writer.writerows(skipped)
     return path
+
+
+def skipped_note(skipped: Sequence[tuple[str, str, str]]) -> str:
+    """`; skipped N (reason count, ...)` for a command's closing line ('' when none was skipped)."""
+    if not skipped:
+        return ""
+    reasons = Counter(reason for _, reason, _ in skipped)
+    return f"; skipped {len(skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
 
 
 def write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
