@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import signal as sps
 
-from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.signal import (
     bandpass,
     bandpass_sos,
@@ -165,3 +165,23 @@ def test_screen_equals_check_finite_then_dead_leads():
         with pytest.raises(SignalError) as err:
             screen(y)
         assert err.value.reason == "non_finite"
+
+
+def test_extra_leads_beside_the_twelve_are_left_out_and_misspelt_ones_still_refused():
+    rng = np.random.default_rng(0)
+    twelve = rng.standard_normal((12, 50))
+    extra = rng.standard_normal((3, 50))
+    # PTB's 15-lead layout: the standard 12 in its spelling, then the Frank leads
+    names = ["i", "ii", "iii", "avr", "avl", "avf", "v1", "v2", "v3", "v4", "v5", "v6", "vx", "vy", "vz"]
+    order = [14, 3, 0, 12, 7, 1, 2, 13, 4, 5, 6, 8, 9, 10, 11]  # shuffled rows, Frank leads among them
+    rows = np.concatenate([twelve, extra])[order]
+    np.testing.assert_array_equal(to_canonical_order(rows, [names[i] for i in order]), twelve)
+    reasons = {
+        "unknown_lead": list(CANONICAL_LEADS[:11]) + ["V7"],  # V6 misspelt, or absent: never guessed
+        "duplicate_lead": list(CANONICAL_LEADS) + ["v1"],
+        "missing_lead": list(CANONICAL_LEADS[:11]),
+    }
+    for reason, leads in reasons.items():
+        with pytest.raises(SignalError) as err:
+            to_canonical_order(rng.standard_normal((len(leads), 50)), leads)
+        assert err.value.reason == reason

@@ -50,23 +50,33 @@ def canonical_lead_name(name: str) -> str:
 def lead_permutation(leads: Sequence[str]) -> list[int]:
     """Row index in `leads` of each canonical lead, in canonical order.
 
-    Raises SignalError('duplicate_lead' | 'missing_lead' | 'unknown_lead').
+    Other leads beside all 12 (PTB's Frank leads vx/vy/vz, V7-V9, right-sided leads) are left out.
+    While a standard lead is missing, a name outside them is reported as unknown_lead: it is most
+    likely the missing lead misspelt. Raises SignalError('duplicate_lead' | 'missing_lead' | 'unknown_lead').
     """
-    names = [canonical_lead_name(lead) for lead in leads]
     seen: dict[str, int] = {}
-    for row, name in enumerate(names):
+    unknown: list[SignalError] = []
+    for row, lead in enumerate(leads):
+        try:
+            name = canonical_lead_name(lead)
+        except SignalError as err:
+            unknown.append(err)
+            continue
         if name in seen:
             raise SignalError("duplicate_lead", f"lead {name} appears more than once")
         seen[name] = row
     missing = [name for name in CANONICAL_LEADS if name not in seen]
+    if missing and unknown:
+        raise unknown[0]
     if missing:
         raise SignalError("missing_lead", f"missing lead(s) {', '.join(missing)}")
     return [seen[name] for name in CANONICAL_LEADS]
 
 
 def to_canonical_order(signal: np.ndarray, leads: Sequence[str]) -> np.ndarray:
-    """Reorder a (leads, time) array into CANONICAL_LEADS order (no copy when already canonical)."""
+    """The 12 canonical rows of a (leads, time) array, in CANONICAL_LEADS order (no copy when it
+    already is exactly that)."""
     if signal.ndim != 2 or signal.shape[0] != len(leads):
         raise SignalError("shape", f"signal shape {signal.shape} does not match {len(leads)} lead names")
     perm = lead_permutation(leads)
-    return signal if perm == list(range(len(perm))) else signal[perm]
+    return signal if perm == list(range(signal.shape[0])) else signal[perm]

@@ -142,7 +142,8 @@ RECORDS --out feats.csv`, and `ecgpos verify DIR` checks an installation against
 ## Preprocessing (applied by `embed`; apply it yourself before `forward_features`)
 - Input: raw signal in {spec["units"]}, any sampling rate above {2 * spec["lowpass_hz"]:g} Hz (twice the low-pass
   cut-off) and up to 10 kHz with a small rational ratio to {spec["fs"]} Hz,
-  the 12 standard leads in any order and common spellings (AVR/aVR, DI/I). `embed` refuses uV or
+  the 12 standard leads in any order and common spellings (AVR/aVR, DI/I); other leads beside them
+  (e.g. Frank vx/vy/vz) are left out. `embed` refuses uV or
   ADC counts (median lead peak-to-peak above 100 mV).
 - Dead leads (raw peak-to-peak below 10 uV, at most 2 per record) are set to exact zeros after
   preprocessing, instead of z-scoring their noise.
