@@ -102,6 +102,10 @@ def test_several_shard_folders_are_pooled(shards: Path, tmp_path: Path) -> None:
     assert torch.equal(data[36], ShardDataset(read_index(other), 2250, train=False)[6])
     with pytest.raises(ConfigError, match="more than once"):
         read_index([shards, shards])
+    assert pooled.repeated_records() is None
+    subset = write_tiny_shards(tmp_path / "subset", n_records=5)  # the first 5 records of `shards` again
+    note = read_index([shards, subset]).repeated_records()
+    assert note is not None and note.startswith("5 record id(s) appear in more than one shard folder")
 
 
 def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> None:

@@ -66,6 +66,23 @@ class RecordIndex:
             self.dtype,
         )
 
+    def repeated_records(self) -> str | None:
+        """One line on record ids stored in more than one shard folder (e.g. a corpus pooled with a
+        subset of itself preprocessed separately: each copy is trained on), or None."""
+        first: dict[str, int] = {}
+        repeats = []
+        for rid, shard in zip(self.record_id, self.shard):
+            if first.setdefault(rid, shard) != shard:
+                repeats.append((rid, self.paths[first[rid]].parent, self.paths[shard].parent))
+        repeats = [r for r in repeats if r[1] != r[2]]  # one folder never repeats an id (preprocess refuses)
+        if not repeats:
+            return None
+        rid, a, b = repeats[0]
+        return (
+            f"{len(repeats)} record id(s) appear in more than one shard folder (e.g. {rid} in {a} and {b}); "
+            "each copy is trained on"
+        )
+
 
 def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
     """Record locations of one or more shard folders (e.g. the paper's Ningbo + CODE-15 pool), from

@@ -101,6 +101,9 @@ class Trainer:
                 f"train.grad_accum {cfg.train.grad_accum}"
             )
         index = read_index(self.plan.shards)
+        repeated = index.repeated_records()
+        if repeated:
+            self.acc.print(f"ecgpos pretrain: warning: {repeated}", file=sys.stderr)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
         self.sampler = StepBatchSampler(
             len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
