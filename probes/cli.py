@@ -28,7 +28,14 @@ from probes.intervals import add_intervals, collect_scores, differences_markdown
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
 from probes.provenance import INFO_FILE, common_protocol, protocol, protocol_section, read_info, sources
 from probes.published import read_reference, reference_markdown
-from probes.report import merge_results, summary_markdown, write_outputs, write_results
+from probes.report import (
+    merge_results,
+    protocol_markdown,
+    records_markdown,
+    summary_markdown,
+    write_outputs,
+    write_results,
+)
 from probes.run import (
     ProbeConfig,
     check_probe_config,
@@ -307,6 +314,7 @@ def _probe(args: argparse.Namespace) -> int:
         remove_abandoned_temporaries(folder)
     started = time.time()
     jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
+    records: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # source -> task -> split -> counts
     log = lambda s: (print(s), notes.append(s))  # noqa: E731
     overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
@@ -331,6 +339,7 @@ def _probe(args: argparse.Namespace) -> int:
                 "failed": stats.failed,
             }
             tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"])
+            records.setdefault(source.name, {})[task.name] = data.counts
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
     t_train = time.time()
@@ -343,7 +352,8 @@ def _probe(args: argparse.Namespace) -> int:
     frame = write_results(rows, args.out)
     if overlaps:
         write_overlap(overlaps, args.out)
-    sections = [guard_section] if guard_section else []
+    sections = [protocol_markdown(cfg, tasks, enc.spec.window, enc.spec.fs), records_markdown(records, frame)]
+    sections += [guard_section] if guard_section else []
     sections += _reference_section(args, frame)
     text = write_outputs(
         frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")], sections=sections
@@ -361,6 +371,7 @@ def _probe(args: argparse.Namespace) -> int:
         "config": to_dict(cfg),
         "cache_dir": str(cache_dir),
         "extraction": extraction,
+        "records": records,
         "bootstrap": args.bootstrap,
         "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
         "seconds": {
