@@ -62,7 +62,8 @@ records whose files changed since (size or mtime of their .hea/.dat/.mat differs
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
-seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction),
+seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
+as run; every split row counted as not found, refused, pretraining overlap or probed),
 OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
 --compare), OUT/overlap.csv (with a pretraining index) and OUT/probe.json (settings, counts, timings).
 Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
@@ -92,8 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
-    p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
-    p.add_argument("--seeds", type=int, help="seeds per probe (default 5)")
+    p.add_argument(
+        "--fractions",
+        help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100): MERL's training subsets "
+        "(train_test_split, random_state=42), the same for every seed",
+    )
+    p.add_argument("--seeds", type=int, help="seeds per probe, 0..N-1: initialisation and batch order (default 5)")
     p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
     p.add_argument(
         "--out", type=user_path, help="output folder (required to probe; --compare without it prints the table)"
