@@ -26,7 +26,16 @@ from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
-from probes.provenance import INFO_FILE, common_protocol, protocol, protocol_section, read_info, sources
+from probes.provenance import (
+    INFO_FILE,
+    common_protocol,
+    merged_records,
+    protocol,
+    protocol_section,
+    read_info,
+    shared_protocol,
+    sources,
+)
 from probes.published import read_reference, reference_markdown
 from probes.report import (
     merge_results,
@@ -198,7 +207,9 @@ def _compare(args: argparse.Namespace) -> int:
             notes.append(f"{folder}: no {PROBE_SCORES_FILE}, so its rows are in no paired difference")
         sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
-    sections = [s for s in [protocol_section(infos)] if s]
+    records = merged_records(infos, renamed)
+    sections = [s for s in [protocol_section(infos), shared_protocol(infos)] if s]
+    sections += [records_markdown(records, frame)] if records else []
     sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame)
     if args.out is None:
@@ -218,6 +229,7 @@ def _compare(args: argparse.Namespace) -> int:
             "compared": [str(f) for f in infos],
             "protocol": common_protocol({f: protocol(i) for f, i in infos.items() if i is not None}),
             "sources": labels,
+            "records": records,
         }
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
     print(write_outputs(frame, args.out, notes, sections))
@@ -357,7 +369,7 @@ def _probe(args: argparse.Namespace) -> int:
     frame = write_results(rows, args.out)
     if overlaps:
         write_overlap(overlaps, args.out)
-    sections = [protocol_markdown(cfg, tasks, enc.spec.window, enc.spec.fs), records_markdown(records, frame)]
+    sections = [protocol_markdown(cfg, names, enc.spec.window, enc.spec.fs), records_markdown(records, frame)]
     sections += [guard_section] if guard_section else []
     sections += _reference_section(args, frame)
     text = write_outputs(

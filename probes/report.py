@@ -13,7 +13,7 @@ from ecgpos.export.probe_scores import check_probe_results
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
 from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
-from probes.tasks import TASKS, TaskDef, read_table, task_label
+from probes.tasks import TASKS, read_table, task_label
 
 RESULT_COLUMNS = [
     "encoder",
@@ -168,11 +168,11 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     return "\n".join(parts)
 
 
-def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[TaskDef], window: int, fs: float) -> str:
-    """summary.md section: the probe protocol of this run as a reviewer needs it, from its settings;
-    `window` samples at `fs` Hz is the encoder's input window."""
+def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: float) -> str:
+    """summary.md section: the probe protocol of these task names as a reviewer needs it, from the run's
+    settings; `window` samples at `fs` Hz is the encoder's input window."""
     p = cfg.protocol
-    datasets = [t.dataset for t in tasks]
+    datasets = [TASKS[t].dataset if t in TASKS else "custom" for t in tasks]
     drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs)
     subsets = [f for f in cfg.fractions if f < 1]
     seconds = f"{window / fs:g} s"
@@ -207,7 +207,7 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[TaskDef], window: int, f
         "- Labels: the class columns of the split files, matched by name, not by position"
         + (
             " (MERL's sub-class files list ISC, AVB and RAO/RAE in another order in val and test than in train)."
-            if any(t.name == "ptbxl-sub" for t in tasks)
+            if "ptbxl-sub" in tasks
             else "."
         ),
     ]

@@ -85,8 +85,7 @@ def test_every_split_row_is_counted_once(shared_data, tmp_path):
 
 def test_summary_states_the_protocol_a_reviewer_needs():
     cfg = ProbeConfig(seeds=5, windows_cpsc2018=4)
-    tasks = [TASKS["ptbxl-sub"], TASKS["cpsc2018"]]
-    text = protocol_markdown(cfg, tasks, DEFAULT_SPEC.window, DEFAULT_SPEC.fs)
+    text = protocol_markdown(cfg, ["ptbxl-sub", "cpsc2018"], DEFAULT_SPEC.window, DEFAULT_SPEC.fs)
     for needle in (
         "windows of 2250 samples (9 s)",
         "CPSC2018 (6-60 s records) up to 4 windows",
@@ -100,4 +99,4 @@ def test_summary_states_the_protocol_a_reviewer_needs():
         "ISC, AVB and RAO/RAE",
     ):
         assert needle in text, needle
-    assert "ISC" not in protocol_markdown(cfg, [TASKS["cpsc2018"]], 2250, 250.0)
+    assert "ISC" not in protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0)
