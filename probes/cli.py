@@ -26,9 +26,25 @@ from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
-from probes.provenance import INFO_FILE, common_protocol, protocol, protocol_section, read_info, sources
+from probes.provenance import (
+    INFO_FILE,
+    common_protocol,
+    merged_records,
+    protocol,
+    protocol_section,
+    read_info,
+    shared_protocol,
+    sources,
+)
 from probes.published import read_reference, reference_markdown
-from probes.report import merge_results, summary_markdown, write_outputs, write_results
+from probes.report import (
+    merge_results,
+    protocol_markdown,
+    records_markdown,
+    summary_markdown,
+    write_outputs,
+    write_results,
+)
 from probes.run import (
     ProbeConfig,
     check_probe_config,
@@ -55,7 +71,8 @@ records whose files changed since (size or mtime of their .hea/.dat/.mat differs
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
-seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction),
+seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
+as run; every split row counted as not found, refused, pretraining overlap or probed),
 OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
 --compare), OUT/overlap.csv (with a pretraining index) and OUT/probe.json (settings, counts, timings).
 Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
@@ -85,8 +102,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
-    p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
-    p.add_argument("--seeds", type=int, help="seeds per probe (default 5)")
+    p.add_argument(
+        "--fractions",
+        help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100): MERL's training subsets "
+        "(train_test_split, random_state=42), the same for every seed",
+    )
+    p.add_argument("--seeds", type=int, help="seeds per probe, 0..N-1: initialisation and batch order (default 5)")
     p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
     p.add_argument(
         "--out", type=user_path, help="output folder (required to probe; --compare without it prints the table)"
@@ -186,7 +207,9 @@ def _compare(args: argparse.Namespace) -> int:
             notes.append(f"{folder}: no {PROBE_SCORES_FILE}, so its rows are in no paired difference")
         sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
-    sections = [s for s in [protocol_section(infos)] if s]
+    records = merged_records(infos, renamed)
+    sections = [s for s in [protocol_section(infos), shared_protocol(infos)] if s]
+    sections += [records_markdown(records, frame)] if records else []
     sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame)
     if args.out is None:
@@ -206,6 +229,7 @@ def _compare(args: argparse.Namespace) -> int:
             "compared": [str(f) for f in infos],
             "protocol": common_protocol({f: protocol(i) for f, i in infos.items() if i is not None}),
             "sources": labels,
+            "records": records,
         }
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
     print(write_outputs(frame, args.out, notes, sections))
@@ -307,6 +331,7 @@ def _probe(args: argparse.Namespace) -> int:
         remove_abandoned_temporaries(folder)
     started = time.time()
     jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
+    records: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # source -> task -> split -> counts
     log = lambda s: (print(s), notes.append(s))  # noqa: E731
     overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
@@ -331,6 +356,7 @@ def _probe(args: argparse.Namespace) -> int:
                 "failed": stats.failed,
             }
             tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"])
+            records.setdefault(source.name, {})[task.name] = data.counts
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")
     t_train = time.time()
@@ -343,7 +369,8 @@ def _probe(args: argparse.Namespace) -> int:
     frame = write_results(rows, args.out)
     if overlaps:
         write_overlap(overlaps, args.out)
-    sections = [guard_section] if guard_section else []
+    sections = [protocol_markdown(cfg, names, enc.spec.window, enc.spec.fs), records_markdown(records, frame)]
+    sections += [guard_section] if guard_section else []
     sections += _reference_section(args, frame)
     text = write_outputs(
         frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")], sections=sections
@@ -361,6 +388,7 @@ def _probe(args: argparse.Namespace) -> int:
         "config": to_dict(cfg),
         "cache_dir": str(cache_dir),
         "extraction": extraction,
+        "records": records,
         "bootstrap": args.bootstrap,
         "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
         "seconds": {

@@ -49,6 +49,14 @@ from probes.run import ProbeConfig, record_column, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
+# what x and x_hat are in each space, in summary.md: the appendix defines its metrics on the reconstruction
+SPACE_TEXT = {
+    "features": "x = the Stage-0 encoder's features, x_hat = the nested (Stage-1) encoder's features, as the "
+    "probes see them; the appendix's own x_hat, the Stage-1 reconstruction of the Stage-0 latent, is "
+    "`--space reconstruction`",
+    "reconstruction": "x = the Stage-0 latent patch tokens in Stage 1's target space, x_hat = their Stage-1 "
+    "reconstruction (the appendix's reading), both averaged over the patch tokens",
+}
 CARVING_SEED = 0
 NOT_FOUND = "not found under the data root"
 
@@ -251,7 +259,8 @@ def summary_markdown(
     lines = [
         f"# PoS representation dynamics: {args.encoder}",
         "",
-        f"Task {args.task}, split(s) {args.split}, space `{args.space}` (x = Stage 0, x_hat = Stage 1).",
+        f"Task {args.task}, split(s) {args.split}, space `{args.space}`: {SPACE_TEXT[args.space]}. Both levels "
+        "are standardised with the mean and population std (+1e-8) of the nominal records' x.",
         "Records: "
         + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
         + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "")

@@ -12,6 +12,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
+from ecgpos.config import from_dict
+from ecgpos.errors import EcgposError
+from probes.report import protocol_markdown
+from probes.run import ProbeConfig
+
 INFO_FILE = "probe.json"
 MIXED = "mixed"
 
@@ -82,3 +87,33 @@ def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
         "",
     ]
     return "\n".join(head + lines)
+
+
+def shared_protocol(infos: Mapping[Path, Mapping | None]) -> str:
+    """summary.md's Protocol section for merged folders: stated once when every folder was probed with
+    the same settings and encoder window ('' otherwise: the differences section names what differs)."""
+    runs = [i for i in infos.values() if i is not None and "config" in i]
+    if not runs or len(runs) < len(infos):
+        return ""
+    if len({json.dumps([i["config"], i.get("spec", {}).get("window"), i.get("spec", {}).get("fs")]) for i in runs}) > 1:
+        return ""
+    try:
+        cfg = from_dict(ProbeConfig, runs[0]["config"])
+        window, fs = int(runs[0]["spec"]["window"]), float(runs[0]["spec"]["fs"])
+    except (EcgposError, KeyError, TypeError, ValueError):  # written by another version: not restated
+        return ""
+    tasks = list(dict.fromkeys(t for i in runs for t in i.get("tasks", [])))
+    return protocol_markdown(cfg, tasks, window, fs)
+
+
+def merged_records(
+    infos: Mapping[Path, Mapping | None], renamed: Mapping[Path, Mapping[str, str]]
+) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
+    """Every folder's record counts (probe.json `records`: encoder -> task -> split -> counts) under the
+    encoder labels of the merged table."""
+    out: dict[str, dict[str, dict[str, dict[str, int]]]] = {}
+    for folder, info in infos.items():
+        for encoder, per_task in ((info or {}).get("records") or {}).items():
+            label = renamed.get(folder, {}).get(encoder, encoder)
+            out.setdefault(label, {}).update(per_task)
+    return out

@@ -12,6 +12,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import check_probe_results
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
+from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
 from probes.tasks import TASKS, read_table, task_label
 
 RESULT_COLUMNS = [
@@ -165,6 +166,88 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     if notes:
         parts += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     return "\n".join(parts)
+
+
+def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: float) -> str:
+    """summary.md section: the probe protocol of these task names as a reviewer needs it, from the run's
+    settings; `window` samples at `fs` Hz is the encoder's input window."""
+    p = cfg.protocol
+    datasets = [TASKS[t].dataset if t in TASKS else "custom" for t in tasks]
+    drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs)
+    subsets = [f for f in cfg.fractions if f < 1]
+    seconds = f"{window / fs:g} s"
+    pooling = {
+        "ptbxl": f"PTB-XL (10 s records) {task_windows(cfg, 'ptbxl')} centred window(s)",
+        "cpsc2018": f"CPSC2018 (6-60 s records) up to {task_windows(cfg, 'cpsc2018')} windows spread evenly, "
+        "at least half a window apart (MERL itself embeds the first 5 s, zero-padded)",
+        "csn": f"CSN (10 s records) {task_windows(cfg, 'csn')} centred window(s)",
+        "custom": f"custom tasks up to {task_windows(cfg, 'custom')} window(s)",
+    }
+    text = [
+        "## Protocol",
+        "",
+        f"- Features: the frozen encoder's features averaged over each record's windows of {window} samples "
+        f"({seconds}): " + "; ".join(pooling[d] for d in dict.fromkeys(datasets) if d in pooling) + ". A record "
+        "shorter than one window is zero-padded at the end.",
+        f"- Probe: one linear layer, binary cross-entropy, Adam (lr {p.lr:g}, weight decay {p.weight_decay:g}), "
+        f"batch {p.batch_size}, {p.epochs} epochs, lr x {p.lr_drop_factor:g} from epoch {drops} on "
+        "(epochs counted from 1). Each seed keeps its epoch with the highest validation macro-AUROC (the first "
+        "if tied); the test split is scored at that epoch only.",
+        "- Macro-AUROC: the unweighted mean of the per-class AUROCs over the classes that have at least one "
+        "positive and one negative in the split scored; classes left out are listed below.",
+        f"- Seed{f's 0-{cfg.seeds - 1}' if cfg.seeds > 1 else ' 0'}: a seed draws the layer's initialisation "
+        "and the batch order. "
+        + (
+            f"The {', '.join(f'{f * 100:g} %' for f in subsets)} training subsets are MERL's (scikit-learn "
+            "train_test_split of the train file's rows, random_state=42): the same records for every seed; "
+            "records not probed are then left out of them."
+            if subsets
+            else ""
+        ),
+        "- Labels: the class columns of the split files, matched by name, not by position"
+        + (
+            " (MERL's sub-class files list ISC, AVB and RAO/RAE in another order in val and test than in train)."
+            if "ptbxl-sub" in tasks
+            else "."
+        ),
+    ]
+    return "\n".join(text)
+
+
+_COUNT_TITLES = ("listed", "not found", "unreadable or refused", "pretraining overlap", "probed")
+
+
+def records_markdown(counts: dict[str, dict[str, dict[str, dict[str, int]]]], frame: pd.DataFrame) -> str:
+    """summary.md section: what became of every row of every split file, per task (and per encoder where
+    encoders differ); counts: encoder -> task -> split -> RECORD_COUNTS; frame: results.csv (train rows
+    of each label fraction)."""
+    lines = [
+        "## Records",
+        "",
+        "Every row of a split file is in one of the last four columns. Not found: not under --data-root; "
+        "unreadable or refused: failed to read, refused by the screening, or non-finite features (reasons "
+        "under Notes); pretraining overlap: dropped by --exclude-overlap.",
+        "",
+        "| Task | Split | " + " | ".join(_COUNT_TITLES) + " |",
+        "|---|---|" + "---|" * len(_COUNT_TITLES),
+    ]
+    tasks = list(dict.fromkeys(t for per_task in counts.values() for t in per_task))
+    for task in tasks:
+        by_encoder = {enc: per_task[task] for enc, per_task in counts.items() if task in per_task}
+        same = len({repr(v) for v in by_encoder.values()}) == 1
+        for enc, splits in by_encoder.items():
+            name = task if same else f"{task} ({enc})"
+            for split, c in splits.items():
+                cells = [str(c[k]) for k in RECORD_COUNTS]
+                if split == "train":
+                    part = frame[(frame["task"] == task) & (frame["encoder"] == enc) & (frame["fraction"] < 1)]
+                    sizes = part.groupby("fraction")["n_train"].max()
+                    if len(sizes):
+                        cells[-1] += " (" + ", ".join(f"{_fraction_label(f)}: {int(n)}" for f, n in sizes.items()) + ")"
+                lines.append(f"| {name} | {split} | " + " | ".join(cells) + " |")
+            if same:
+                break
+    return "\n".join(lines)
 
 
 def write_chart(frame: pd.DataFrame, path: Path) -> None:

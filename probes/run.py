@@ -35,7 +35,7 @@ class ProbeConfig:
     """Probe settings (`--config FILE`, `--set key=value`); defaults are the paper's protocol."""
 
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
-    fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
+    fractions: tuple[float, ...] = (0.01, 0.1, 1.0)  # of the training labels, in (0, 1]: 0.01 is 1 %
     seeds: int = 5
     ptbxl_records: str = "records500"  # or records100 (reads filename_lr)
     # windows of spec.window samples embedded per record and averaged (spread evenly, at least half a
@@ -63,8 +63,12 @@ class TaskData:
     missing: dict[str, list[str]]
     failed: dict[str, str]
     keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
+    # split -> RECORD_COUNTS: every row of the split file is in exactly one of the last four
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
+# what became of a split file's rows: listed = not_found + refused + overlap + probed
+RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "probed")
 WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
 
 
@@ -73,6 +77,14 @@ def check_probe_config(cfg: ProbeConfig) -> None:
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
     if cfg.seeds < 1 or cfg.protocol.epochs < 1:
         raise EcgposError("seeds and epochs must be at least 1")
+    # a fraction above 1 would train on all labels under a "1000%" heading (percent given where the
+    # config takes fractions), 0 on none; a repeated one would train the same probes twice
+    bad_fractions = [f for f in cfg.fractions if not 0 < f <= 1]
+    if bad_fractions or not cfg.fractions or len(set(cfg.fractions)) < len(cfg.fractions):
+        raise EcgposError(
+            f"fractions={list(cfg.fractions)}: label fractions must be distinct numbers in (0, 1], "
+            "e.g. [0.01, 0.1, 1] (--fractions takes percentages: 1,10,100)"
+        )
     counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
     bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
     if bad:
@@ -162,10 +174,18 @@ def prepare_task(
             f"{task.name}: none of its {len(failed)} located records could be read "
             f"({', '.join(f'{n} {r}' for r, n in reasons.most_common())}; e.g. {next(iter(failed.items()))[1]})"
         )
-    x, y, keys, positions = {}, {}, {}, np.zeros(0, int)
+    x, y, keys, counts, positions = {}, {}, {}, {}, np.zeros(0, int)
     for split, table in tables.items():
         keep = np.array([k in feats for k in table.records], dtype=bool)
         keys[split] = [k for k, ok in zip(table.records, keep) if ok]
+        not_found = set(missing[split])
+        counts[split] = {
+            "listed": len(table.records),
+            "not_found": len(not_found),
+            "refused": sum(k in failed for k in table.records),
+            "overlap": sum(k in exclude and k not in not_found for k in table.records),
+            "probed": int(keep.sum()),
+        }
         dim = len(next(iter(feats.values()))) if feats else 0
         x[split] = (
             np.stack([feats[k] for k, ok in zip(table.records, keep) if ok])
@@ -175,7 +195,8 @@ def prepare_task(
         y[split] = table.labels[keep]
         if split == "train":
             positions = np.flatnonzero(keep)
-    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys), stats
+    data = TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts)
+    return data, stats
 
 
 def fraction_rows(data: TaskData, fraction: float) -> np.ndarray:

@@ -72,6 +72,9 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     # the table's own rows are over different test sets too: said beside the table
     assert "**Rows over different test sets**" in out
     assert f"- ptbxl-super, 100% labels: test records base2 {n_base}, small 10" in out
+    # every folder's records stay accounted for in the merged summary, under the merged labels
+    assert "| ptbxl-super (base2) | test | 2158 |" in out and "| ptbxl-super (small) | test |" in out
+    assert f"| 0 | 0 | {n_base} |" in out and "| 0 | 0 | 10 |" in out
     merged = probe_folder.root / "merged-small"
     rc = cli("probe", "--compare", base, small, "--out", merged)
     diffs = pd.read_csv(merged / "differences.csv")
@@ -85,6 +88,7 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     rc, out, err = _compare(capsys, merged)
     assert rc == 0, err
     assert f"(on 10 of {n_base} records)" in out
+    assert "| ptbxl-super (small) | test |" in out  # the merged folder keeps the counts of its parts
 
 
 def test_compare_notes_a_folder_without_test_scores(capsys, probe_folder):
@@ -104,9 +108,11 @@ def test_compare_flags_folders_probed_under_different_protocols(capsys, probe_fo
     assert "## Protocol differences between the merged folders" in out
     assert "- **epochs**: two-epochs: 2; three-epochs: 3" in out
     assert "**seeds**" not in out and "**data_root**" not in out  # only what differs is named
+    assert "## Protocol\n" not in out  # no single protocol to state
     rc, out, err = _compare(capsys, two, probe_folder("two-epochs-again"))
     assert rc == 0, err
     assert "Protocol differences" not in out
+    assert "## Protocol\n" in out and "batch 16, 2 epochs" in out  # the one protocol, stated once
 
 
 def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, probe_folder):

@@ -214,6 +214,12 @@ def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp
         assert "HR00020" in scores["keys_0"].tolist()
     summary = (tmp_path / "dropped" / "summary.md").read_text()
     assert "## Pretraining overlap (leakage guard)" in summary and "excluded from the probe" in summary
+    records = [line for line in summary.splitlines() if line.startswith("| custom:")]
+    assert [line.split(" | ", 1)[1] for line in records] == [
+        "train | 7 | 0 | 0 | 1 | 6 |",
+        "val | 4 | 0 | 0 | 1 | 3 |",
+        "test | 3 | 0 | 0 | 1 | 2 |",
+    ]
 
 
 def test_pretraining_folders_come_from_the_run_and_its_stage0(tmp_path):

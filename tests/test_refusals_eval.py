@@ -174,6 +174,7 @@ def test_a_run_still_training_is_named_by_probe_and_geometry(capsys, tmp_path, r
     rc, out, err = run(capsys, *_geometry(task, partial, tmp_path / "g"))
     assert rc == 0 and f"ecgpos geometry: warning: {expected}" in err
     assert expected in (tmp_path / "g" / "summary.md").read_text()
+    assert "the appendix's own x_hat" in (tmp_path / "g" / "summary.md").read_text()  # which space is measured
     args = ["probe", "--encoder", partial, "--task", f"custom:{_probe_task(tmp_path / 'pt', shared_data)}"]
     args += ["--out", tmp_path / "p"]
     rc, out, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK)

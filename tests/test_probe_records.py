@@ -1,0 +1,102 @@
+"""Probe inputs against MERL's split files: class columns and their order, what became of every split
+row (records accounting), the label fractions a config may give, and the protocol stated in summary.md."""
+
+from __future__ import annotations
+
+import shutil
+
+import pandas as pd
+import pytest
+
+from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.errors import EcgposError
+from probes.features import raw_source
+from probes.report import protocol_markdown, records_markdown
+from probes.run import RECORD_COUNTS, ProbeConfig, check_probe_config, prepare_task
+from probes.tasks import PAPER_TASKS, SPLITS, TASKS, read_split, resolve_task
+
+CLASS_COUNTS = {"ptbxl-super": 5, "ptbxl-sub": 23, "ptbxl-form": 19, "ptbxl-rhythm": 12, "cpsc2018": 9}
+
+
+def test_task_classes_are_the_merl_train_columns_in_order(shared_data):
+    splits = shared_data / "merl_splits"
+    for name in PAPER_TASKS:
+        task = TASKS[name]
+        header = list(pd.read_csv(splits / task.files["train"], nrows=0).columns)
+        assert header[: len(task.meta)] == list(task.meta), name
+        assert tuple(header[len(task.meta) :]) == task.classes, name
+        assert len(task.classes) == CLASS_COUNTS[name], name
+        for split in SPLITS:  # MERL dropped records without a positive label when it wrote the files
+            assert read_split(task, splits, split).labels.sum(axis=1).min() >= 1, (name, split)
+
+
+def test_sub_class_val_and_test_are_read_by_name_not_position(shared_data):
+    task = TASKS["ptbxl-sub"]
+    for split in ("val", "test"):
+        frame = pd.read_csv(shared_data / "merl_splits" / task.files[split])
+        by_position = frame.iloc[:, len(task.meta) :].to_numpy()
+        ours = read_split(task, shared_data / "merl_splits", split).labels
+        assert (ours == frame[list(task.classes)].to_numpy()).all()
+        assert (ours != by_position).any(), "the files no longer differ in order: update the protocol note"
+
+
+@pytest.mark.parametrize("fractions", [(10.0,), (1.0, 10.0, 100.0), (0.0,), (-0.1,), (), (0.1, 0.1)])
+def test_label_fractions_outside_0_1_or_repeated_are_refused(fractions):
+    with pytest.raises(EcgposError, match="label fractions must be distinct numbers in"):
+        check_probe_config(ProbeConfig(fractions=fractions))
+    check_probe_config(ProbeConfig(fractions=(0.01, 0.1, 1.0)))
+
+
+def test_every_split_row_is_counted_once(shared_data, tmp_path):
+    # the ten original-form CPSC2018 records, one of them truncated, one treated as pretraining overlap
+    root = tmp_path / "data" / "cpsc2018" / "TrainingSet1"
+    shutil.copytree(shared_data / "cpsc2018" / "original" / "TrainingSet1", root)
+    (root / "A1983.mat").write_bytes(b"MATLAB 5.0 MAT-file, truncated")
+    task = resolve_task("cpsc2018")
+    tables = {s: read_split(task, shared_data / "merl_splits", s) for s in SPLITS}
+    where = {k: s for s, t in tables.items() for k in t.records}
+    data, _ = prepare_task(
+        task,
+        raw_source(DEFAULT_SPEC),
+        tmp_path / "data",
+        shared_data / "merl_splits",
+        tmp_path / "cache",
+        ProbeConfig(),
+        log=lambda _: None,
+        exclude={"A1986"},
+    )
+    for split, c in data.counts.items():
+        assert set(c) == set(RECORD_COUNTS)
+        assert c["listed"] == len(tables[split].records)
+        assert c["listed"] == c["not_found"] + c["refused"] + c["overlap"] + c["probed"], split
+        assert c["probed"] == len(data.x[split])
+        present = sorted(k for k in tables[split].records if k.startswith("A198"))
+        assert c["not_found"] == c["listed"] - len(present)
+        assert c["refused"] == int(where["A1983"] == split)
+        assert c["overlap"] == int(where["A1986"] == split)
+    frame = pd.DataFrame(
+        [{"encoder": "raw signal", "task": "cpsc2018", "fraction": 0.1, "n_train": 1, "test_auroc": 0.5}]
+    )
+    text = records_markdown({"raw signal": {"cpsc2018": data.counts}}, frame)
+    train = data.counts["train"]
+    assert f"| cpsc2018 | train | {train['listed']} | {train['not_found']} |" in text
+    assert f"| {train['probed']} (10%: 1) |" in text
+
+
+def test_summary_states_the_protocol_a_reviewer_needs():
+    cfg = ProbeConfig(seeds=5, windows_cpsc2018=4)
+    text = protocol_markdown(cfg, ["ptbxl-sub", "cpsc2018"], DEFAULT_SPEC.window, DEFAULT_SPEC.fs)
+    for needle in (
+        "windows of 2250 samples (9 s)",
+        "CPSC2018 (6-60 s records) up to 4 windows",
+        "MERL itself embeds the first 5 s",
+        "lr x 0.1 from epoch 41",
+        "highest validation macro-AUROC",
+        "at least one positive and one negative",
+        "Seeds 0-4",
+        "random_state=42",
+        "matched by name",
+        "ISC, AVB and RAO/RAE",
+    ):
+        assert needle in text, needle
+    assert "ISC" not in protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0)
