@@ -268,3 +268,23 @@ def test_pretrain_script_refuses_a_gpu_count_that_is_not_a_number() -> None:
     proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert "ECGPOS_GPUS_PER_NODE" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_counts_written_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
+    # bash arithmetic reads "010" as octal 8 and fails on "08": the launcher must still get 2 x 10 processes
+    srun = _render("0", {**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "010"})
+    assert _flag(shlex.split(srun[-1].split("exec ", 1)[1]), "--num_processes") == "20"
+    srun = _render("0", {**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "08"})
+    assert _flag(shlex.split(srun[-1].split("exec ", 1)[1]), "--num_processes") == "16"
+    data = probe_data_stand_ins(tmp_path)
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_STEPS="preprocess check",  # the stages would only add their slow config checks
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_PREPROCESS_PARTS="08",
+        ECGPOS_GPUS_PER_NODE="08",  # the probes' GPU count is derived from it
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "--array=0-7" in proc.stdout
