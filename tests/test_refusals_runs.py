@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from refusal_helpers import (
     FAST,
     PRETRAIN,
@@ -22,7 +23,7 @@ from refusal_helpers import (
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.wfdb_io import read_wfdb_record
-from ecgpos.runs.run_folder import checkpoint_name
+from ecgpos.runs.run_folder import checkpoint_name, newest_checkpoint
 
 
 def _broken_shards(tmp_path: Path, tiny_shards: Path) -> dict[str, Path]:
@@ -122,8 +123,6 @@ def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tin
     assert info["skipped_checkpoints"][0]["moved_to"] == str(aside)
     assert (aside / "model.safetensors").read_bytes() == b"not a safetensors file"
     # the resumed run rewrote step 4: the same weights as the uninterrupted run (bit-identical resume)
-    from safetensors.torch import load_file
-
     want, got = (load_file(str(d / "checkpoints" / "step-0000004" / "model.safetensors")) for d in (tiny_run, run_dir))
     assert all(torch.equal(want[k], got[k]) for k in want)
     # now every optimizer state is corrupt: one line, exit 2
@@ -174,3 +173,27 @@ def test_exporting_an_unfinished_run_warns(capsys, tmp_path, tiny_run):
     expected = f"{run_dir.resolve()} is not finished (step 4 of 4): its newest checkpoint {checkpoint_name(4)} is used"
     expected = f"ecgpos export: warning: {expected}\n"
     assert rc == 0 and expected in err, err
+
+
+def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tiny_run, tiny_shards):
+    """The sampler's order is a function of the records and their order: a resume on other records of
+    the same count, or on pooled folders given in another order, would repeat some records and skip
+    others. The same records in the same order in another place are the same run."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / checkpoint_name(4))  # resume from step 2
+    before = (run_dir / "metrics.jsonl").read_text()
+    parts = []
+    for k, shard in enumerate(sorted(tiny_shards.glob("shard-*.h5"))):  # the same records, now in two folders
+        (tmp_path / f"part{k}").mkdir()
+        parts.append(shutil.copy(shard, tmp_path / f"part{k}"))
+    first, second = (str(Path(p).parent) for p in parts)
+    steps = ["--set", "optim.steps=4", "--set", "train.checkpoint_every=2", "--resume", "auto"]
+    args = [*PRETRAIN, "--run-dir", run_dir, *FAST, *steps]
+    rc, _, err = run(capsys, *args, "--shards", second, first)
+    one_line_error(rc, err, "pretrain", "other training records than the run was started on")
+    assert (run_dir / "metrics.jsonl").read_text() == before and newest_checkpoint(run_dir).name == checkpoint_name(2)
+    rc, _, err = run(capsys, *args, "--shards", first, second)
+    assert rc == 0, err
+    want, got = (load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir))
+    assert all(torch.equal(want[k], got[k]) for k in want)

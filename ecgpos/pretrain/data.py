@@ -99,6 +99,15 @@ def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
     return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids), dtype)
 
 
+def records_digest(index: RecordIndex) -> str:
+    """sha256 of the record ids in index order: the sampler's order depends on it, so a run resumes
+    only on these records in this order (wherever the shard folders now live)."""
+    digest = hashlib.sha256()
+    for record_id in index.record_id:
+        digest.update(record_id.encode() + b"\0")
+    return digest.hexdigest()
+
+
 def is_validation(record_id: str, val_fraction: float) -> bool:
     """Held-out membership from a hash of the record id: stable across runs, seeds and shard layouts."""
     if val_fraction <= 0:

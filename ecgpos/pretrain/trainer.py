@@ -43,6 +43,7 @@ from ecgpos.pretrain.data import (
     eval_loader,
     model_input,
     read_index,
+    records_digest,
     split_index,
     train_loader,
 )
@@ -102,6 +103,7 @@ class Trainer:
             )
         index = read_index(self.plan.shards)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
+        self.records_sha256 = records_digest(train_index)
         self.sampler = StepBatchSampler(
             len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
         )
@@ -127,6 +129,11 @@ class Trainer:
                 raise ConfigError(
                     f"the shards hold {len(train_index)} training records but the run was started on "
                     f"{state.get('num_train_records')}: resume on the same shards"
+                )
+            if state.get("train_records_sha256", self.records_sha256) != self.records_sha256:
+                raise ConfigError(
+                    "the shards hold other training records than the run was started on (or the same ones "
+                    "in another order, e.g. --shards folders swapped): resume on the same shards, in the same order"
                 )
             self.start_step = int(state["step"])
         self.sampler.start_step = self.start_step
@@ -243,6 +250,7 @@ class Trainer:
                 "batch_in_epoch": batch,
                 "samples_seen": step * self.cfg.train.batch_size,
                 "num_train_records": self.sampler.num_records,
+                "train_records_sha256": self.records_sha256,
                 "seed": self.cfg.train.seed,
                 "num_processes": self.acc.num_processes,
                 "stage": self.cfg.stage,
