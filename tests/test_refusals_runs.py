@@ -197,3 +197,13 @@ def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tin
     assert rc == 0, err
     want, got = (load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir))
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, export):
+    # e.g. Stage 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
+    copy = tmp_path / "enc"
+    shutil.copytree(export, copy)
+    before = sorted(p.name for p in copy.iterdir())
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", copy, *FAST)
+    one_line_error(rc, err, "pretrain", "is an export folder")
+    assert sorted(p.name for p in copy.iterdir()) == before
