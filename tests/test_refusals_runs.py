@@ -175,12 +175,14 @@ def test_exporting_an_unfinished_run_warns(capsys, tmp_path, tiny_run):
     assert rc == 0 and expected in err, err
 
 
-def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tiny_run, tiny_shards):
+def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tiny_run, tiny_shards, monkeypatch):
     """The sampler's order is a function of the records and their order: a resume on other records of
     the same count, or on pooled folders given in another order, would repeat some records and skip
     others. The same records in the same order in another place are the same run."""
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("run")  # given relative: run_info.json still names absolute paths
     shutil.rmtree(run_dir / "checkpoints" / checkpoint_name(4))  # resume from step 2
     before = (run_dir / "metrics.jsonl").read_text()
     parts = []
@@ -195,6 +197,9 @@ def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tin
     assert (run_dir / "metrics.jsonl").read_text() == before and newest_checkpoint(run_dir).name == checkpoint_name(2)
     rc, _, err = run(capsys, *args, "--shards", first, second)
     assert rc == 0, err
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["checkpoint"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(4))
+    assert info["resumed_from"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(2))
     want, got = (load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir))
     assert all(torch.equal(want[k], got[k]) for k in want)
 

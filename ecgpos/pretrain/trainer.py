@@ -161,7 +161,7 @@ class Trainer:
             "finished": finished,
             "stage0": self.plan.stage0_source,
             "shards": [str(folder.resolve()) for folder in self.plan.shards],
-            "checkpoint": str(checkpoint) if checkpoint else None,
+            "checkpoint": str(checkpoint.resolve()) if checkpoint else None,  # absolute, as the shards
             "num_processes": self.acc.num_processes,
             "global_batch": self.cfg.train.batch_size,
             "per_process_batch": self.sampler.per_process,
