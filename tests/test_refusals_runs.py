@@ -200,7 +200,9 @@ def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tin
     info = json.loads((run_dir / "run_info.json").read_text())
     assert info["checkpoint"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(4))
     assert info["resumed_from"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(2))
-    want, got = (load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir))
+    want, got = (
+        load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir)
+    )
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
@@ -212,3 +214,13 @@ def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, exp
     rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", copy, *FAST)
     one_line_error(rc, err, "pretrain", "is an export folder")
     assert sorted(p.name for p in copy.iterdir()) == before
+
+
+def test_a_val_fraction_that_holds_out_no_record_is_said(capsys, tmp_path, tiny_shards):
+    # the split is by a hash of the record id: 0.1 % of 24 records holds out none, and no val_loss comes
+    run_dir = tmp_path / "run"
+    rc, _, err = run(
+        capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", "train.val_fraction=0.001"
+    )
+    assert rc == 0 and "warning: train.val_fraction 0.001 holds out none (or all) of the 24 records" in err, err
+    assert "val_loss" not in (run_dir / "metrics.jsonl").read_text()

@@ -108,6 +108,21 @@ def records_digest(index: RecordIndex) -> str:
     return digest.hexdigest()
 
 
+def check_resumed_records(state: dict, num_records: int, digest: str) -> None:
+    """ConfigError unless a checkpoint's trainer state was written for these training records in this
+    order (`records_digest`; a checkpoint written before the digest existed is checked by count)."""
+    if state.get("num_train_records") != num_records:
+        raise ConfigError(
+            f"the shards hold {num_records} training records but the run was started on "
+            f"{state.get('num_train_records')}: resume on the same shards"
+        )
+    if state.get("train_records_sha256", digest) != digest:
+        raise ConfigError(
+            "the shards hold other training records than the run was started on (or the same ones "
+            "in another order, e.g. --shards folders swapped): resume on the same shards, in the same order"
+        )
+
+
 def is_validation(record_id: str, val_fraction: float) -> bool:
     """Held-out membership from a hash of the record id: stable across runs, seeds and shard layouts."""
     if val_fraction <= 0:

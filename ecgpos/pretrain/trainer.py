@@ -39,6 +39,7 @@ from ecgpos.pretrain.checkpoint import Resumed, remove_partial, resume_checkpoin
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
+    check_resumed_records,
     eval_batches,
     eval_loader,
     model_input,
@@ -103,6 +104,12 @@ class Trainer:
             )
         index = read_index(self.plan.shards)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
+        if cfg.train.val_fraction > 0 and val_index is None and self.acc.is_main_process:
+            print(
+                f"ecgpos pretrain: warning: train.val_fraction {cfg.train.val_fraction} holds out none (or all) "
+                f"of the {len(index)} records: no validation loss will be logged",
+                file=sys.stderr,
+            )
         self.records_sha256 = records_digest(train_index)
         self.sampler = StepBatchSampler(
             len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
@@ -125,16 +132,7 @@ class Trainer:
         self.resumed = resume_checkpoint(self.acc, self.run_dir) if self.plan.resume else Resumed()
         state = self.resumed.state
         if state is not None:
-            if state.get("num_train_records") != len(train_index):
-                raise ConfigError(
-                    f"the shards hold {len(train_index)} training records but the run was started on "
-                    f"{state.get('num_train_records')}: resume on the same shards"
-                )
-            if state.get("train_records_sha256", self.records_sha256) != self.records_sha256:
-                raise ConfigError(
-                    "the shards hold other training records than the run was started on (or the same ones "
-                    "in another order, e.g. --shards folders swapped): resume on the same shards, in the same order"
-                )
+            check_resumed_records(state, len(train_index), self.records_sha256)
             self.start_step = int(state["step"])
         self.sampler.start_step = self.start_step
         self.metrics = MetricsLog(self.run_dir, self.acc.is_main_process, self.start_step, self.plan.resume)
@@ -345,11 +343,12 @@ class Trainer:
         batches = iter(loader)
         self.model.train()
         self._keep_stage0_frozen()
+        held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
         acc.print(
             f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
             f"global batch {cfg.train.batch_size} "
             f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
-            f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}"
+            f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
         )
         bar = tqdm(
             total=total,
