@@ -92,11 +92,29 @@ def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
         ids += names
     if not ids:
         raise ConfigError(f"shard folder(s) {', '.join(map(str, folders))} hold no records")
+    _refuse_repeated_records(ids, [paths[k] for k in shard])
     dtype = np.result_type(*dtypes)
     if dtype not in (np.float16, np.float32):
         found = ", ".join(sorted({str(d) for d in dtypes}))
         raise ConfigError(f"shard signals must be float16 or float32, not {found}")
     return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids), dtype)
+
+
+def _refuse_repeated_records(ids: list[str], where: list[Path]) -> None:
+    """ConfigError when a record id occurs twice (ids[i] is stored in where[i]): pooled folders that
+    overlap, e.g. a corpus's subset beside the whole corpus, or one shard set under two names, would
+    train on those records twice as often as on the others."""
+    first: dict[str, int] = {}
+    repeated = []
+    for i, record_id in enumerate(ids):
+        if first.setdefault(record_id, i) != i:
+            repeated.append(i)
+    if repeated:
+        i = repeated[0]
+        raise ConfigError(
+            f"{len(repeated)} record id(s) occur more than once in the shards, e.g. {ids[i]} in "
+            f"{where[first[ids[i]]]} and {where[i]}: pool shard folders that do not overlap"
+        )
 
 
 def records_digest(index: RecordIndex) -> str:
