@@ -288,3 +288,29 @@ def test_counts_written_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "--array=0-7" in proc.stdout
+
+
+def test_pretrain_script_leaves_a_finished_run_to_the_trainer(tmp_path: Path) -> None:
+    # the trainer compares the config (ECGPOS_PRETRAIN_SET may have changed since) with the finished run's;
+    # the script must not report the old run as this job's result without asking it
+    run_dir = tmp_path / "work" / "runs" / "stage0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run_info.json").write_text('{"finished": true}')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!/bin/sh\necho srun started >> {shlex.quote(str(tmp_path / 'srun.log'))}\n")
+    srun.chmod(0o755)
+    env = _clean_env(
+        tmp_path,
+        SLURM_JOB_ID="77",
+        ECGPOS_GPUS_PER_NODE="0",
+        ECGPOS_WORK=str(tmp_path / "work"),
+        ECGPOS_PRETRAIN_SET="optim.steps=9",
+    )
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "stage 0 finished" in proc.stderr, proc.stderr
+    assert (tmp_path / "srun.log").read_text() == "srun started\n"
