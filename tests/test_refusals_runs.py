@@ -12,7 +12,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
 from refusal_helpers import (
     FAST,
     PRETRAIN,
@@ -20,6 +19,7 @@ from refusal_helpers import (
     one_line_error,
     run,
 )
+from safetensors.torch import load_file
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.wfdb_io import read_wfdb_record
