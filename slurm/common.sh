@@ -23,12 +23,14 @@ ecgpos_log() { echo "[$(date -u +%FT%TZ) ${SLURM_JOB_ID:-nojob}${SLURM_ARRAY_TAS
 ecgpos_die() { ecgpos_log "error: $*"; exit 2; }
 
 # Checks of settings, each failing with one line that names the variable (exit 2).
-# ecgpos_require_int NAME MIN: $NAME is a whole number >= MIN.
+# ecgpos_require_int NAME MIN: $NAME is a whole number >= MIN; it is rewritten without leading zeros, which
+# bash arithmetic would read as octal ("08" fails there, "010" is 8).
 ecgpos_require_int() {
     local name=$1 min=$2 value=${!1:-}
     if ! [[ $value =~ ^[0-9]+$ ]] || (( 10#$value < min )); then
         ecgpos_die "$name must be a whole number >= $min, got '$value'"
     fi
+    printf -v "$name" '%d' "$(( 10#$value ))"
 }
 # ecgpos_require_dir NAME WHAT: $NAME is set and an existing folder.
 ecgpos_require_dir() {

@@ -19,10 +19,11 @@ from refusal_helpers import (
     one_line_error,
     run,
 )
+from safetensors.torch import load_file
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.wfdb_io import read_wfdb_record
-from ecgpos.runs.run_folder import checkpoint_name
+from ecgpos.runs.run_folder import checkpoint_name, newest_checkpoint
 
 
 def _broken_shards(tmp_path: Path, tiny_shards: Path) -> dict[str, Path]:
@@ -168,8 +169,6 @@ def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tin
     assert info["skipped_checkpoints"][0]["moved_to"] == str(aside)
     assert (aside / "model.safetensors").read_bytes() == b"not a safetensors file"
     # the resumed run rewrote step 4: the same weights as the uninterrupted run (bit-identical resume)
-    from safetensors.torch import load_file
-
     want, got = (load_file(str(d / "checkpoints" / "step-0000004" / "model.safetensors")) for d in (tiny_run, run_dir))
     assert all(torch.equal(want[k], got[k]) for k in want)
     # now every optimizer state is corrupt: one line, exit 2
@@ -220,3 +219,54 @@ def test_exporting_an_unfinished_run_warns(capsys, tmp_path, tiny_run):
     expected = f"{run_dir.resolve()} is not finished (step 4 of 4): its newest checkpoint {checkpoint_name(4)} is used"
     expected = f"ecgpos export: warning: {expected}\n"
     assert rc == 0 and expected in err, err
+
+
+def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tiny_run, tiny_shards, monkeypatch):
+    """The sampler's order is a function of the records and their order: a resume on other records of
+    the same count, or on pooled folders given in another order, would repeat some records and skip
+    others. The same records in the same order in another place are the same run."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    monkeypatch.chdir(tmp_path)
+    run_dir = Path("run")  # given relative: run_info.json still names absolute paths
+    shutil.rmtree(run_dir / "checkpoints" / checkpoint_name(4))  # resume from step 2
+    before = (run_dir / "metrics.jsonl").read_text()
+    parts = []
+    for k, shard in enumerate(sorted(tiny_shards.glob("shard-*.h5"))):  # the same records, now in two folders
+        (tmp_path / f"part{k}").mkdir()
+        parts.append(shutil.copy(shard, tmp_path / f"part{k}"))
+    first, second = (str(Path(p).parent) for p in parts)
+    steps = ["--set", "optim.steps=4", "--set", "train.checkpoint_every=2", "--resume", "auto"]
+    args = [*PRETRAIN, "--run-dir", run_dir, *FAST, *steps]
+    rc, _, err = run(capsys, *args, "--shards", second, first)
+    one_line_error(rc, err, "pretrain", "other training records than the run was started on")
+    assert (run_dir / "metrics.jsonl").read_text() == before and newest_checkpoint(run_dir).name == checkpoint_name(2)
+    rc, _, err = run(capsys, *args, "--shards", first, second)
+    assert rc == 0, err
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["checkpoint"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(4))
+    assert info["resumed_from"] == str(tmp_path / "run" / "checkpoints" / checkpoint_name(2))
+    want, got = (
+        load_file(str(d / "checkpoints" / checkpoint_name(4) / "model.safetensors")) for d in (tiny_run, run_dir)
+    )
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, export):
+    # e.g. Stage 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
+    copy = tmp_path / "enc"
+    shutil.copytree(export, copy)
+    before = sorted(p.name for p in copy.iterdir())
+    rc, _, err = run(capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", copy, *FAST)
+    one_line_error(rc, err, "pretrain", "is an export folder")
+    assert sorted(p.name for p in copy.iterdir()) == before
+
+
+def test_a_val_fraction_that_holds_out_no_record_is_said(capsys, tmp_path, tiny_shards):
+    # the split is by a hash of the record id: 0.1 % of 24 records holds out none, and no val_loss comes
+    run_dir = tmp_path / "run"
+    rc, _, err = run(
+        capsys, *PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", "train.val_fraction=0.001"
+    )
+    assert rc == 0 and "warning: train.val_fraction 0.001 holds out none (or all) of the 24 records" in err, err
+    assert "val_loss" not in (run_dir / "metrics.jsonl").read_text()

@@ -268,3 +268,49 @@ def test_pretrain_script_refuses_a_gpu_count_that_is_not_a_number() -> None:
     proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert "ECGPOS_GPUS_PER_NODE" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_counts_written_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
+    # bash arithmetic reads "010" as octal 8 and fails on "08": the launcher must still get 2 x 10 processes
+    srun = _render("0", {**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "010"})
+    assert _flag(shlex.split(srun[-1].split("exec ", 1)[1]), "--num_processes") == "20"
+    srun = _render("0", {**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "08"})
+    assert _flag(shlex.split(srun[-1].split("exec ", 1)[1]), "--num_processes") == "16"
+    data = probe_data_stand_ins(tmp_path)
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_STEPS="preprocess check",  # the stages would only add their slow config checks
+        ECGPOS_SRC=str(data / "raw"),
+        ECGPOS_PREPROCESS_PARTS="08",
+        ECGPOS_GPUS_PER_NODE="08",  # the probes' GPU count is derived from it
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "--array=0-7" in proc.stdout
+
+
+def test_pretrain_script_leaves_a_finished_run_to_the_trainer(tmp_path: Path) -> None:
+    # the trainer compares the config (ECGPOS_PRETRAIN_SET may have changed since) with the finished run's;
+    # the script must not report the old run as this job's result without asking it
+    run_dir = tmp_path / "work" / "runs" / "stage0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "run_info.json").write_text('{"finished": true}')
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"
+    srun.write_text(f"#!/bin/sh\necho srun started >> {shlex.quote(str(tmp_path / 'srun.log'))}\n")
+    srun.chmod(0o755)
+    env = _clean_env(
+        tmp_path,
+        SLURM_JOB_ID="77",
+        ECGPOS_GPUS_PER_NODE="0",
+        ECGPOS_WORK=str(tmp_path / "work"),
+        ECGPOS_PRETRAIN_SET="optim.steps=9",
+    )
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "stage 0 finished" in proc.stderr, proc.stderr
+    assert (tmp_path / "srun.log").read_text() == "srun started\n"

@@ -145,7 +145,7 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
     if accelerator.is_main_process:  # a checkpoint a killed save set aside is put back first (run lock held)
         remove_partial(run_dir)
     accelerator.wait_for_everyone()
-    found = list_checkpoints(run_dir)
+    found = list_checkpoints(Path(run_dir).resolve())  # absolute: run_info.json is read from anywhere
     skipped: list[dict[str, str]] = []
     for _, path in reversed(found):
         try:

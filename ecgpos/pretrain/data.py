@@ -66,23 +66,6 @@ class RecordIndex:
             self.dtype,
         )
 
-    def repeated_records(self) -> str | None:
-        """One line on record ids stored in more than one shard folder (e.g. a corpus pooled with a
-        subset of itself preprocessed separately: each copy is trained on), or None."""
-        first: dict[str, int] = {}
-        repeats = []
-        for rid, shard in zip(self.record_id, self.shard):
-            if first.setdefault(rid, shard) != shard:
-                repeats.append((rid, self.paths[first[rid]].parent, self.paths[shard].parent))
-        repeats = [r for r in repeats if r[1] != r[2]]  # one folder never repeats an id (preprocess refuses)
-        if not repeats:
-            return None
-        rid, a, b = repeats[0]
-        return (
-            f"{len(repeats)} record id(s) appear in more than one shard folder (e.g. {rid} in {a} and {b}); "
-            "each copy is trained on"
-        )
-
 
 def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
     """Record locations of one or more shard folders (e.g. the paper's Ningbo + CODE-15 pool), from
@@ -109,11 +92,53 @@ def read_index(folders: str | Path | Sequence[str | Path]) -> RecordIndex:
         ids += names
     if not ids:
         raise ConfigError(f"shard folder(s) {', '.join(map(str, folders))} hold no records")
+    _refuse_repeated_records(ids, [paths[k] for k in shard])
     dtype = np.result_type(*dtypes)
     if dtype not in (np.float16, np.float32):
         found = ", ".join(sorted({str(d) for d in dtypes}))
         raise ConfigError(f"shard signals must be float16 or float32, not {found}")
     return RecordIndex(tuple(paths), np.array(shard), np.array(row), np.array(length), tuple(ids), dtype)
+
+
+def _refuse_repeated_records(ids: list[str], where: list[Path]) -> None:
+    """ConfigError when a record id occurs twice (ids[i] is stored in where[i]): pooled folders that
+    overlap, e.g. a corpus's subset beside the whole corpus, or one shard set under two names, would
+    train on those records twice as often as on the others."""
+    first: dict[str, int] = {}
+    repeated = []
+    for i, record_id in enumerate(ids):
+        if first.setdefault(record_id, i) != i:
+            repeated.append(i)
+    if repeated:
+        i = repeated[0]
+        raise ConfigError(
+            f"{len(repeated)} record id(s) occur more than once in the shards, e.g. {ids[i]} in "
+            f"{where[first[ids[i]]]} and {where[i]}: pool shard folders that do not overlap"
+        )
+
+
+def records_digest(index: RecordIndex) -> str:
+    """sha256 of the record ids in index order: the sampler's order depends on it, so a run resumes
+    only on these records in this order (wherever the shard folders now live)."""
+    digest = hashlib.sha256()
+    for record_id in index.record_id:
+        digest.update(record_id.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def check_resumed_records(state: dict, num_records: int, digest: str) -> None:
+    """ConfigError unless a checkpoint's trainer state was written for these training records in this
+    order (`records_digest`; a checkpoint written before the digest existed is checked by count)."""
+    if state.get("num_train_records") != num_records:
+        raise ConfigError(
+            f"the shards hold {num_records} training records but the run was started on "
+            f"{state.get('num_train_records')}: resume on the same shards"
+        )
+    if state.get("train_records_sha256", digest) != digest:
+        raise ConfigError(
+            "the shards hold other training records than the run was started on (or the same ones "
+            "in another order, e.g. --shards folders swapped): resume on the same shards, in the same order"
+        )
 
 
 def is_validation(record_id: str, val_fraction: float) -> bool:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
-from ecgpos.export.format import weights_hash
+from ecgpos.export.format import is_export_dir, weights_hash
 from ecgpos.files import make_output_folder
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 
@@ -103,7 +103,6 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
     """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder,
     loaded through the one resolver (ecgpos.inference.resolve)."""
     from ecgpos.config import load_config
-    from ecgpos.export.format import is_export_dir
     from ecgpos.inference.resolve import resolve_encoder
     from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
     from ecgpos.runs.stages import check_stage0_fits, stage0_config_dict
@@ -158,6 +157,8 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     make_output_folder(run_dir, "--run-dir", create=False)  # a file there, or a file above it
     if run_dir.is_dir() and any(run_dir.glob(SHARD_GLOB)):  # e.g. --run-dir given one of the --shards folders
         raise ConfigError(f"--run-dir {run_dir} holds shard files ({SHARD_GLOB}): a run goes in a folder of its own")
+    if is_export_dir(run_dir):  # e.g. Stage 1 given its --stage0 export: the export would turn into a run folder
+        raise ConfigError(f"--run-dir {run_dir} is an export folder (config.json): a run goes in a folder of its own")
     has_run = run_dir.is_dir() and (
         (run_dir / METRICS_FILE).exists()
         or newest_checkpoint(run_dir) is not None

@@ -39,10 +39,12 @@ from ecgpos.pretrain.checkpoint import Resumed, remove_partial, resume_checkpoin
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
+    check_resumed_records,
     eval_batches,
     eval_loader,
     model_input,
     read_index,
+    records_digest,
     split_index,
     train_loader,
 )
@@ -101,10 +103,14 @@ class Trainer:
                 f"train.grad_accum {cfg.train.grad_accum}"
             )
         index = read_index(self.plan.shards)
-        repeated = index.repeated_records()
-        if repeated:
-            self.acc.print(f"ecgpos pretrain: warning: {repeated}", file=sys.stderr)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
+        if cfg.train.val_fraction > 0 and val_index is None and self.acc.is_main_process:
+            print(
+                f"ecgpos pretrain: warning: train.val_fraction {cfg.train.val_fraction} holds out none (or all) "
+                f"of the {len(index)} records: no validation loss will be logged",
+                file=sys.stderr,
+            )
+        self.records_sha256 = records_digest(train_index)
         self.sampler = StepBatchSampler(
             len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
         )
@@ -126,11 +132,7 @@ class Trainer:
         self.resumed = resume_checkpoint(self.acc, self.run_dir) if self.plan.resume else Resumed()
         state = self.resumed.state
         if state is not None:
-            if state.get("num_train_records") != len(train_index):
-                raise ConfigError(
-                    f"the shards hold {len(train_index)} training records but the run was started on "
-                    f"{state.get('num_train_records')}: resume on the same shards"
-                )
+            check_resumed_records(state, len(train_index), self.records_sha256)
             self.start_step = int(state["step"])
         self.sampler.start_step = self.start_step
         self.metrics = MetricsLog(self.run_dir, self.acc.is_main_process, self.start_step, self.plan.resume)
@@ -157,7 +159,7 @@ class Trainer:
             "finished": finished,
             "stage0": self.plan.stage0_source,
             "shards": [str(folder.resolve()) for folder in self.plan.shards],
-            "checkpoint": str(checkpoint) if checkpoint else None,
+            "checkpoint": str(checkpoint.resolve()) if checkpoint else None,  # absolute, as the shards
             "num_processes": self.acc.num_processes,
             "global_batch": self.cfg.train.batch_size,
             "per_process_batch": self.sampler.per_process,
@@ -246,6 +248,7 @@ class Trainer:
                 "batch_in_epoch": batch,
                 "samples_seen": step * self.cfg.train.batch_size,
                 "num_train_records": self.sampler.num_records,
+                "train_records_sha256": self.records_sha256,
                 "seed": self.cfg.train.seed,
                 "num_processes": self.acc.num_processes,
                 "stage": self.cfg.stage,
@@ -340,11 +343,12 @@ class Trainer:
         batches = iter(loader)
         self.model.train()
         self._keep_stage0_frozen()
+        held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
         acc.print(
             f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
             f"global batch {cfg.train.batch_size} "
             f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
-            f"{self.sampler.num_records} records, device {acc.device}, precision {acc.mixed_precision}"
+            f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
         )
         bar = tqdm(
             total=total,
