@@ -37,8 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
 from ecgpos.pretrain.guard import NonFiniteGuard  # noqa: E402
-from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile  # noqa: E402
-from ecgpos.pretrain.trainer import resolve_mixed_precision, step_generator  # noqa: E402
+from ecgpos.pretrain.optim import (  # noqa: E402
+    build_optimizer,
+    compile_model,
+    resolve_compile,
+    resolve_mixed_precision,
+)
+from ecgpos.pretrain.trainer import step_generator  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 from ecgpos.runs.stages import build_model  # noqa: E402
 

@@ -1,4 +1,5 @@
-"""The optimiser of both stages: AdamW groups as in MAE, fused, and the optional whole-model compile."""
+"""The optimiser of both stages (AdamW groups as in MAE, fused), and the device-dependent training
+settings: mixed precision and the optional whole-model compile."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
         eps=cfg.optim.eps,
         fused=True,
     )
+
+
+def resolve_mixed_precision(mode: str) -> str:
+    """'auto' -> 'bf16' on a CUDA device that supports it, else 'no' (bf16 on CPU is slow)."""
+    if mode != "auto":
+        return mode
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
 def resolve_compile(mode: bool | str, device: torch.device, num_processes: int = 1) -> bool | str:

@@ -50,20 +50,13 @@ from ecgpos.pretrain.data import (
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
-from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile
+from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile, resolve_mixed_precision
 from ecgpos.pretrain.plan import RunPlan
 from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.pretrain.stop import StopRequest
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.runs.stages import build_model, stage0_of
-
-
-def resolve_mixed_precision(mode: str) -> str:
-    """'auto' -> 'bf16' on a CUDA device that supports it, else 'no' (bf16 on CPU is slow)."""
-    if mode != "auto":
-        return mode
-    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
 def step_generator(
