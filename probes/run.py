@@ -73,6 +73,13 @@ def check_probe_config(cfg: ProbeConfig) -> None:
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
     if cfg.seeds < 1 or cfg.protocol.epochs < 1:
         raise EcgposError("seeds and epochs must be at least 1")
+    fractions = [float(f) for f in cfg.fractions]
+    # a repeated fraction doubles its rows (read as more seeds); above 1 it is all rows, labelled e.g. 200%
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or len(set(fractions)) < len(fractions):
+        raise EcgposError(
+            f"fractions={fractions}: label fractions must be in (0, 1], each listed once "
+            "(--fractions takes percentages: 1,10,100)"
+        )
     counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
     bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
     if bad:
@@ -240,7 +247,10 @@ def run_job(job: Job) -> list[dict]:
     for task, classes, out in zip(job.tasks, job.groups, outs):
         absent = [c for c, k in zip(classes, positives[start : start + len(classes)]) if k == 0]
         start += len(classes)
-        note = f"no positive training example: {' '.join(absent)}" if absent else ""
+        notes = [f"no positive training example: {' '.join(absent)}"] if absent else []
+        if len(out.excluded_val) == len(classes):  # the table's number is then not a selected epoch's
+            notes.append("no val class has positives and negatives: epoch 1 reported, no selection")
+        note = "; ".join(notes)
         rows += [
             dict(
                 base,
