@@ -56,7 +56,7 @@ from probes.run import (
     run_jobs,
     sort_rows,
 )
-from probes.tasks import GUARDED_TASKS, read_splits, resolve_task, task_names
+from probes.tasks import GUARDED_TASKS, read_splits, resolve_tasks, task_names
 
 EPILOG = """\
 PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
@@ -291,8 +291,9 @@ def _probe(args: argparse.Namespace) -> int:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
     if args.bootstrap < 0:
         raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
-    names = task_names(args.task, args.include_csn)
-    tasks = [resolve_task(n) for n in names]
+    tasks = resolve_tasks(task_names(args.task, args.include_csn))
+    if args.reference:  # a wrong name is one line now, not after every probe has trained
+        read_reference(args.reference)
     needs_data = any(t.dataset != "custom" for t in tasks)
     if needs_data and (args.data_root is None or args.splits is None):
         raise EcgposError("--data-root and --splits are required for the PTB-XL, CPSC2018 and CSN tasks")
@@ -325,6 +326,9 @@ def _probe(args: argparse.Namespace) -> int:
         sources.append(encoder_source(twin.module, twin.spec, twin.label, cfg.extract_batch_size, device, twin.arch))
     if args.raw_baseline:
         sources.append(raw_source(enc.spec, cfg.raw_fs))
+    labels = [src.name for src in sources]
+    if len(set(labels)) < len(labels):  # one label: two sources' rows would be merged and averaged
+        raise EcgposError(f"the encoder's row label {label!r} is also a baseline's: give --name another")
     make_output_folder(args.out)
     make_output_folder(cache_dir, "--cache-dir")
     for folder in (args.out, cache_dir):  # what a killed run on this host left
@@ -369,7 +373,10 @@ def _probe(args: argparse.Namespace) -> int:
     frame = write_results(rows, args.out)
     if overlaps:
         write_overlap(overlaps, args.out)
-    sections = [protocol_markdown(cfg, names, enc.spec.window, enc.spec.fs), records_markdown(records, frame)]
+    sections = [
+        protocol_markdown(cfg, [t.name for t in tasks], enc.spec.window, enc.spec.fs),
+        records_markdown(records, frame),
+    ]
     sections += [guard_section] if guard_section else []
     sections += _reference_section(args, frame)
     text = write_outputs(
@@ -384,7 +391,8 @@ def _probe(args: argparse.Namespace) -> int:
         "data_root": str(args.data_root.resolve()) if args.data_root else None,
         "splits": str(args.splits.resolve()) if args.splits else None,
         "exclude_overlap": args.exclude_overlap,
-        "tasks": names,
+        "tasks": [t.name for t in tasks],
+        "task_folders": {t.name: str(Path(t.files["train"]).parent) for t in tasks if t.dataset == "custom"},
         "config": to_dict(cfg),
         "cache_dir": str(cache_dir),
         "extraction": extraction,

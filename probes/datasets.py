@@ -94,6 +94,12 @@ def read_cpsc_original(path: Path) -> RawRecord:
     )
 
 
+def _escapes(key: str) -> bool:
+    """A split key that leads out of its dataset folder (absolute, or up through `..`): such a record is
+    not under the data root, whatever it points at."""
+    return os.path.isabs(key) or os.path.normpath(key).split(os.sep)[0] == ".."
+
+
 @dataclass
 class RecordLocator:
     """Maps a split's record key to a readable path for one dataset under the data root."""
@@ -118,6 +124,8 @@ class RecordLocator:
         if self.dataset == "csn":
             return self._locate_csn(key)
         if self.dataset == "ptbxl":
+            if _escapes(key):
+                return None
             path = self.data_root / "ptbxl" / key
         else:
             path = Path(key) if Path(key).is_absolute() else (self.base or self.data_root) / key
@@ -130,6 +138,8 @@ class RecordLocator:
         path is looked up by id in one walk of the tree (a reorganised copy still works)."""
         root = self.data_root / "ecg-arrhythmia"
         rel = Path(*[p for p in Path(key).parts if p not in ("/", "chapman")]).with_suffix("")
+        if ".." in rel.parts:
+            return None
         path = root / rel
         if f"{path.name}.hea" in self._listing(path.parent):
             return path, "wfdb"
@@ -205,6 +215,31 @@ def missing_records(task: TaskDef, table: SplitTable, data_root: Path) -> list[s
     return [k for k in table.records if locator.locate(k) is None]
 
 
+def check_distinct(task: TaskDef, tables: dict[str, SplitTable], data_root: Path) -> None:
+    """EcgposError when two keys of a task's splits name one record file (`r1` and `r1.hea`, `a/../r1`,
+    an absolute and a relative path, a link): read_splits compares keys as written, so such a record
+    would be trained on and tested on without a word."""
+    locator = task_locator(task, data_root)
+    first: dict[str, tuple[str, str]] = {}
+    folders: dict[Path, str] = {}  # one realpath per folder, not per record (21,799 for PTB-XL)
+    for split, table in tables.items():
+        for key in table.records:
+            found = locator.locate(key)
+            if found is None:
+                continue
+            parent = found[0].parent
+            if parent not in folders:
+                folders[parent] = os.path.realpath(parent)
+            where = os.path.join(folders[parent], found[0].name)
+            if where in first and first[where][0] != key:
+                split0, key0 = first[where][1], first[where][0]
+                raise EcgposError(
+                    f"task {task.name}: {key} ({split}) and {key0} ({split0}) are the same record ({where}); "
+                    "each record must appear in one split, once"
+                )
+            first.setdefault(where, (key, split))
+
+
 def missing_report(task: str, split: str, ids: Sequence[str], total: int, first: int = 5) -> str:
     """One line: how many records of a split are absent, and the first few ids."""
     shown = ", ".join(ids[:first]) + (", ..." if len(ids) > first else "")
@@ -215,9 +250,11 @@ DATA_FOLDERS = {"ptbxl": "ptbxl/", "cpsc2018": "cpsc2018/", "csn": "ecg-arrhythm
 
 
 def check_records(task: TaskDef, tables: dict[str, SplitTable], data_root: Path | None, require_complete: bool) -> None:
-    """One line when a split misses records under --require-complete, or when no record of the task
-    is found at all (a --data-root holding another dataset would otherwise give a table of NaN rows)."""
+    """One line when two keys name one record (`check_distinct`), when a split misses records under
+    --require-complete, or when no record of the task is found at all (a --data-root holding another
+    dataset would otherwise give a table of NaN rows)."""
     root = data_root or Path(".")
+    check_distinct(task, tables, root)
     missing = {split: missing_records(task, table, root) for split, table in tables.items()}
     for split, ids in missing.items():
         if ids and require_complete:

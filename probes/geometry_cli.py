@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -125,12 +126,15 @@ def select_records(
     for split in splits:
         table = read_split(task, splits_root, split, column)
         for key, row in zip(table.records, table.labels[:, cols]):
-            if key in seen:
+            found = locator.locate(key)
+            # a record listed in several splits (or as `r` and `r.hea`, or through a link) counts once
+            record = os.path.realpath(found[0]) if found else key
+            if record in seen:
                 continue
-            seen.add(key)
+            seen.add(record)
             if row.sum() != 1:
                 sel.excluded["none of the chosen labels" if row.sum() == 0 else "several chosen labels"] += 1
-            elif locator.locate(key) is None:
+            elif found is None:
                 sel.excluded[NOT_FOUND] += 1
             else:
                 sel.keys.append(key)

@@ -1,9 +1,9 @@
 """What a probe folder was run under (its probe.json), and the differences `--compare` flags.
 
-Numbers probed with other epochs, seeds, windows, preprocessing, bootstrap resamples, data or splits
-are not the same measurement; `--compare` still merges them (a protocol sweep is a legitimate
-comparison), but names every setting that differs in summary.md so the table is not read as one
-protocol. A folder without probe.json (hand-made or older) is named as unchecked.
+Numbers probed with other epochs, seeds, windows, preprocessing, bootstrap resamples, data, splits or
+custom task folders are not the same measurement; `--compare` still merges them (a protocol sweep is
+a legitimate comparison), but names every setting that differs in summary.md so the table is not
+read as one protocol. A folder without probe.json (hand-made or older) is named as unchecked.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from probes.run import ProbeConfig
 
 INFO_FILE = "probe.json"
 MIXED = "mixed"
+TASK_FOLDER = "folder of "  # protocol key prefix: the folder a custom task was read from
 
 
 def _text(value: object) -> str:
@@ -36,7 +37,16 @@ def protocol(info: Mapping) -> dict[str, str]:
     out |= {f"spec.{k}": _text(v) for k, v in info.get("spec", {}).items()}
     for key in ("bootstrap", "data_root", "splits", "exclude_overlap"):
         out[key] = _text(info.get(key, "not recorded"))
+    # a custom task is named by its folder's name alone: two folders of one name are two data sets
+    out |= {f"{TASK_FOLDER}{name}": folder for name, folder in info.get("task_folders", {}).items()}
     return out
+
+
+def _values(protocols: Mapping[Path, Mapping[str, str]], key: str) -> dict[Path, str]:
+    """Each folder's value of a setting; a custom task's folder only where that task was probed."""
+    if key.startswith(TASK_FOLDER):
+        return {f: p[key] for f, p in protocols.items() if key in p}
+    return {f: p.get(key, "not recorded") for f, p in protocols.items()}
 
 
 def read_info(folder: Path) -> dict | None:
@@ -57,7 +67,7 @@ def common_protocol(protocols: Mapping[Path, Mapping[str, str]]) -> dict[str, st
     keys = dict.fromkeys(k for p in protocols.values() for k in p)
     out = {}
     for key in keys:
-        values = {p.get(key, "not recorded") for p in protocols.values()}
+        values = set(_values(protocols, key).values())
         out[key] = values.pop() if len(values) == 1 else MIXED
     return out
 
@@ -69,7 +79,7 @@ def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
     known = {f: protocol(i) for f, i in infos.items() if i is not None}
     lines = []
     for key in dict.fromkeys(k for p in known.values() for k in p):
-        values = {f: p.get(key, "not recorded") for f, p in known.items()}
+        values = _values(known, key)
         if len(set(values.values())) > 1 or MIXED in values.values():
             lines.append(f"- **{key}**: " + "; ".join(f"{f.name}: {v}" for f, v in values.items()))
     lines += [

@@ -43,7 +43,16 @@ def read_reference(name: str) -> tuple[pd.DataFrame, str]:
     unknown = [c for c in table.columns if c not in TASKS]
     if unknown:
         raise EcgposError(f"{path}: unknown task column(s) {', '.join(unknown)}")
-    return table.astype(float), source
+    if table.empty:
+        raise EcgposError(f"{path}: no published rows")
+    repeated = sorted({str(m) for m in table.index[table.index.duplicated()]})
+    if repeated:  # which of the two rows a difference is taken to would be arbitrary
+        raise EcgposError(f"{path}: model(s) {', '.join(repeated)} listed more than once")
+    numbers = table.apply(pd.to_numeric, errors="coerce")
+    bad = [c for c in table.columns if (numbers[c].isna() & table[c].notna()).any()]
+    if bad:
+        raise EcgposError(f"{path}: column(s) {', '.join(bad)} hold values that are not numbers")
+    return numbers.astype(float), source
 
 
 def _norm(name: str) -> str:

@@ -79,10 +79,10 @@ def check_probe_config(cfg: ProbeConfig) -> None:
         raise EcgposError("seeds and epochs must be at least 1")
     # a fraction above 1 would train on all labels under a "1000%" heading (percent given where the
     # config takes fractions), 0 on none; a repeated one would train the same probes twice
-    bad_fractions = [f for f in cfg.fractions if not 0 < f <= 1]
-    if bad_fractions or not cfg.fractions or len(set(cfg.fractions)) < len(cfg.fractions):
+    fractions = [float(f) for f in cfg.fractions]
+    if not fractions or any(not 0 < f <= 1 for f in fractions) or len(set(fractions)) < len(fractions):
         raise EcgposError(
-            f"fractions={list(cfg.fractions)}: label fractions must be distinct numbers in (0, 1], "
+            f"fractions={fractions}: label fractions must be distinct numbers in (0, 1], "
             "e.g. [0.01, 0.1, 1] (--fractions takes percentages: 1,10,100)"
         )
     counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
@@ -261,7 +261,10 @@ def run_job(job: Job) -> list[dict]:
     for task, classes, out in zip(job.tasks, job.groups, outs):
         absent = [c for c, k in zip(classes, positives[start : start + len(classes)]) if k == 0]
         start += len(classes)
-        note = f"no positive training example: {' '.join(absent)}" if absent else ""
+        notes = [f"no positive training example: {' '.join(absent)}"] if absent else []
+        if len(out.excluded_val) == len(classes):  # the table's number is then not a selected epoch's
+            notes.append("no val class has positives and negatives: epoch 1 reported, no selection")
+        note = "; ".join(notes)
         rows += [
             dict(
                 base,

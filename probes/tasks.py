@@ -104,6 +104,8 @@ def task_names(spec: str, include_csn: bool = False) -> list[str]:
     or custom:<dir>."""
     paper = list(PAPER_TASKS) + (["csn"] if include_csn else [])
     names = paper if spec == "all" else [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise EcgposError(f"--task {spec!r} names no task (known: {', '.join(TASKS)}, all, custom:<dir>)")
     for name in names:
         if name not in TASKS and not name.startswith("custom:"):
             raise EcgposError(f"unknown task {name!r} (known: {', '.join(TASKS)}, all, custom:<dir>)")
@@ -123,7 +125,13 @@ def _custom_task(folder: Path) -> TaskDef:
     path = folder / "train.csv"
     if not path.is_file():
         raise EcgposError(f"custom task folder {folder} has no train.csv (needs train.csv, val.csv, test.csv)")
-    header = list(read_table(path, nrows=0).columns)
+    # the header as written: pandas renames a repeated column (A, A.1), which would make it a class of its own
+    header = list(read_table(path, header=None, nrows=1, dtype=str, keep_default_na=False).iloc[0])
+    if "" in header:
+        raise EcgposError(f"{path}: column {header.index('') + 1} of the header has no name")
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:
+        raise EcgposError(f"{path}: column(s) {', '.join(repeated)} appear more than once in the header")
     if "record" not in header:
         raise EcgposError(f"{path}: no 'record' column (columns: {', '.join(header)})")
     classes = tuple(header[header.index("record") + 1 :])
@@ -137,9 +145,22 @@ def resolve_task(name: str) -> TaskDef:
     """A paper task by name, or `custom:<dir>` read from its folder."""
     if name.startswith("custom:"):
         return _custom_task(Path(name.split(":", 1)[1]).expanduser())
-    if name not in TASKS:
-        task_names(name)  # raises the one-line unknown-task error
+    if name not in TASKS:  # also 'all' or a list, which name several tasks, not one
+        raise EcgposError(f"unknown task {name!r} (one of {', '.join(TASKS)}, or custom:<dir>)")
     return TASKS[name]
+
+
+def resolve_tasks(names: list[str]) -> list[TaskDef]:
+    """Each named task once (`resolve_task`). Two different tasks under one name (custom folders of the
+    same name) are refused: their rows would be merged into one column as if one task."""
+    tasks: dict[str, TaskDef] = {}
+    for name in names:
+        task = resolve_task(name)
+        known = tasks.setdefault(task.name, task)
+        if known != task:
+            folders = " and ".join(str(Path(t.files["train"]).parent) for t in (known, task))
+            raise EcgposError(f"--task: {folders} are both task {task.name}; rename one folder")
+    return list(tasks.values())
 
 
 @dataclass
