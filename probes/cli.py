@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ecgpos.config import load_config, to_dict
+from ecgpos.config import to_dict
 from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.export.probe_scores import PROBE_SCORES_FILE, load_scores, save_scores
 from ecgpos.files import (
@@ -17,15 +17,14 @@ from ecgpos.files import (
     atomic_write_text,
     make_output_folder,
     remove_abandoned_temporaries,
-    user_path,
 )
 from ecgpos.inference.resolve import unfinished_note
-from probes.bootstrap import DEFAULT_RESAMPLES
 from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
+from probes.probe_args import build_parser, probe_config
 from probes.provenance import (
     INFO_FILE,
     common_protocol,
@@ -47,7 +46,6 @@ from probes.report import (
 )
 from probes.run import (
     ProbeConfig,
-    check_probe_config,
     dataset_key,
     extraction_device,
     make_jobs,
@@ -57,133 +55,6 @@ from probes.run import (
     sort_rows,
 )
 from probes.tasks import GUARDED_TASKS, read_splits, resolve_tasks, task_names
-
-EPILOG = """\
-PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
---data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
---splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/).
---task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
-(WFDB record path relative to <dir>) followed by one 0/1 column per class.
-Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
-~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
-preprocessing spec and window count: a second run on the same encoder extracts nothing, except
-records whose files changed since (size or mtime of their .hea/.dat/.mat differs). Windows per record
-(averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
-Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
-per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
-seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
-as run; every split row counted as not found, refused, pretraining overlap or probed),
-OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
---compare), OUT/overlap.csv (with a pretraining index) and OUT/probe.json (settings, counts, timings).
-Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
-compares probe records with the pretraining records by content fingerprint and reports the overlap
-per task; --exclude-overlap drops overlapping records. --task csn (MERL's Chapman-Shaoxing-Ningbo
-split, records under DATA/ecg-arrhythmia/) always runs with the guard; --task all adds it only with
---include-csn.
-`ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
-one encoder label probed on different tasks in different folders (e.g. one folder per task from an
-array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
-folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
-scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
---reference paper adds the seed paper's published full-label rows, marked (published), and our
-difference to them."""
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ecgpos probe", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--encoder", help="run folder, export folder or random:<config.yaml>")
-    p.add_argument(
-        "--task",
-        default="all",
-        help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, csn, all (default: the five without csn), "
-        "custom:<dir>, or a comma-separated list",
-    )
-    p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
-    p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")
-    p.add_argument(
-        "--fractions",
-        help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100): MERL's training subsets "
-        "(train_test_split, random_state=42), the same for every seed",
-    )
-    p.add_argument("--seeds", type=int, help="seeds per probe, 0..N-1: initialisation and batch order (default 5)")
-    p.add_argument("--epochs", type=int, help="epochs per probe (default 100)")
-    p.add_argument(
-        "--out", type=user_path, help="output folder (required to probe; --compare without it prints the table)"
-    )
-    p.add_argument("--cache-dir", type=user_path, help="feature cache folder")
-    p.add_argument(
-        "--random-baseline", action="store_true", help="also probe a random-init encoder of the same architecture"
-    )
-    p.add_argument(
-        "--raw-baseline",
-        action="store_true",
-        help="also probe raw-signal features (preprocessed, downsampled, flattened)",
-    )
-    p.add_argument("--require-complete", action="store_true", help="error if any split record is missing")
-    p.add_argument("--records100", action="store_true", help="PTB-XL at 100 Hz (records100/) instead of records500/")
-    p.add_argument("--workers", type=int, help="probe training processes (default 2)")
-    p.add_argument("--name", help="row label of the encoder in the tables")
-    p.add_argument("--device", help="feature extraction device (default auto: cuda when available)")
-    p.add_argument("--config", type=user_path, help="YAML with ProbeConfig keys")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10",
-    )
-    p.add_argument("--compare", nargs="+", type=user_path, metavar="DIR", help="merge result folders, not probe")
-    p.add_argument(
-        "--bootstrap",
-        type=int,
-        default=DEFAULT_RESAMPLES,
-        metavar="N",
-        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off)",
-    )
-    p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
-    p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
-    p.add_argument(
-        "--pretraining-index",
-        nargs="+",
-        type=user_path,
-        metavar="SHARDS",
-        help="shard folders the encoder was pretrained on (default: those its run or export records)",
-    )
-    p.add_argument(
-        "--exclude-overlap",
-        action="store_true",
-        help="drop probe records that match pretraining records from every split",
-    )
-    return p
-
-
-def _fractions(text: str) -> list[str]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise EcgposError(f"--fractions expects percentages like 1,10,100, got {text!r}") from None
-    if not values or any(not 0 < v <= 100 for v in values):
-        raise EcgposError(f"--fractions must be percentages in (0, 100], got {text!r}")
-    return [f"{v / 100:g}" for v in values]
-
-
-def _config(args: argparse.Namespace) -> ProbeConfig:
-    overrides = list(args.overrides)
-    if args.fractions:
-        overrides.append(f"fractions=[{','.join(_fractions(args.fractions))}]")
-    for flag, key in ((args.seeds, "seeds"), (args.epochs, "protocol.epochs"), (args.workers, "workers")):
-        if flag is not None:
-            overrides.append(f"{key}={flag}")
-    if args.device:
-        overrides.append(f"device={args.device}")
-    if args.records100:
-        overrides.append("ptbxl_records=records100")
-    cfg = load_config(ProbeConfig, args.config, overrides)
-    check_probe_config(cfg)
-    return cfg
 
 
 def _reference_section(args: argparse.Namespace, frame) -> list[str]:
@@ -274,7 +145,7 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.compare:
         return _compare(args)
     try:
@@ -302,7 +173,7 @@ def _probe(args: argparse.Namespace) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
-    cfg = _config(args)
+    cfg = probe_config(args)
     cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
     # check every split file and its records before loading the encoder
     for task in tasks:
