@@ -57,11 +57,11 @@ from probes.run import (
 from probes.tasks import GUARDED_TASKS, read_splits, resolve_tasks, task_names
 
 
-def _reference_section(args: argparse.Namespace, frame) -> list[str]:
+def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -> list[str]:
     if not args.reference:
         return []
     table, source = read_reference(args.reference)
-    return [reference_markdown(frame, table, source)]
+    return [reference_markdown(frame, table, source, kinds)]
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -71,6 +71,11 @@ def _compare(args: argparse.Namespace) -> int:
     renamed: dict[Path, dict[str, str]] = {}
     infos = {folder: read_info(folder) for folder in dict.fromkeys(Path(f).resolve() for f in args.compare)}
     frame = merge_results(list(infos), notes, renamed, {f: sources(i) for f, i in infos.items()})
+    kinds = {
+        renamed.get(f, {}).get(enc, enc): kind
+        for f, i in infos.items()
+        for enc, kind in (i or {}).get("kinds", {}).items()
+    }
     sets = []
     for folder, names in renamed.items():
         found = load_scores(folder, names)
@@ -82,7 +87,7 @@ def _compare(args: argparse.Namespace) -> int:
     sections = [s for s in [protocol_section(infos), shared_protocol(infos)] if s]
     sections += [records_markdown(records, frame)] if records else []
     sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
-    sections += _reference_section(args, frame)
+    sections += _reference_section(args, frame, kinds)
     if args.out is None:
         print(summary_markdown(frame, notes, sections))
         return 0
@@ -100,6 +105,7 @@ def _compare(args: argparse.Namespace) -> int:
             "compared": [str(f) for f in infos],
             "protocol": common_protocol({f: protocol(i) for f, i in infos.items() if i is not None}),
             "sources": labels,
+            "kinds": kinds,
             "records": records,
         }
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
@@ -249,7 +255,9 @@ def _probe(args: argparse.Namespace) -> int:
         records_markdown(records, frame),
     ]
     sections += [guard_section] if guard_section else []
-    sections += _reference_section(args, frame)
+    # each row's architecture picks its published row when its label names none (a Stage-0 run in runs/mine)
+    kinds = {src.name: str(src.arch["kind"]) for src in sources if src.arch and "kind" in src.arch}
+    sections += _reference_section(args, frame, kinds)
     text = write_outputs(
         frame, args.out, notes=[n for n in dict.fromkeys(notes) if not n.startswith("  ")], sections=sections
     )
@@ -259,6 +267,7 @@ def _probe(args: argparse.Namespace) -> int:
         "source": enc.source,
         "spec": enc.spec.to_dict(),
         "sources": {src.name: json.dumps(src.key, sort_keys=True) for src in sources},
+        "kinds": kinds,
         "data_root": str(args.data_root.resolve()) if args.data_root else None,
         "splits": str(args.splits.resolve()) if args.splits else None,
         "exclude_overlap": args.exclude_overlap,

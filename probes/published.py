@@ -17,7 +17,9 @@ from ecgpos.errors import EcgposError
 from probes.tasks import TASKS, read_table
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
-COUNTERPART = "Stage 1"  # what an encoder whose name matches no published row is compared with
+COUNTERPART = "Stage 1"  # what an encoder matched by neither name nor architecture is compared with
+# an encoder's architecture kind (ecgpos.models.factory) -> the published row of that architecture
+KIND_ROWS = {"stage0": "Stage 0", "nested": "Stage 1"}
 # Records in MERL's test split file of each task: the test set behind the published numbers.
 PUBLISHED_TEST_RECORDS = {
     "ptbxl-super": 2158,
@@ -59,17 +61,23 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
-def counterpart(encoder: str, models: list[str]) -> str:
-    """The published row an encoder is compared with: the one of the same name (stage1 ~ 'Stage 1'),
-    else the paper's Stage 1."""
+def counterpart(encoder: str, models: list[str], kind: str | None = None) -> str:
+    """The published row an encoder is compared with: the one of the same name (stage1 ~ 'Stage 1',
+    st-mem ~ 'ST-MEM'), else the row of its architecture (a Stage-0 encoder ~ 'Stage 0', a nested
+    one ~ 'Stage 1'), else the paper's Stage 1."""
     for model in models:
         if _norm(model) == _norm(encoder):
             return model
+    if KIND_ROWS.get(kind or "") in models:
+        return KIND_ROWS[str(kind)]
     return COUNTERPART if COUNTERPART in models else models[-1]
 
 
-def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str) -> str:
-    """Published rows, our full-label rows (mean [interval]) and our minus published, one table."""
+def reference_markdown(
+    frame: pd.DataFrame, reference: pd.DataFrame, source: str, kinds: dict[str, str] | None = None
+) -> str:
+    """Published rows, our full-label rows (mean [interval]) and our minus published, one table;
+    kinds: encoder label -> architecture kind, where known (`counterpart`)."""
     ours = frame[frame["fraction"].astype(float) == 1.0]
     tasks = [t for t in TASKS if t in reference.columns]
     head = "| Encoder | " + " | ".join(TASKS[t].label for t in tasks) + " |"
@@ -89,7 +97,7 @@ def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str
         )
     diffs, partial = [], []
     for enc in dict.fromkeys(ours["encoder"]):
-        match = counterpart(str(enc), list(reference.index))
+        match = counterpart(str(enc), list(reference.index), (kinds or {}).get(str(enc)))
         cells, deltas = [], []
         for t in tasks:
             part = ours[(ours["encoder"] == enc) & (ours["task"] == t)]
@@ -118,7 +126,8 @@ def reference_markdown(frame: pd.DataFrame, reference: pd.DataFrame, source: str
         "A difference row is our seed mean minus the published number, with our 95 % bootstrap interval "
         "shifted by the same amount: an interval that excludes 0 means the published number lies outside "
         "our interval. An encoder is compared with the published row of the same name (stage0 ~ Stage 0, "
-        f"stage1 ~ Stage 1), otherwise with {COUNTERPART}.",
+        "stage1 ~ Stage 1), otherwise with the row of its architecture (Stage-0 encoder ~ Stage 0, nested "
+        f"encoder ~ Stage 1), otherwise with {COUNTERPART}.",
     ]
     if partial:  # the published numbers are over the whole test split
         lines += [

@@ -131,7 +131,9 @@ def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, p
 
 def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_data, probe_folder):
     """The published numbers are over MERL's whole test split; the sample data holds 29 of its 2158
-    super-class records, so `ours − published` compares different test sets and says so."""
+    super-class records, so `ours − published` compares different test sets and says so. A label that
+    names no published row is compared with the row of its architecture (a Stage-0 encoder: Stage 0),
+    also after a --compare of a --compare."""
     from probes.published import PUBLISHED_TEST_RECORDS, read_reference
     from probes.tasks import SPLITS, read_splits, resolve_task
 
@@ -143,9 +145,14 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     capsys.readouterr()
     assert cli("probe", "--compare", folder, "--reference", "paper") == 0
     out = capsys.readouterr().out
-    assert "| against-paper − Stage 1 (published) | " in out and " †" in out
+    assert "| against-paper − Stage 0 (published) | " in out and " †" in out
     assert "**† Our test set is smaller than the published one**" in out
     assert "against-paper, Super: 29 of 2158" in out
+    merged = probe_folder.root / "against-paper-merged"
+    assert cli("probe", "--compare", folder, "--out", merged) == 0
+    capsys.readouterr()
+    assert cli("probe", "--compare", merged, "--reference", "paper") == 0
+    assert "| against-paper − Stage 0 (published) | " in capsys.readouterr().out
 
 
 def _edited_copy(folder: Path, dest: Path, edit) -> Path:
