@@ -91,6 +91,8 @@ def check_probe_config(cfg: ProbeConfig) -> None:
         raise EcgposError(f"{', '.join(bad)}: must be at least 1")
     if not cfg.raw_fs > 0:
         raise EcgposError(f"raw_fs={cfg.raw_fs}: the raw-signal baseline's rate must be above 0 Hz")
+    if cfg.workers < 0:  # 0 and 1 train in this process; below that is a typo, not a setting
+        raise EcgposError(f"workers={cfg.workers}: probe training processes must be 0 or more")
 
 
 def extraction_device(cfg: ProbeConfig) -> str:

@@ -153,6 +153,7 @@ def test_a_data_root_holding_another_dataset_is_named(capsys, tmp_path, runs, sh
         ("windows_ptbxl=-2", "windows_ptbxl=-2: must be at least 1"),
         ("raw_fs=0", "raw_fs=0.0: the raw-signal baseline's rate must be above 0 Hz"),  # ZeroDivisionError
         ("raw_fs=-25", "raw_fs=-25.0"),  # was no downsampling at all, recorded as -25
+        ("workers=-1", "workers=-1: probe training processes must be 0 or more"),  # ran in-process
     ],
 )
 def test_probe_settings_out_of_range_are_one_line(capsys, tmp_path, runs, shared_data, setting, needle):
