@@ -142,6 +142,7 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
         )
         overlaps.append(overlap)
         print(f"leakage guard: {overlap.line(args.exclude_overlap)}")
+        print(f"leakage guard: {overlap.copy_line(args.exclude_overlap)}")
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
@@ -216,6 +217,7 @@ def _probe(args: argparse.Namespace) -> int:
     log = lambda s: (print(s), notes.append(s))  # noqa: E731
     overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
+    copies = {o.task: o.copy_keys for o in overlaps} if args.exclude_overlap else {}
     for source in sources:
         print(f"features: {source.name}")
         for task in tasks:
@@ -229,6 +231,7 @@ def _probe(args: argparse.Namespace) -> int:
                 args.require_complete,
                 log=log,
                 exclude=exclude.get(task.name, frozenset()),
+                copies=copies.get(task.name, frozenset()),
             )
             extraction[f"{source.name} / {task.name}"] = {
                 "extracted": stats.extracted,
@@ -279,6 +282,8 @@ def _probe(args: argparse.Namespace) -> int:
         "records": records,
         "bootstrap": args.bootstrap,
         "pretraining_overlap": {o.task: {s: len(v) for s, v in o.matches.items()} for o in overlaps},
+        # val or test records whose recording an earlier split holds, per split pair (only where the guard ran)
+        **({"split_copies": {o.task: o.copy_counts() for o in overlaps}} if overlaps else {}),
         "seconds": {
             "total": round(time.time() - started, 2),
             "training": round(t_boot - t_train, 2),

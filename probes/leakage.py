@@ -8,6 +8,11 @@ with the shards' spec, against those of the pretraining shards: read from their 
 from the stored signals. Probe-record fingerprints are cached beside the feature cache, each with
 the stamp of its record's files (`probes.datasets.record_stamp`): a record changed on disk since is
 fingerprinted again.
+
+With those fingerprints at hand the guard also compares a task's splits with each other: a val or test
+record that matches a record of an earlier split (train; for test also val) is the same recording
+under another file name (a copy, one ECG published twice), which the key and file checks of
+`probes.tasks.read_splits` and `probes.datasets.check_distinct` cannot see.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +39,7 @@ from ecgpos.export.format import CONFIG_FILE
 from ecgpos.files import atomic_path
 from ecgpos.runs.run_folder import RUN_INFO
 from probes.datasets import RecordLocator, prepared_record, record_stamp
+from probes.tasks import SPLITS
 
 CACHE_VERSION = 2  # 2: [stamp of the record's files, fingerprint] per record (1: the fingerprint alone)
 
@@ -155,15 +161,31 @@ def probe_fingerprints(
 
 @dataclass
 class Overlap:
-    """Probe records of one task that match pretraining records: split -> [(key, match, bits)]."""
+    """Probe records of one task that match pretraining records: split -> [(key, match, bits)]; and those
+    that match a record of an earlier split of the task: split -> [(key, earlier split, its record, bits)]."""
 
     task: str
     checked: int
     matches: dict[str, list[tuple[str, str, int]]]
+    copies: dict[str, list[tuple[str, str, str, int]]] = field(default_factory=dict)
 
     @property
     def keys(self) -> set[str]:
         return {m[0] for found in self.matches.values() for m in found}
+
+    @property
+    def copy_keys(self) -> set[str]:
+        """Val and test records whose recording an earlier split holds (what --exclude-overlap drops)."""
+        return {c[0] for found in self.copies.values() for c in found}
+
+    def copy_counts(self) -> dict[str, int]:
+        """Copies per split pair, 'train/val', 'train/test', 'val/test' (each val or test record counted
+        once, under the earliest split that holds its recording)."""
+        pairs = {f"{a}/{b}": 0 for i, b in enumerate(SPLITS) for a in SPLITS[:i]}
+        for split, found in self.copies.items():
+            for _, earlier, _, _ in found:
+                pairs[f"{earlier}/{split}"] += 1
+        return pairs
 
     def line(self, excluded: bool) -> str:
         total = sum(len(v) for v in self.matches.values())
@@ -183,6 +205,44 @@ class Overlap:
             f"e.g. {examples}; {verdict}"
         )
 
+    def copy_line(self, excluded: bool) -> str:
+        """One line on copies across the task's splits."""
+        found = [(split, *c) for split, listed in self.copies.items() for c in listed]
+        if not found:
+            return f"{self.task}: no copies across splits (no val or test record matches a record of an earlier split)"
+        pairs = ", ".join(f"{pair} {n}" for pair, n in self.copy_counts().items() if n)
+        examples = "; ".join(f"{split} {k} = {was} {other} ({bits} bits)" for split, k, was, other, bits in found[:3])
+        verdict = (
+            "dropped from their val or test split (--exclude-overlap)"
+            if excluded
+            else "kept: val and test scores include recordings the probe was trained or selected on"
+        )
+        return (
+            f"{self.task}: {len(found)} val or test records are copies of records of an earlier split ({pairs}); "
+            f"e.g. {examples}; {verdict}"
+        )
+
+
+def _split_copies(
+    splits: Mapping[str, Sequence[str]], prints: Mapping[str, str], threshold: int, copies: dict[str, list]
+) -> None:
+    """Add to `copies` each val or test record (not yet listed) whose fingerprint is within `threshold` bits
+    of a record of an earlier split: its nearest match in the earliest split (train before val)."""
+    earlier: list[tuple[str, FingerprintIndex]] = []
+    for split in [s for s in SPLITS if s in splits]:
+        if earlier:
+            listed = copies.setdefault(split, [])
+            done = {c[0] for c in listed}
+            for key in [k for k in splits[split] if k in prints and k not in done]:
+                for name, index in earlier:
+                    hit = index.match(prints[key])
+                    if hit:
+                        listed.append((key, name, *hit[0]))
+                        break
+        index = FingerprintIndex(max_distance=threshold)
+        index.extend((k, prints[k]) for k in splits[split] if k in prints)
+        earlier.append((split, index))
+
 
 def task_overlap(
     task: str,
@@ -192,8 +252,10 @@ def task_overlap(
     cache_dir: Path,
     dataset_key: str,
 ) -> Overlap:
-    """Match every located record of the task's splits against the pretraining fingerprints."""
+    """Match every located record of the task's splits against the pretraining fingerprints, and each val
+    and test record against the records of the earlier splits (the same fingerprints, read once)."""
     matches: dict[str, list[tuple[str, str, int]]] = {s: [] for s in splits}
+    copies: dict[str, list[tuple[str, str, str, int]]] = {}
     checked: set[str] = set()
     for spec, prints in index.by_spec.items():
         ours = probe_fingerprints([k for keys in splits.values() for k in keys], locator, spec, cache_dir, dataset_key)
@@ -206,11 +268,13 @@ def task_overlap(
                     if hit:
                         matches[split].append((key, hit[0][0], hit[0][1]))
                         done.add(key)
-    return Overlap(task, len(checked), matches)
+        _split_copies(splits, ours, prints.max_distance, copies)
+    return Overlap(task, len(checked), matches, copies)
 
 
 def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], excluded: bool) -> str:
-    """The summary.md section of the guard's report."""
+    """The summary.md section of the guard's report: overlap with the pretraining records, then copies
+    across each task's splits."""
     thresholds = " / ".join(
         f"{prints.max_distance} of {prints.leads * blocks_per_lead(spec.fs, spec.window)} bits"
         for spec, prints in index.by_spec.items()
@@ -223,14 +287,35 @@ def overlap_markdown(index: PretrainingIndex, overlaps: Sequence[Overlap], exclu
         "",
     ]
     lines += [f"- {o.line(excluded)}" for o in overlaps]
+    lines += [
+        "",
+        "### Copies across splits",
+        "",
+        "Each val and test record compared by the same fingerprint with the train records (test records also "
+        "with the val records): one recording under two file names in two splits"
+        + (" (dropped from the later split: the Records table's copy column)." if excluded else "."),
+        "",
+    ]
+    lines += [f"- {o.copy_line(excluded)}" for o in overlaps]
     return "\n".join(lines)
 
 
+SPLIT_COPIES = "split_copies.csv"
+
+
 def write_overlap(overlaps: Sequence[Overlap], out: Path) -> None:
-    """OUT/overlap.csv: task, split, record, pretraining record (folder:id), distance in bits."""
+    """OUT/overlap.csv: task, split, record, pretraining record (folder:id), distance in bits; and
+    OUT/split_copies.csv: task, split, record, the earlier split and its record of the same recording,
+    distance in bits."""
     with atomic_path(out / "overlap.csv") as tmp, tmp.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["task", "split", "record", "pretraining_record", "distance_bits"])
         for o in overlaps:
             for split, found in o.matches.items():
                 writer.writerows([o.task, split, *m] for m in found)
+    with atomic_path(out / SPLIT_COPIES) as tmp, tmp.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["task", "split", "record", "matches_split", "matches_record", "distance_bits"])
+        for o in overlaps:
+            for split, listed in o.copies.items():
+                writer.writerows([o.task, split, *c] for c in listed)

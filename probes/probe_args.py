@@ -25,14 +25,17 @@ records whose files changed since (size or mtime of their .hea/.dat/.mat differs
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
 seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
-as run; every split row counted as not found, refused, pretraining overlap or probed),
+as run; every split row counted as not found, refused, pretraining overlap, copy across splits or probed),
 OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
---compare), OUT/overlap.csv (with a pretraining index) and OUT/probe.json (settings, counts, timings).
+--compare), OUT/overlap.csv and OUT/split_copies.csv (with a pretraining index) and OUT/probe.json
+(settings, counts, timings).
 Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
 compares probe records with the pretraining records by content fingerprint and reports the overlap
-per task; --exclude-overlap drops overlapping records. --task csn (MERL's Chapman-Shaoxing-Ningbo
-split, records under DATA/ecg-arrhythmia/) always runs with the guard; --task all adds it only with
---include-csn.
+per task; it also reports val and test records whose fingerprint matches a record of an earlier split
+of the task (train; for test also val): one recording under two file names. --exclude-overlap drops
+records that match pretraining records from every split, and such copies from their val or test
+split. --task csn (MERL's Chapman-Shaoxing-Ningbo split, records under DATA/ecg-arrhythmia/) always
+runs with the guard; --task all adds it only with --include-csn.
 `ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
 one encoder label probed on different tasks in different folders (e.g. one folder per task from an
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
@@ -111,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--exclude-overlap",
         action="store_true",
-        help="drop probe records that match pretraining records from every split",
+        help="drop probe records that match pretraining records from every split, and val or test records "
+        "that copy a record of an earlier split from theirs",
     )
     return p
 

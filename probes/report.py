@@ -214,7 +214,7 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: f
     return "\n".join(text)
 
 
-_COUNT_TITLES = ("listed", "not found", "unreadable or refused", "pretraining overlap", "probed")
+_COUNT_TITLES = ("listed", "not found", "unreadable or refused", "pretraining overlap", "copy across splits", "probed")
 
 
 def records_markdown(counts: dict[str, dict[str, dict[str, dict[str, int]]]], frame: pd.DataFrame) -> str:
@@ -224,9 +224,10 @@ def records_markdown(counts: dict[str, dict[str, dict[str, dict[str, int]]]], fr
     lines = [
         "## Records",
         "",
-        "Every row of a split file is in one of the last four columns. Not found: not under --data-root; "
+        "Every row of a split file is in one of the last five columns. Not found: not under --data-root; "
         "unreadable or refused: failed to read, refused by the screening, or non-finite features (reasons "
-        "under Notes); pretraining overlap: dropped by --exclude-overlap.",
+        "under Notes); pretraining overlap: dropped by --exclude-overlap; copy across splits: a val or test "
+        "record whose recording an earlier split holds under another file, dropped by --exclude-overlap.",
         "",
         "| Task | Split | " + " | ".join(_COUNT_TITLES) + " |",
         "|---|---|" + "---|" * len(_COUNT_TITLES),
@@ -238,7 +239,7 @@ def records_markdown(counts: dict[str, dict[str, dict[str, dict[str, int]]]], fr
         for enc, splits in by_encoder.items():
             name = task if same else f"{task} ({enc})"
             for split, c in splits.items():
-                cells = [str(c[k]) for k in RECORD_COUNTS]
+                cells = [str(c.get(k, 0)) for k in RECORD_COUNTS]  # probe.json before split_copy: none dropped
                 if split == "train":
                     part = frame[(frame["task"] == task) & (frame["encoder"] == enc) & (frame["fraction"] < 1)]
                     sizes = part.groupby("fraction")["n_train"].max()

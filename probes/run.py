@@ -63,12 +63,13 @@ class TaskData:
     missing: dict[str, list[str]]
     failed: dict[str, str]
     keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
-    # split -> RECORD_COUNTS: every row of the split file is in exactly one of the last four
+    # split -> RECORD_COUNTS: every row of the split file is in exactly one of the last five
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-# what became of a split file's rows: listed = not_found + refused + overlap + probed
-RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "probed")
+# what became of a split file's rows: listed = not_found + refused + overlap + split_copy + probed
+# (overlap: matches a pretraining record; split_copy: a val or test copy of an earlier split's record)
+RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "split_copy", "probed")
 WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
 
 
@@ -131,9 +132,11 @@ def prepare_task(
     require_complete: bool = False,
     log: Callable[[str], None] = print,
     exclude: frozenset[str] | set[str] = frozenset(),
+    copies: frozenset[str] | set[str] = frozenset(),
 ) -> tuple[TaskData, FeatureStats]:
     """Read the three splits, locate records, get features; report (or, if required, refuse) gaps.
-    Records in `exclude` (pretraining overlap) are left out of every split."""
+    Records in `exclude` (pretraining overlap) are left out of every split, those in `copies` (val or test
+    records whose recording an earlier split holds) out of their val or test split."""
     column = record_column(task, cfg)
     tables = read_splits(task, splits_root, column)
     locator = task_locator(task, data_root)
@@ -151,8 +154,14 @@ def prepare_task(
                 f"{task.name} {split}: {len(dropped)} of {len(table.records)} records overlap the pretraining "
                 "data, excluded (--exclude-overlap)"
             )
+        copied = [k for k in table.records if k in copies and k not in exclude]
+        if copied:
+            log(
+                f"{task.name} {split}: {len(copied)} of {len(table.records)} records are copies of records of an "
+                "earlier split, excluded (--exclude-overlap)"
+            )
     wanted = [k for t in tables.values() for k in t.records]
-    missing_set = {k for ids in missing.values() for k in ids} | set(exclude)
+    missing_set = {k for ids in missing.values() for k in ids} | set(exclude) | set(copies)
     feats, stats = extract_features(
         source,
         dataset_key(task, data_root, cfg),
@@ -186,6 +195,7 @@ def prepare_task(
             "not_found": len(not_found),
             "refused": sum(k in failed for k in table.records),
             "overlap": sum(k in exclude and k not in not_found for k in table.records),
+            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
             "probed": int(keep.sum()),
         }
         dim = len(next(iter(feats.values()))) if feats else 0

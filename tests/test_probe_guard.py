@@ -157,7 +157,9 @@ def test_guard_finds_nothing_between_ptbxl_and_ecg_arrhythmia_but_all_of_csn(sha
     for name in ("ptbxl-super", "ptbxl-form", "cpsc2018"):
         overlap = _overlap(name, shared_data, index, tmp_path / "cache")
         assert overlap.checked > 0 and overlap.keys == set(), (name, overlap.matches)
+        assert overlap.copy_keys == set(), (name, overlap.copies)  # different recordings: no copy across splits
     csn = _overlap("csn", shared_data, index, tmp_path / "cache")
+    assert csn.copy_counts() == {"train/val": 0, "train/test": 0, "val/test": 0}
     matched = [m for split in csn.matches.values() for m in split]
     assert csn.checked == 123 and len(matched) == 123  # every sample record in MERL's CSN splits
     assert all(Path(key).stem == name.split(":")[1] and bits == 0 for key, name, bits in matched)
@@ -216,10 +218,14 @@ def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp
     assert "## Pretraining overlap (leakage guard)" in summary and "excluded from the probe" in summary
     records = [line for line in summary.splitlines() if line.startswith("| custom:")]
     assert [line.split(" | ", 1)[1] for line in records] == [
-        "train | 7 | 0 | 0 | 1 | 6 |",
-        "val | 4 | 0 | 0 | 1 | 3 |",
-        "test | 3 | 0 | 0 | 1 | 2 |",
+        "train | 7 | 0 | 0 | 1 | 0 | 6 |",
+        "val | 4 | 0 | 0 | 1 | 0 | 3 |",
+        "test | 3 | 0 | 0 | 1 | 0 | 2 |",
     ]
+    # copies of three different pretraining records: none of the splits holds another's recording
+    assert (
+        "custom:task: no copies across splits" in out and pd.read_csv(tmp_path / "dropped" / "split_copies.csv").empty
+    )
 
 
 def test_pretraining_folders_come_from_the_run_and_its_stage0(tmp_path):

@@ -39,7 +39,8 @@ def test_sub_class_val_and_test_are_read_by_name_not_position(shared_data):
 
 
 def test_every_split_row_is_counted_once(shared_data, tmp_path):
-    # the ten original-form CPSC2018 records, one of them truncated, one treated as pretraining overlap
+    # the ten original-form CPSC2018 records, one of them truncated, one treated as pretraining overlap and
+    # one as a copy of an earlier split's record (A1986 as both: counted once, as pretraining overlap)
     root = tmp_path / "data" / "cpsc2018" / "TrainingSet1"
     shutil.copytree(shared_data / "cpsc2018" / "original" / "TrainingSet1", root)
     (root / "A1983.mat").write_bytes(b"MATLAB 5.0 MAT-file, truncated")
@@ -55,16 +56,18 @@ def test_every_split_row_is_counted_once(shared_data, tmp_path):
         ProbeConfig(),
         log=lambda _: None,
         exclude={"A1986"},
+        copies={"A1986", "A1988"},
     )
     for split, c in data.counts.items():
         assert set(c) == set(RECORD_COUNTS)
         assert c["listed"] == len(tables[split].records)
-        assert c["listed"] == c["not_found"] + c["refused"] + c["overlap"] + c["probed"], split
+        assert c["listed"] == c["not_found"] + c["refused"] + c["overlap"] + c["split_copy"] + c["probed"], split
         assert c["probed"] == len(data.x[split])
         present = sorted(k for k in tables[split].records if k.startswith("A198"))
         assert c["not_found"] == c["listed"] - len(present)
         assert c["refused"] == int(where["A1983"] == split)
         assert c["overlap"] == int(where["A1986"] == split)
+        assert c["split_copy"] == int(where["A1988"] == split)
     frame = pd.DataFrame(
         [{"encoder": "raw signal", "task": "cpsc2018", "fraction": 0.1, "n_train": 1, "test_auroc": 0.5}]
     )
