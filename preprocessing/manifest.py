@@ -27,7 +27,7 @@ from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1
-# fingerprint: ecgpos.fingerprint of the stored window (what the probes' pretraining-leakage guard compares)
+# fingerprint: ecgpos.ecg.fingerprint of the stored window (what the probes' pretraining-leakage guard compares)
 INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads", "fingerprint")
 SKIPPED_COLUMNS = ("source", "record_id", "reason", "detail")
 

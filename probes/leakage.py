@@ -2,7 +2,7 @@
 
 Record ids are not enough: one recording is published under other ids and in other file formats
 (CinC 2020/2021 copies of PTB-XL and CPSC2018, the ecg-arrhythmia records behind MERL's CSN splits).
-So the guard compares content fingerprints (ecgpos.fingerprint) of each probe record, preprocessed
+So the guard compares content fingerprints (ecgpos.ecg.fingerprint) of each probe record, preprocessed
 with the shards' spec, against those of the pretraining shards: read from their index.csv
 (`fingerprint` column, written by `ecgpos preprocess`) or, for older shards without it, computed
 from the stored signals. Probe-record fingerprints are cached beside the feature cache, each with

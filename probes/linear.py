@@ -1,8 +1,8 @@
 """The linear-probe protocol (MERL's, as the paper uses it), with every seed trained at once.
 
 One linear layer on frozen features, binary cross-entropy, Adam (lr 1e-3, weight decay 1e-4),
-batch 16, 100 epochs, lr x 0.1 from epoch 40 on (per epoch), best-validation-macro-AUROC epoch
-selected and its test macro-AUROC reported.
+batch 16, 100 epochs, lr x 0.1 from epoch 41 on (counted from 1; per epoch), best-validation-macro-AUROC
+epoch selected and its test macro-AUROC reported.
 
 Speed: the S seeds of one (task, fraction) are one batched linear layer, parameters P of shape
 (S, D+1, C) (the bias is the last row, features get a column of ones). Every seed draws its

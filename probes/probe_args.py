@@ -12,16 +12,16 @@ from probes.run import ProbeConfig, check_probe_config
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\
-PATH is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
+--encoder is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
 --data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
---splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/).
+--splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/; chapman/ for csn).
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
-(WFDB record path relative to <dir>) followed by one 0/1 column per class.
+(WFDB record path relative to <dir>, or absolute) followed by one 0/1 column per class.
 Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
 ~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
 preprocessing spec and window count: a second run on the same encoder extracts nothing, except
 records whose files changed since (size or mtime of their .hea/.dat/.mat differs). Windows per record
-(averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_custom=1.
+(averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_csn=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
 seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also probe raw-signal features (preprocessed, downsampled, flattened)",
     )
-    p.add_argument("--require-complete", action="store_true", help="error if any split record is missing")
+    p.add_argument(
+        "--require-complete", action="store_true", help="error if any split record is not found under --data-root"
+    )
     p.add_argument("--records100", action="store_true", help="PTB-XL at 100 Hz (records100/) instead of records500/")
     p.add_argument("--workers", type=int, help="probe training processes (default 2)")
     p.add_argument("--name", help="row label of the encoder in the tables")

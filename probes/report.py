@@ -1,4 +1,5 @@
-"""Probe outputs: results.csv (one row per seed), summary.md (the paper's table), a bar chart; --compare."""
+"""Probe outputs: results.csv (one row per seed), summary.md (the paper's table, the protocol as run, what
+became of every split row), a bar chart; --compare."""
 
 from __future__ import annotations
 

@@ -226,3 +226,19 @@ def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: P
     assert len(rows) == 201 and rows[1][0] == "00001_hr" and rows[-1][0] == "00200_hr"
     values = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
     assert np.isfinite(values).all() and values.std(axis=0).max() > 0
+
+
+@pytest.mark.parametrize(
+    "command, text",
+    [
+        ("embed", "FILE's `.skipped.csv`"),
+        ("score", "scores_summary.md beside --out"),
+        ("export", "the model card README.md"),
+        ("verify", "Exit 0 when all pass, 1 when any fails"),
+    ],
+)
+def test_help_says_what_the_command_writes_and_returns(capsys, command: str, text: str) -> None:
+    """--help shows the command's whole description (outputs, ids, exit codes), not its first line only."""
+    with pytest.raises(SystemExit) as stop:
+        cli(command, "--help")
+    assert stop.value.code == 0 and text in capsys.readouterr().out

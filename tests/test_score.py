@@ -183,6 +183,12 @@ def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records
     assert not (plain / "decoders.safetensors").exists()
     assert "decoders" not in json.loads((plain / "config.json").read_text())
     assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
+    # the model card's file list names what the folder holds
+    assert (
+        "- `decoders.safetensors`: the reconstruction decoders of levels stage0, stage1"
+        in (full / "README.md").read_text()
+    )
+    assert "decoders.safetensors" not in (plain / "README.md").read_text()
     assert cli("score", "--run", plain, "--input", records, "--out", tmp_path / "p.csv") == 2
     for source, name in ((runs["stage1"], "r"), (full, "e")):
         assert score(source, records, tmp_path / f"{name}.csv", "--masks", "2") == 0

@@ -16,7 +16,7 @@ suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and 
 (`pip install 'ecgpos[train]'`). Raw records go through the record screening of preprocessing
 (`ecgpos.ecg.screening`): bad records are reported on stderr with their id and reason, listed in
 FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv) and the others are still
-embedded; exit 0 if any record was embedded (1 with --strict when any was skipped).
+embedded; exit 0 if any record was embedded (1 with --strict when any was skipped), 2 if none was.
 """
 
 from __future__ import annotations
@@ -44,7 +44,9 @@ from ecgpos.models.features import DEFAULT_NUM_WINDOWS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ecgpos embed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ecgpos embed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--encoder", required=True, type=user_path, help="export folder (ecgpos export)")
     parser.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     parser.add_argument("--out", required=True, type=user_path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")

@@ -1,5 +1,8 @@
 """`ecgpos export --run-dir RUN --out DIR [--onnx] [--with-decoders] [--probe-results DIR]`: a frozen encoder folder.
 
+DIR holds model.safetensors, config.json, the model card README.md (with the probe summary of
+--probe-results), test_vectors.npz, and encoder.onnx or decoders.safetensors when asked for. A run
+that has not finished is exported from its newest checkpoint, with a warning.
 Everything is written into a temporary sibling folder, reloaded from disk and checked against the
 training checkpoint's features (and, with --onnx, against onnxruntime) before it is moved to DIR,
 so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
@@ -33,7 +36,9 @@ from ecgpos.runs.run_folder import training_summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ecgpos export", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ecgpos export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--run-dir", required=True, type=user_path, help="pretraining run folder (Stage 0 or Stage 1)")
     parser.add_argument(
         "--out", required=True, type=user_path, help="export folder to create (an earlier export there is replaced)"

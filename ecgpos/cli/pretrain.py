@@ -41,7 +41,9 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         "or stopped cleanly by SIGUSR1/SIGTERM; 130 stopped by Ctrl-C; "
         "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.",
     )
-    parser.add_argument("--stage", type=int, choices=(0, 1), required=True)
+    parser.add_argument(
+        "--stage", type=int, choices=(0, 1), required=True, help="0: on the shards; 1: on the frozen --stage0 encoder"
+    )
     parser.add_argument(
         "--config",
         required=True,
@@ -54,9 +56,12 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         nargs="+",
         required=not check_only,
         metavar="DIR",
-        help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled (e.g. Ningbo + CODE-15)",
+        help="shard folder(s) written by `ecgpos preprocess`; several folders are pooled (e.g. Ningbo + CODE-15) "
+        "and must not share record ids",
     )
-    parser.add_argument("--run-dir", type=user_path, required=not check_only, help="run folder (created)")
+    parser.add_argument(
+        "--run-dir", type=user_path, required=not check_only, help="run folder (created; not a shard or export folder)"
+    )
     parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
     parser.add_argument(
         "--set",
@@ -69,7 +74,8 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume",
         choices=("auto",),
-        help="auto: continue from the newest complete checkpoint of --run-dir (start fresh if there is none)",
+        help="auto: continue from the newest complete checkpoint of --run-dir, on the same training records "
+        "in the same order (start fresh if there is none)",
     )
     parser.add_argument(
         "--check-config",

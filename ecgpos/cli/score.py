@@ -27,7 +27,9 @@ SUMMARY_FILE = "scores_summary.md"  # beside --out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ecgpos score", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="ecgpos score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")

@@ -17,7 +17,9 @@ from ecgpos.files import user_path
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ecgpos verify", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ecgpos verify", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("folder", type=user_path, help="export folder (ecgpos export)")
     parser.add_argument("--device", default="cpu", help="torch device to run the vectors on")
     return parser

@@ -118,6 +118,13 @@ def render_card(config: dict[str, Any], probe_results: str | Path | None = None)
         if onnx
         else ""
     )
+    decoders = config.get("decoders")
+    decoders_line = (
+        f"- `{decoders.get('file', 'decoders.safetensors')}`: the reconstruction decoders of levels "
+        f"{', '.join(k for k in decoders if k.startswith('stage'))}, for `ecgpos score` (sha256 in config.json).\n"
+        if isinstance(decoders, dict)
+        else ""
+    )
     return f"""# ecgpos ECG encoder ({training.get("name", config["arch"].get("kind", "encoder"))})
 
 A frozen self-supervised 12-lead ECG encoder from **ecgpos** {config.get("ecgpos_version", "")}:
@@ -164,7 +171,7 @@ RECORDS --out feats.csv`, and `ecgpos verify DIR` checks an installation against
 - `model.safetensors`: weights (safetensors, no pickle); sha256 of the tensors `{config["weights_sha256"]}`.
 - `config.json`: architecture, preprocessing, pooling, versions, training summary.
 - `test_vectors.npz`: deterministic inputs with expected features.
-{onnx_line}
+{onnx_line}{decoders_line}
 ## Limitations
 - Trained on the corpora listed above only; performance on other populations, devices, paediatric
   ECGs, paced rhythms or recordings with other filtering is unknown.

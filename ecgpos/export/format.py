@@ -5,7 +5,7 @@ Layout of an export folder (written by `ecgpos export`, read by `load_encoder` /
 - model.safetensors  encoder weights only (never pickled)
 - config.json        {"format": "ecgpos-encoder", "version": 1, "arch", "preprocess", "pooling",
                       "ecgpos_version", "weights_sha256", "config_sha256", "training", "io",
-                      "test_vectors", "onnx"}; config_sha256 binds every field that changes
+                      "test_vectors", "onnx", "decoders"}; config_sha256 binds every field that changes
                       features (CONFIG_HASH_FIELDS) to the weights hash
 - README.md          model card
 - test_vectors.npz   deterministic inputs and their expected features (see vectors.py)

@@ -11,7 +11,9 @@
   a permutation drawn from (seed, e); optimizer step k of the whole run uses global batch
   k mod steps_per_epoch of epoch k // steps_per_epoch, so the data position is a pure function
   of the step. Each item is (index, epoch) and the window start comes from (seed, epoch, index),
-  so a resumed run sees the same windows whichever worker reads them.
+  so a resumed run sees the same windows whichever worker reads them. That holds only for the same
+  records in the same order: checkpoints carry `records_digest`, which `check_resumed_records`
+  compares on resume; pooled folders that share record ids are refused (`read_index`).
 - The global batch is split the same way for any process count: micro-batch m of process p is
   a fixed slice of it, so 1 and N processes see identical global batches.
 - The optional validation split is by record id (the shards' `record_id`, the same ids as
