@@ -63,6 +63,12 @@ def test_multi_segment_record_is_read_whole_or_refused_with_a_reason(tmp_path):
         assert err.value.reason == "header_mismatch"
     _master(tmp_path, 5500, [("seg0", 2500), ("seg1", 3000)])
     data = tmp_path / "seg1.dat"
+    flipped = bytearray(data.read_bytes())
+    flipped[5000] ^= 0x10  # one bit of one sample: the segment's checksum no longer holds
+    data.write_bytes(bytes(flipped))
+    with pytest.raises(SignalError, match="segment seg1: lead") as err:
+        read_wfdb_record(tmp_path / "rec")
+    assert err.value.reason == "corrupt_signal"
     data.write_bytes(data.read_bytes()[:-100])
     with pytest.raises(SignalError, match="seg1.dat") as err:
         read_wfdb_record(tmp_path / "rec")

@@ -159,12 +159,25 @@ def _check_digital(rec: Any, name: str) -> None:
         raise SignalError(err.reason, f"{name}: {err.detail}") from None
 
 
+def _check_segments(base: Path, header: Any) -> None:
+    """`_check_digital` for each segment of a multi-segment record, read as stored: wfdb reads the
+    whole record in physical units only, so its own reading cannot be checked."""
+    for name, length in zip(header.seg_name, header.seg_len):
+        if name == "~" or not int(length):  # a gap, or the layout segment (signal names only)
+            continue
+        try:
+            segment = wfdb.rdrecord(str(base.parent / name), physical=False)
+        except Exception as err:  # wfdb raises many types for corrupt/truncated files
+            raise SignalError("unreadable", f"segment {name}: {type(err).__name__}: {err}".splitlines()[0]) from None
+        _check_digital(segment, f"segment {name}")
+
+
 def read_wfdb_record(path: str | Path) -> RawRecord:
     """Read a WFDB record (format 16 .dat or MATLAB v4 .mat, or anything else wfdb reads) in mV.
 
     The rate is parsed strictly from the header (`ecgpos.ecg.rates`), the signal files are
     checked against the header's sizes before wfdb reads them and the samples against its
-    checksums and initial values after. Raises SignalError('unreadable' |
+    checksums and initial values (segment by segment for a multi-segment record). Raises SignalError('unreadable' |
     'truncated_signal' | 'corrupt_signal' | 'header_mismatch' | 'units' | 'sampling_rate') with the
     record name, never a raw wfdb/numpy traceback.
     """
@@ -189,8 +202,13 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     except SignalError as err:
         raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
     # A single-segment record is read as stored, its checksums checked, then converted as
-    # wfdb.rdrecord(physical=True) converts it; segments of a multi-segment record are read physical.
+    # wfdb.rdrecord(physical=True) converts it; a multi-segment one has each segment checked first.
     multi = isinstance(header, wfdb.MultiRecord)
+    if multi:
+        try:
+            _check_segments(base, header)
+        except SignalError as err:
+            raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
     try:
         rec = wfdb.rdrecord(str(base), physical=multi)
     except Exception as err:  # wfdb raises many types for corrupt/truncated files
