@@ -28,6 +28,8 @@ from probes.probe_args import build_parser, probe_config
 from probes.provenance import (
     INFO_FILE,
     common_protocol,
+    guard_markdown,
+    merged_guard,
     merged_records,
     protocol,
     protocol_section,
@@ -84,8 +86,10 @@ def _compare(args: argparse.Namespace) -> int:
         sets += found
     diffs = paired_differences(sets, list(dict.fromkeys(frame["encoder"])), args.bootstrap)
     records = merged_records(infos, renamed)
+    guard = merged_guard(infos)
     sections = [s for s in [protocol_section(infos), shared_protocol(infos)] if s]
     sections += [records_markdown(records, frame)] if records else []
+    sections += [guard_markdown(guard)] if guard else []
     sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame, kinds)
     if args.out is None:
@@ -107,6 +111,7 @@ def _compare(args: argparse.Namespace) -> int:
             "sources": labels,
             "kinds": kinds,
             "records": records,
+            "guard": guard,
         }
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
     print(write_outputs(frame, args.out, notes, sections))

@@ -127,3 +127,46 @@ def merged_records(
             label = renamed.get(folder, {}).get(encoder, encoder)
             out.setdefault(label, {}).update(per_task)
     return out
+
+
+def merged_guard(infos: Mapping[Path, Mapping | None]) -> dict[str, dict]:
+    """Each merged folder's leakage-guard counts (folder name -> exclude_overlap, pretraining_overlap:
+    task -> split -> records, split_copies: task -> split pair -> records), carried over from a merged
+    folder's own `guard`; {} for a folder whose probe ran without the guard."""
+    out: dict[str, dict] = {}
+    for folder, info in infos.items():
+        if info is None:
+            continue
+        if "guard" in info:  # a --compare output: what its own inputs recorded
+            out.update(info["guard"])
+            continue
+        ran = bool(info.get("pretraining_overlap"))  # one entry per task whenever the guard ran
+        out[folder.name] = (
+            {
+                "exclude_overlap": bool(info.get("exclude_overlap")),
+                "pretraining_overlap": info.get("pretraining_overlap", {}),
+                "split_copies": info.get("split_copies", {}),
+            }
+            if ran
+            else {}
+        )
+    return out
+
+
+def guard_markdown(guard: Mapping[str, Mapping]) -> str:
+    """summary.md section of a --compare: the leakage guard's counts as each merged folder recorded
+    them (its own summary.md has the details and examples)."""
+    lines = ["## Pretraining overlap and copies across splits (leakage guard), per merged folder", ""]
+    for name, counts in guard.items():
+        if not counts:
+            lines.append(f"- **{name}**: the guard did not run (no pretraining shards known): nothing was checked")
+            continue
+        verdict = "dropped (--exclude-overlap)" if counts.get("exclude_overlap") else "kept"
+        for task, splits in counts.get("pretraining_overlap", {}).items():
+            overlap = ", ".join(f"{split} {n}" for split, n in splits.items())
+            copies = ", ".join(f"{pair} {n}" for pair, n in counts.get("split_copies", {}).get(task, {}).items())
+            lines.append(
+                f"- **{name}**, {task}: records matching pretraining records: {overlap}; val/test copies of an "
+                f"earlier split: {copies or 'not recorded'}; {verdict}"
+            )
+    return "\n".join(lines)

@@ -226,6 +226,19 @@ def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp
     assert (
         "custom:task: no copies across splits" in out and pd.read_csv(tmp_path / "dropped" / "split_copies.csv").empty
     )
+    # a merged summary (what `export --probe-results` puts in the model card) keeps each folder's findings
+    merged = tmp_path / "merged"
+    assert main(["probe", "--compare", str(tmp_path / "kept"), str(tmp_path / "dropped"), "--out", str(merged)]) == 0
+    assert main(["probe", "--compare", str(merged), "--out", str(tmp_path / "merged-again")]) == 0
+    for folder in (merged, tmp_path / "merged-again"):
+        text = (folder / "summary.md").read_text()
+        assert "## Pretraining overlap and copies across splits (leakage guard), per merged folder" in text
+        assert (
+            "- **kept**, custom:task: records matching pretraining records: train 1, val 1, test 1; val/test "
+            "copies of an earlier split: train/val 0, train/test 0, val/test 0; kept" in text
+        )
+        assert "- **dropped**, custom:task: records matching pretraining records: train 1" in text
+        assert "dropped (--exclude-overlap)" in text
 
 
 def test_pretraining_folders_come_from_the_run_and_its_stage0(tmp_path):
