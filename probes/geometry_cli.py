@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--encoder", required=True, help="nested (Stage-1) run folder or export folder")
     p.add_argument(
-        "--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018 or custom:<dir>"
+        "--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, csn or custom:<dir>"
     )
     p.add_argument("--data-root", type=user_path, default=Path("."), help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")

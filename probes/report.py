@@ -174,7 +174,7 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: f
     settings; `window` samples at `fs` Hz is the encoder's input window."""
     p = cfg.protocol
     datasets = [TASKS[t].dataset if t in TASKS else "custom" for t in tasks]
-    drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs)
+    drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs if e < p.epochs)  # a drop after the last epoch is none
     subsets = [f for f in cfg.fractions if f < 1]
     seconds = f"{window / fs:g} s"
     pooling = {
@@ -191,8 +191,9 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: f
         f"({seconds}): " + "; ".join(pooling[d] for d in dict.fromkeys(datasets) if d in pooling) + ". A record "
         "shorter than one window is zero-padded at the end.",
         f"- Probe: one linear layer, binary cross-entropy, Adam (lr {p.lr:g}, weight decay {p.weight_decay:g}), "
-        f"batch {p.batch_size}, {p.epochs} epochs, lr x {p.lr_drop_factor:g} from epoch {drops} on "
-        "(epochs counted from 1). Each seed keeps its epoch with the highest validation macro-AUROC (the first "
+        f"batch {p.batch_size}, {p.epochs} epochs, "
+        + (f"lr x {p.lr_drop_factor:g} from epoch {drops} on (epochs counted from 1)" if drops else "constant lr")
+        + ". Each seed keeps its epoch with the highest validation macro-AUROC (the first "
         "if tied); the test split is scored at that epoch only.",
         "- Macro-AUROC: the unweighted mean of the per-class AUROCs over the classes that have at least one "
         "positive and one negative in the split scored; classes left out are listed below.",

@@ -3,6 +3,7 @@ row (records accounting) and the protocol stated in summary.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pandas as pd
@@ -94,3 +95,5 @@ def test_summary_states_the_protocol_a_reviewer_needs():
     ):
         assert needle in text, needle
     assert "ISC" not in protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0)
+    short = ProbeConfig(protocol=dataclasses.replace(cfg.protocol, epochs=40))  # the drop would come after the end
+    assert "constant lr" in protocol_markdown(short, ["cpsc2018"], 2250, 250.0)
