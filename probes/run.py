@@ -192,7 +192,7 @@ def prepare_task(
         not_found = set(missing[split])
         counts[split] = {
             "listed": len(table.records),
-            "not_found": len(not_found),
+            "not_found": len(missing[split]),  # rows, not ids: blank record cells are each a row
             "refused": sum(k in failed for k in table.records),
             "overlap": sum(k in exclude and k not in not_found for k in table.records),
             "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),

@@ -97,3 +97,20 @@ def test_summary_states_the_protocol_a_reviewer_needs():
     assert "ISC" not in protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0)
     short = ProbeConfig(protocol=dataclasses.replace(cfg.protocol, epochs=40))  # the drop would come after the end
     assert "constant lr" in protocol_markdown(short, ["cpsc2018"], 2250, 250.0)
+
+
+def test_blank_record_cells_are_each_a_row_not_found(shared_data, tmp_path):
+    """Blank record cells all read as one key; the Records table counts rows, so each is a row."""
+    folder = tmp_path / "task"
+    folder.mkdir()
+    record = shared_data / "ptbxl" / "records500" / "00000"
+    rows = {"train": [1, 2, 3, 4], "val": [5, 6, None, None], "test": [7, 8, 9, 10]}
+    for split, numbers in rows.items():
+        lines = [f"{record / f'{n:05d}_hr' if n else ''},{(n or 0) % 2},{1 - (n or 0) % 2}" for n in numbers]
+        (folder / f"{split}.csv").write_text("\n".join(["record,A,B", *lines]) + "\n")
+    task = resolve_task(f"custom:{folder}")
+    data, _ = prepare_task(
+        task, raw_source(DEFAULT_SPEC), tmp_path, None, tmp_path / "cache", ProbeConfig(), log=lambda _: None
+    )
+    val = data.counts["val"]
+    assert (val["listed"], val["not_found"], val["probed"]) == (4, 2, 2)
