@@ -19,6 +19,8 @@ from probes.run import ProbeConfig
 
 INFO_FILE = "probe.json"
 MIXED = "mixed"
+# ProbeConfig keys that change how a probe runs, not its numbers (never a protocol difference)
+RUN_ONLY = ("workers", "device", "extract_batch_size")
 TASK_FOLDER = "folder of "  # protocol key prefix: the folder a custom task was read from
 
 
@@ -105,7 +107,15 @@ def shared_protocol(infos: Mapping[Path, Mapping | None]) -> str:
     runs = [i for i in infos.values() if i is not None and "config" in i]
     if not runs or len(runs) < len(infos):
         return ""
-    if len({json.dumps([i["config"], i.get("spec", {}).get("window"), i.get("spec", {}).get("fs")]) for i in runs}) > 1:
+    stated = [
+        [
+            {k: v for k, v in i["config"].items() if k not in RUN_ONLY},
+            i.get("spec", {}).get("window"),
+            i.get("spec", {}).get("fs"),
+        ]
+        for i in runs
+    ]
+    if len({json.dumps(s, sort_keys=True) for s in stated}) > 1:
         return ""
     try:
         cfg = from_dict(ProbeConfig, runs[0]["config"])
@@ -134,14 +144,17 @@ def merged_guard(infos: Mapping[Path, Mapping | None]) -> dict[str, dict]:
     task -> split -> records, split_copies: task -> split pair -> records), carried over from a merged
     folder's own `guard`; {} for a folder whose probe ran without the guard."""
     out: dict[str, dict] = {}
+    names = [f.name for f in infos]
     for folder, info in infos.items():
         if info is None:
             continue
         if "guard" in info:  # a --compare output: what its own inputs recorded
-            out.update(info["guard"])
+            for name, counts in info["guard"].items():  # a name already taken keeps its own counts
+                out[name if name not in out else f"{name} (in {folder})"] = counts
             continue
         ran = bool(info.get("pretraining_overlap"))  # one entry per task whenever the guard ran
-        out[folder.name] = (
+        # folders are named as in the table's renames: by name, by path where two share a name
+        out[folder.name if names.count(folder.name) == 1 else str(folder)] = (
             {
                 "exclude_overlap": bool(info.get("exclude_overlap")),
                 "pretraining_overlap": info.get("pretraining_overlap", {}),

@@ -114,3 +114,25 @@ def test_blank_record_cells_are_each_a_row_not_found(shared_data, tmp_path):
     )
     val = data.counts["val"]
     assert (val["listed"], val["not_found"], val["probed"]) == (4, 2, 2)
+
+
+def test_merged_folders_keep_their_protocol_and_guard_counts_apart(tmp_path):
+    """Two folders that differ only in how they ran (workers) still share one protocol, and two folders
+    of one name (runs/a/probe, runs/b/probe) keep their own leakage-guard counts."""
+    from ecgpos.config import to_dict
+    from probes.provenance import merged_guard, shared_protocol
+
+    def info(workers: int, overlap: int) -> dict:
+        return {
+            "config": to_dict(ProbeConfig(workers=workers)),
+            "spec": DEFAULT_SPEC.to_dict(),
+            "tasks": ["cpsc2018"],
+            "exclude_overlap": False,
+            "pretraining_overlap": {"cpsc2018": {"train": overlap, "val": 0, "test": 0}},
+        }
+
+    infos = {tmp_path / "a" / "probe": info(1, 3), tmp_path / "b" / "probe": info(8, 5)}
+    assert shared_protocol(infos).startswith("## Protocol")
+    guard = merged_guard(infos)
+    assert [g["pretraining_overlap"]["cpsc2018"]["train"] for g in guard.values()] == [3, 5]
+    assert set(guard) == {str(tmp_path / "a" / "probe"), str(tmp_path / "b" / "probe")}
