@@ -257,6 +257,11 @@ def test_stop_signal_checkpoints_and_resume_finishes(shards: Path, tmp_path: Pat
     assert [r["step"] for r in metrics(run)] == list(range(1, 41))
     assert json.loads((run / "run_info.json").read_text())["finished"]
     assert main(["pretrain", *args, "--resume", "auto"]) == 0  # already finished: nothing to do
+    finished = (run / "run_info.json").read_text()
+    assert json.loads(finished)["finished"] and json.loads(finished)["step"] == 40
+    shutil.rmtree(run / "checkpoints")  # deleted after export: a resume would have trained it again from step 0
+    assert main(["pretrain", *args, "--resume", "auto"]) == 2
+    assert (run / "run_info.json").read_text() == finished and len(metrics(run)) == 40
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -182,7 +182,15 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")
     if saved_hash and stage0_info and saved_hash != stage0_info.get("weights_sha256"):
         raise ConfigError("--stage0 holds other weights than the Stage-0 encoder this run was started with")
-    return newest_checkpoint(run_dir) is not None or bool(set_aside_checkpoints(run_dir))
+    if newest_checkpoint(run_dir) is not None or set_aside_checkpoints(run_dir):
+        return True
+    info = read_run_info(run_dir)
+    if info.get("finished"):  # e.g. checkpoints deleted after export: a resume would train it again from step 0
+        raise ConfigError(
+            f"--run-dir {run_dir} finished at step {info.get('step', '?')} but holds no checkpoint any more: "
+            "nothing to resume or check; train again in a new folder"
+        )
+    return False
 
 
 def prepare(args: argparse.Namespace) -> RunPlan:

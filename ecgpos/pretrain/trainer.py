@@ -139,7 +139,8 @@ class Trainer:
             remove_abandoned_temporaries(folder)
         save_config(self.cfg, self.run_dir / RUN_CONFIG)
         atomic_write_text(self.run_dir / SPEC_FILE, self.cfg.preprocess.to_json() + "\n")
-        self._write_run_info(finished=False)
+        if self.start_step < self.cfg.optim.steps:  # a finished run stays finished while it is re-checked
+            self._write_run_info(finished=False)
 
     def _write_run_info(self, finished: bool, **extra: Any) -> None:
         if not self.acc.is_main_process:
