@@ -136,6 +136,10 @@ def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run
     # an export written before settings_sha256 existed still scores
     config(lambda c: c["decoders"].pop("settings_sha256"))(full)
     assert run(capsys, *score, "--run", full, "--out", tmp_path / "old.csv", "--no-progress")[0] == 0
+    # a decoders entry that names no level: score has nothing to score, so verify must not pass it
+    config(lambda c: [c["decoders"].pop(level, None) for level in ("stage0", "stage1")])(full)
+    rc, report, _ = run(capsys, "verify", full)
+    assert rc == 1 and "FAIL decoders.safetensors" in report and "names no level" in report, report
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # the corrupt file is written on purpose
