@@ -1,4 +1,4 @@
-"""Odd inputs to `ecgpos probe` and `ecgpos geometry` that used to give a plausible table (or a
+"""Odd inputs to `ecgpos probe` and `ecgpos geometry` that must give one line, never a plausible table (or a
 traceback): one record under two spellings, two task folders of one name, a repeated header column,
 repeated or out-of-range label fractions, a row label shared with a baseline, a malformed --reference,
 and a validation split that selects nothing. Custom tasks over real PTB-XL records, a random-init
