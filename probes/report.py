@@ -198,9 +198,9 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: f
         "- Macro-AUROC: the unweighted mean of the per-class AUROCs over the classes that have at least one "
         "positive and one negative in the split scored; classes left out are listed below.",
         f"- Seed{f's 0-{cfg.seeds - 1}' if cfg.seeds > 1 else ' 0'}: a seed draws the layer's initialisation "
-        "and the batch order. "
+        "and the batch order."
         + (
-            f"The {', '.join(f'{f * 100:g} %' for f in subsets)} training subsets are MERL's (scikit-learn "
+            f" The {', '.join(f'{f * 100:g} %' for f in subsets)} training subsets are MERL's (scikit-learn "
             "train_test_split of the train file's rows, random_state=42): the same records for every seed; "
             "records not probed are then left out of them."
             if subsets
