@@ -47,7 +47,7 @@ def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, wind
     return rate
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=Path, nargs="+", required=True)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
@@ -63,7 +63,11 @@ def main() -> None:
     parser.add_argument(
         "--config", default="stage0", help="run config whose train.num_workers is the figure (default: stage0)"
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     configured = load_run_config(args.config).train.num_workers
     rates = {}
     for workers in args.workers:

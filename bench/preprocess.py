@@ -105,11 +105,15 @@ def peak_memory(src: Path, out: Path, records_per_shard: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", type=Path, default=sample_data_root() / "ecg-arrhythmia")
     parser.add_argument("--scale", type=int, default=4, help="size of the larger corpus for the memory check")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     records = sorted(p.with_suffix("") for p in args.src.rglob("JS*.hea"))

@@ -56,14 +56,18 @@ def task_data(name: str, splits: Path, features: dict[str, np.ndarray], rng: np.
     return TaskData(task, x, y, np.arange(n), n, {}, {}, keys)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--splits", type=Path, default=sample_data_root() / "merl_splits")
     p.add_argument("--epochs", type=int, default=100)
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--bootstrap", type=int, default=1000, help="resamples per interval (0: no bootstrap)")
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     torch.set_num_threads(2)
     cfg = ProtocolConfig(epochs=args.epochs)
     rng = np.random.default_rng(0)

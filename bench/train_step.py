@@ -137,7 +137,7 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
     return sum(steps) * batch / seconds
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--stage0", type=Path, help="Stage 1: Stage-0 run or export folder (default: random)")
@@ -155,7 +155,11 @@ def main() -> None:
     )
     parser.add_argument("--e2e", type=Path, nargs="+", metavar="SHARDS", help="also run the real trainer on these")
     parser.add_argument("--e2e-steps", type=int, default=300)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = [*args.overrides, *([f"train.compile={args.compile}"] if args.compile else [])]

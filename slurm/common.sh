@@ -2,7 +2,7 @@
 # in slurm/env.example; nothing cluster-specific (paths, accounts, partitions) is hard-coded.
 # shellcheck shell=bash
 
-# Repository root: where this file lives (dry runs, `bash slurm/x.sbatch`), else what pipeline.sh exported.
+# Repository root: where this file lives (dry runs, `bash slurm/NAME.sbatch`), else what pipeline.sh exported.
 : "${ECGPOS_REPO:=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 : "${ECGPOS_WORK:=$PWD/ecgpos-work}"          # outputs: shards/, runs/, probes/, export/
 : "${ECGPOS_SHARDS:=$ECGPOS_WORK/shards}"

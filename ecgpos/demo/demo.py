@@ -258,14 +258,18 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     return out / "probes" / "summary"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecgpos demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=user_path, default=Path("demo-out"), help="output folder (default ./demo-out)")
     parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     make_output_folder(args.out)
     started = time.monotonic()
     summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)
