@@ -17,7 +17,7 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {".git", ".venv", "tests", "node_modules", "build", "demo-out", "gpu_data", "gpu_out"}
+SKIP_DIRS = {"tests", "node_modules", "build", "demo-out", "gpu_data", "gpu_out"}
 # prog -> the module whose build_parser() it is (`ecgpos <command>` and the benchmarks)
 CLI_MODULES = {
     "preprocess": "preprocessing.cli",
@@ -69,7 +69,9 @@ def doc_parsers() -> dict[str, object]:
 def markdown_files() -> list[Path]:
     found = []
     for path in sorted(ROOT.rglob("*.md")):
-        if not SKIP_DIRS & set(path.relative_to(ROOT).parts[:-1]):
+        folders = path.relative_to(ROOT).parts[:-1]
+        # hidden folders are tool caches and environments (.venv, .pytest_cache), not documentation
+        if not SKIP_DIRS & set(folders) and not any(part.startswith(".") for part in folders):
             found.append(path)
     return found
 
