@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import decimal
 import math
@@ -177,6 +178,19 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             raise ConfigError(f"--set {key}: value {raw!r} is not plain YAML ({problem})") from None
         node[parts[-1]] = _merged(node.get(parts[-1]), value)
     return data
+
+
+def add_set_option(parser: argparse.ArgumentParser, what: str, example: str) -> None:
+    """`--set KEY=VALUE` (repeatable) on a command's parser, collected in `args.overrides` for
+    `apply_overrides` / `load_config`; `what` and `example` make its help the command's own."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override {what}, e.g. --set {example} (repeatable)",
+    )
 
 
 def _merged(old: Any, new: Any) -> Any:

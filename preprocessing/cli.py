@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ecgpos.config import add_set_option
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 from ecgpos.files import user_path
@@ -76,14 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="preprocessing spec YAML (keys fs, highpass_hz, lowpass_hz, filter_order, standardise, "
         "window, dtype), or a run config whose preprocess: section is used; default: the paper's",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one spec key, e.g. --set lowpass_hz=45 (repeatable)",
-    )
+    add_set_option(p, "one spec key", "lowpass_hz=45")
     p.add_argument(
         "--dtype",
         choices=("float16", "float32"),

@@ -24,7 +24,9 @@ FS = 500.0
 SUBSETS = {"chapman": (1, 10646), "ningbo": (10647, 45551), "all": (0, 10**9)}
 DEFAULT_SUBSET = "ningbo"
 INDEX_COLUMNS = ("dx",)  # SNOMED CT codes from `#Dx:`, comma-separated as in the header
-_ID = re.compile(r"^JS(\d+)$")
+# ASCII digits to the end of the name: `$` alone would also accept a name ending in a line break
+# ("JS00001\n.hea"), a second id for the same record that no CSV or log line could show as one line
+_ID = re.compile(r"JS(\d+)", re.ASCII)
 
 
 def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRef], dict[str, int]]:
@@ -44,7 +46,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     for rel, files in _walk(src):
         for name in files:
             stem, ext = os.path.splitext(name)
-            match = _ID.match(stem)
+            match = _ID.fullmatch(stem)
             if ext in (".hea", ".mat") and match:
                 stems.setdefault((int(match.group(1)), (rel / stem).as_posix()), set()).add(ext)
             elif ext in (".hea", ".mat"):
@@ -54,7 +56,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
                 listed.setdefault(Path(entry).name, (rel / entry).as_posix())
     found = {Path(location).name for _, location in stems}
     for record_id, location in listed.items():
-        match = _ID.match(record_id)
+        match = _ID.fullmatch(record_id)
         if match and record_id not in found:
             stems[(int(match.group(1)), location)] = set()
     refs, seen, outside = [], set(), 0

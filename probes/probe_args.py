@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ecgpos.config import load_config
+from ecgpos.config import add_set_option, load_config
 from ecgpos.errors import EcgposError
 from ecgpos.files import user_path
 from probes.bootstrap import DEFAULT_RESAMPLES
@@ -88,14 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="row label of the encoder in the tables")
     p.add_argument("--device", help="feature extraction device (default auto: cuda when available)")
     p.add_argument("--config", type=user_path, help="YAML with ProbeConfig keys")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a ProbeConfig key, e.g. windows_cpsc2018=6 or protocol.epochs=10",
-    )
+    add_set_option(p, "a ProbeConfig key", "windows_cpsc2018=6 or --set protocol.epochs=10")
     p.add_argument("--compare", nargs="+", type=user_path, metavar="DIR", help="merge result folders, not probe")
     p.add_argument(
         "--bootstrap",

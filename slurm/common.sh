@@ -47,12 +47,39 @@ ecgpos_require_config() {
     ecgpos_die "$name=$value is neither a file nor a shipped config in $ECGPOS_REPO/configs"
 }
 
+# ecgpos_words NAME ARRAY: the words of the list setting $NAME (ECGPOS_PRETRAIN_SET, ECGPOS_*_ARGS,
+# ECGPOS_SBATCH_ARGS, ECGPOS_PROBE_TASKS) into the array ARRAY, split as a shell splits a command line: blanks
+# separate words; quotes or a backslash keep a blank inside one ("--cache-dir '/scratch/my cache'").
+# Nothing in the value is expanded or run ($HOME, *, $(...) stay as written). An unclosed quote is one line
+# naming $NAME, exit 2.
+ecgpos_words() {
+    local name=$1 value=${!1:-} quoted
+    local -n _ecgpos_words_out=$2
+    _ecgpos_words_out=()
+    if [[ $value != *[\"\'\\]* ]]; then   # no quoting: plain splitting on blanks, without Python
+        read -r -d '' -a _ecgpos_words_out <<< "$value" || true
+        return 0
+    fi
+    command -v python3 >/dev/null || ecgpos_die "$name: reading its quotes needs python3 on PATH"
+    # Python's shlex reads the quotes as POSIX shells do and writes each word back single-quoted, which
+    # the eval below turns into exactly those words and nothing else.
+    quoted=$(python3 -c '
+import shlex, sys
+try:
+    print(" ".join(shlex.quote(word) for word in shlex.split(sys.argv[1])))
+except ValueError as err:
+    print(f"{err} in {sys.argv[1]!r}")
+    sys.exit(2)
+' "$value") || ecgpos_die "$name: $quoted"
+    eval "_ecgpos_words_out=($quoted)"
+}
+
 # Probe task names `ecgpos probe --task` knows (probes/tasks.py), besides custom:<dir>.
 ECGPOS_KNOWN_PROBE_TASKS="ptbxl-super ptbxl-sub ptbxl-form ptbxl-rhythm cpsc2018 csn"
-# ecgpos_require_probe_tasks LIST: each word is a known task or custom:<existing folder>.
+# ecgpos_require_probe_tasks: each word of ECGPOS_PROBE_TASKS is a known task or custom:<existing folder>.
 ecgpos_require_probe_tasks() {
     local task tasks
-    read -r -a tasks <<< "$1"
+    ecgpos_words ECGPOS_PROBE_TASKS tasks
     [ "${#tasks[@]}" -gt 0 ] || ecgpos_die "ECGPOS_PROBE_TASKS is empty"
     for task in "${tasks[@]}"; do
         case " $ECGPOS_KNOWN_PROBE_TASKS " in *" $task "*) continue ;; esac
@@ -125,9 +152,10 @@ PY
 # stops here with one line. Returns 1, having checked nothing, when no `ecgpos` with --check-config runs here
 # (none on PATH, an older one, or one whose imports fail on this machine): the job then checks for itself.
 ecgpos_check_pretrain_config() {
-    local stage=$1 var=ECGPOS_STAGE${1}_CONFIG kv out line rc=0
+    local stage=$1 var=ECGPOS_STAGE${1}_CONFIG kv overrides out line rc=0
     local args=(pretrain --stage "$stage" --config "${!var}" --check-config)
-    for kv in ${ECGPOS_PRETRAIN_SET:-}; do args+=(--set "$kv"); done
+    ecgpos_words ECGPOS_PRETRAIN_SET overrides
+    for kv in "${overrides[@]}"; do args+=(--set "$kv"); done
     out=$(
         ECGPOS_DRY_RUN=1   # the set-up only, without its "not on PATH" refusal
         ecgpos_setup >/dev/null 2>&1 || true

@@ -44,6 +44,11 @@ for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGP
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
 done
 [ -z "${ECGPOS_MAX_REQUEUES:-}" ] || ecgpos_require_int ECGPOS_MAX_REQUEUES 0
+# the lists the jobs split (an unclosed quote would fail each job in turn, hours later in the queue)
+for _v in ECGPOS_SBATCH_ARGS ECGPOS_PRETRAIN_SET ECGPOS_PROBE_TASKS ECGPOS_PREPROCESS_ARGS ECGPOS_PROBE_ARGS \
+          ECGPOS_EXPORT_ARGS; do
+    ecgpos_words "$_v" _words
+done
 ecgpos_require_setup
 if wants preprocess; then ecgpos_require_dir ECGPOS_SRC "raw pretraining corpus"; fi
 if { wants stage0 || wants stage1; } && ! wants preprocess && [ ! -f "$ECGPOS_SHARDS/index.csv" ]; then
@@ -61,7 +66,7 @@ if wants probe; then
     ecgpos_require_dir ECGPOS_DATA_ROOT "the folder holding ptbxl/ and cpsc2018/"
     ECGPOS_SPLITS=${ECGPOS_SPLITS:-$ECGPOS_DATA_ROOT/merl_splits}
     ecgpos_require_dir ECGPOS_SPLITS "MERL's split folders"
-    ecgpos_require_probe_tasks "$ECGPOS_PROBE_TASKS"
+    ecgpos_require_probe_tasks
     if ! wants stage1 && [[ ${ECGPOS_PROBE_ENCODER:-} != random:* ]]; then
         ECGPOS_PROBE_ENCODER=${ECGPOS_PROBE_ENCODER:-$ECGPOS_RUNS/stage1}
         ecgpos_require_dir ECGPOS_PROBE_ENCODER "the encoder to probe; add stage1 to ECGPOS_STEPS"
@@ -96,8 +101,8 @@ common=(--parsable --kill-on-invalid-dep=yes --chdir="$PWD" --export=ALL --comme
 [ -n "${ECGPOS_PARTITION:-}" ] && common+=(--partition="$ECGPOS_PARTITION")
 [ -n "${ECGPOS_ACCOUNT:-}" ] && common+=(--account="$ECGPOS_ACCOUNT")
 [ -n "${ECGPOS_QOS:-}" ] && common+=(--qos="$ECGPOS_QOS")
-# shellcheck disable=SC2206  # a list of extra arguments
-common+=(${ECGPOS_SBATCH_ARGS:-})
+ecgpos_words ECGPOS_SBATCH_ARGS _sbatch_args
+common+=("${_sbatch_args[@]}")
 log_single=(--output="$ECGPOS_LOG_DIR/%x-%j.out")
 log_array=(--output="$ECGPOS_LOG_DIR/%x-%A_%a.out")
 gres() { if [ "$1" -gt 0 ]; then echo "--gres=gpu:$1"; fi; }
@@ -141,7 +146,7 @@ for stage in 0 1; do
             "$HERE/pretrain.sbatch" "$stage"
     fi
 done
-read -r -a _tasks <<< "$ECGPOS_PROBE_TASKS"
+ecgpos_words ECGPOS_PROBE_TASKS _tasks
 if wants probe; then
     # shellcheck disable=SC2046
     submit probe --job-name=ecgpos-probe "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \

@@ -52,6 +52,29 @@ def test_overrides_parse_yaml_values_and_reject_bad_syntax() -> None:
         apply_overrides({"count": 1}, ["count.x=2"])
 
 
+@pytest.mark.parametrize(
+    "module, argv, subject",
+    [
+        (
+            "ecgpos.cli.pretrain",
+            ["--stage", "0", "--config", "c", "--shards", "s", "--run-dir", "r"],
+            "override a config key, e.g. --set optim",
+        ),
+        ("probes.probe_args", ["--task", "ptbxl-super"], "override a ProbeConfig key, e.g. --set windows_cpsc2018"),
+        ("preprocessing.cli", ["ecg-arrhythmia", "--out", "o"], "override one spec key, e.g. --set lowpass_hz"),
+    ],
+)
+def test_each_command_takes_repeated_set_options_with_its_own_help(module: str, argv: list[str], subject: str) -> None:
+    """pretrain, probe and preprocess share one `--set KEY=VALUE` option; its help names each one's keys."""
+    import importlib
+
+    parser = importlib.import_module(module).build_parser()
+    args = parser.parse_args([*argv, "--set", "a.b=1", "--set", "c=2"])
+    assert args.overrides == ["a.b=1", "c=2"]
+    help_text = " ".join(parser.format_help().split())
+    assert f"--set KEY=VALUE {subject}" in help_text and "(repeatable)" in help_text
+
+
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_configs_load_and_round_trip(name: str, tmp_path: Path) -> None:
     cfg = load_run_config(CONFIG_DIR / name)

@@ -36,6 +36,19 @@ def test_arrhythmia_walk_and_subsets(shared_data):
     assert ningbo == [] and notes["outside_subset"] == 200
 
 
+def test_arrhythmia_names_with_a_line_break_or_other_digits_are_not_records(shared_data, tmp_path):
+    """A file named "JS00001\n.hea" would be a second record id that no index line could hold;
+    it is counted as not an ecg-arrhythmia record, as any other foreign .hea/.mat file is."""
+    record = shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010" / "JS00001"
+    folder = tmp_path / "WFDBRecords" / "01" / "010"
+    folder.mkdir(parents=True)
+    for stem in ("JS00001", "JS00002\n", "JS0000\u0663"):  # \u0663: ARABIC-INDIC DIGIT THREE
+        for ext in (".hea", ".mat"):
+            (folder / f"{stem}{ext}").symlink_to(record.with_suffix(ext))
+    refs, notes = ecg_arrhythmia.find_records(tmp_path, "all")
+    assert [r.record_id for r in refs] == ["JS00001"] and notes["not_a_record"] == 2
+
+
 def test_arrhythmia_values_are_mv_from_digital_samples_and_gains(shared_data):
     src = shared_data / "ecg-arrhythmia"
     refs, _ = ecg_arrhythmia.find_records(src, "all")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from refusal_helpers import FAST, PRETRAIN, one_line_error, read_rows, run
+from refusal_helpers import FAST, PRETRAIN, copy_record, one_line_error, read_rows, run
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.wfdb_io import read_wfdb_record
@@ -63,6 +63,27 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     np.save(tmp_path / "huge.npy", x.astype(np.float64) * 1e300)
     rc, _, err = _embed_npy(capsys, export, tmp_path / "huge.npy", tmp_path / "h.csv")
     assert rc == 2 and "skipped huge: units" in err and "non_finite" not in err
+
+
+def test_record_ids_with_control_characters_are_skipped_with_a_reason(capsys, tmp_path, real_record, export):
+    """A file name holding a line break became a record id that split the `.ids.txt` beside a .npy
+    output (one id per line) and the skip report on stderr; it is skipped, and the skipped list
+    reads back the exact name."""
+    folder = tmp_path / "records"
+    copy_record(real_record, folder, "JS00001")
+    for ext in (".hea", ".mat"):
+        (folder / f"JS00002\nold{ext}").symlink_to(folder / f"JS00001{ext}")
+    out = tmp_path / "f.npy"
+    rc, _, err = run(capsys, "embed", "--encoder", export, "--input", folder, "--out", out, "--no-progress")
+    assert rc == 0 and (tmp_path / "f.ids.txt").read_text() == "JS00001\n", err
+    skipped = read_rows(tmp_path / "f.skipped.csv")
+    assert [(row["record_id"], row["reason"]) for row in skipped] == [("JS00002\nold", "bad_record_id")]
+    assert [line for line in err.splitlines() if "skipped" in line][0].endswith(
+        "skipped 'JS00002\\nold': bad_record_id: the id holds '\\n'; rename the file"
+    )
+    np.save(tmp_path / "tab\there.npy", read_wfdb_record(real_record).signal)  # a 2-D array's id is its name
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "tab\there.npy", tmp_path / "t.csv")
+    assert rc == 2 and "skipped 'tab\\there': bad_record_id" in err
 
 
 def test_api_refuses_what_it_cannot_embed(real_record, export):

@@ -159,6 +159,8 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_SETUP": "source {tmp}/env.sh; if then"}, "ECGPOS_SETUP"),
         ({"ECGPOS_PRETRAIN_SET": "train.batch_size=256 optim.stpes=1000"}, "optim.stpes"),
         ({"ECGPOS_PRETRAIN_SET": "train.batch_size=many"}, "ECGPOS_PRETRAIN_SET"),
+        # a list setting the jobs would fail to split, hours later in the queue
+        ({"ECGPOS_PROBE_ARGS": "--cache-dir '/scratch/my cache"}, "ECGPOS_PROBE_ARGS"),
     ],
 )
 def test_pipeline_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
@@ -238,6 +240,47 @@ def test_pipeline_checks_pretrain_overrides_with_the_config_loader(tmp_path: Pat
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error: stage 0 config ECGPOS_STAGE0_CONFIG=" in lines[0], proc.stderr
     assert 'ECGPOS_PRETRAIN_SET="optim.steps=3 train.batch_sise=8"' in lines[0] and "train.batch_sise" in lines[0]
+
+
+def test_list_settings_keep_quoted_blanks_inside_one_word(tmp_path: Path) -> None:
+    """List settings are split as a shell splits a command line, so a path or YAML value holding a blank
+    stays one argument instead of becoming two wrong ones."""
+    srun = _render("0", {**FAKE_2x4, "ECGPOS_PRETRAIN_SET": "optim.steps=9 'optim.betas=[0.9, 0.95]'"})
+    train = shlex.split(srun[-1].split("exec ", 1)[1])
+    assert [train[i + 1] for i, a in enumerate(train) if a == "--set"] == ["optim.steps=9", "optim.betas=[0.9, 0.95]"]
+
+    data = probe_data_stand_ins(tmp_path)
+    custom = tmp_path / "my tasks"
+    custom.mkdir()
+    lists = {
+        "ECGPOS_PROBE_TASKS": f"ptbxl-super 'custom:{custom}'",
+        "ECGPOS_PROBE_ARGS": f"--seeds 1 --cache-dir \"{tmp_path}/my cache\" --fractions '*'",
+    }
+    env = _clean_env(tmp_path, ECGPOS_DRY_RUN="1", ECGPOS_DATA_ROOT=str(data), **lists)
+    proc = subprocess.run(
+        ["bash", str(SLURM / "probe.sbatch")], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    probes = [shlex.split(line) for line in proc.stdout.splitlines()]
+    assert [_flag(argv, "--task") for argv in probes] == ["ptbxl-super", f"custom:{custom}"]
+    assert all(_flag(argv, "--cache-dir") == f"{tmp_path}/my cache" for argv in probes)
+    assert all(_flag(argv, "--fractions") == "*" for argv in probes)  # nothing is expanded
+
+    # pipeline.sh: the probe array has one index per task, and the config loader gets each override whole
+    env = _clean_env(
+        tmp_path,
+        ECGPOS_DRY_RUN="1",
+        ECGPOS_DATA_ROOT=str(data),
+        ECGPOS_STEPS="probe merge",
+        ECGPOS_PROBE_ENCODER="random:tiny/stage1",
+        **lists,
+    )
+    proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "--array=0-1" in proc.stdout
+    env.update(ECGPOS_STAGE0_CONFIG="tiny/stage0", ECGPOS_PRETRAIN_SET="optim.steps=3 'optim.betas=[0.9, 0.95]'")
+    check = f". {shlex.quote(str(SLURM / 'common.sh'))}; ecgpos_check_pretrain_config 0"
+    proc = subprocess.run(["bash", "-c", check], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
 
 def test_known_probe_tasks_match_the_probe_cli() -> None:

@@ -14,7 +14,8 @@ FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `rec
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
 suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and `.h5` need h5py
 (`pip install 'ecgpos[train]'`). Raw records go through the record screening of preprocessing
-(`ecgpos.ecg.screening`): bad records are reported on stderr with their id and reason, listed in
+(`ecgpos.ecg.screening`), and an id holding a control character (a line break, a tab) is skipped as
+`bad_record_id`: bad records are reported on stderr with their id and reason, listed in
 FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv) and the others are still
 embedded; exit 0 if any record was embedded (1 with --strict when any was skipped), 2 if none was.
 """

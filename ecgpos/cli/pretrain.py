@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from ecgpos.config import add_set_option
 from ecgpos.errors import Interrupted
 from ecgpos.files import user_path
 from ecgpos.pretrain.plan import prepare
@@ -63,14 +64,7 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         "--run-dir", type=user_path, required=not check_only, help="run folder (created; not a shard or export folder)"
     )
     parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set optim.steps=200 (repeatable)",
-    )
+    add_set_option(parser, "a config key", "optim.steps=200")
     parser.add_argument(
         "--resume",
         choices=("auto",),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_tempor
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
+# Unicode categories of what no single line can hold as it is: control characters (line breaks, tab,
+# NUL) and the line and paragraph separators, which str.splitlines also splits on.
+_LINE_BREAKING = {"Cc", "Zl", "Zp"}
 
 # One record of a source: its id and a thunk giving its preprocessed (12, T) float32 signal;
 # the thunk raises SignalError for a bad record, which is reported and skipped.
@@ -171,11 +175,20 @@ def open_source(
     raise EcgposError(f"{path}: not a WFDB record, a folder of records or shards, or a .npy file")
 
 
+def check_record_id(record_id: str) -> None:
+    """SignalError `bad_record_id` when the id (a file name) holds a control character: no line of
+    the stderr report or of a .npy output's `.ids.txt` could hold it, so the record is skipped."""
+    bad = sorted({char for char in record_id if unicodedata.category(char) in _LINE_BREAKING})
+    if bad:
+        raise SignalError("bad_record_id", f"the id holds {', '.join(map(repr, bad))}; rename the file")
+
+
 def source_windows(
     source: Source, window: int, num_windows: int, skipped: list[tuple[str, str, str]], prog: str, progress: bool = True
 ) -> Iterator[tuple[str, np.ndarray]]:
-    """(record id, windows) of every good record of `source`; each bad one is appended to `skipped`
-    as (id, reason, detail) and reported on stderr, and the others go on."""
+    """(record id, windows) of every good record of `source`; each bad one (a bad id included, see
+    `check_record_id`) is appended to `skipped` as (id, reason, detail) and reported on stderr, and
+    the others go on."""
     from tqdm import tqdm
 
     bar = tqdm(
@@ -183,12 +196,14 @@ def source_windows(
     )
     for record_id, load in bar:
         try:
+            check_record_id(record_id)
             windows = record_windows(load(), window, num_windows)
         except (SignalError, EcgposError, OSError) as err:  # OSError: a damaged shard row or file
             reason = getattr(err, "reason", "unreadable")
             detail = getattr(err, "detail", (str(err).splitlines() or [type(err).__name__])[0])
             skipped.append((record_id, reason, detail))
-            bar.write(f"{prog}: skipped {record_id}: {reason}: {detail}", file=sys.stderr)
+            shown = record_id if reason != "bad_record_id" else ascii(record_id)  # one line on stderr
+            bar.write(f"{prog}: skipped {shown}: {reason}: {detail}", file=sys.stderr)
             continue
         yield record_id, windows
     bar.close()
