@@ -314,8 +314,9 @@ SECTIONS = {
 def check_config_words(mention: Mention) -> list[str]:
     """`section.key` and `section.key=value` words name a config key, and their values load."""
     problems = []
-    for word in re.findall(r"[\w.]+=?\S*", mention.text):
-        word = word.strip("\"'`,;:()")
+    # a single-quoted override is one shell word, blanks included ('optim.betas=[0.9, 0.99]')
+    for match in re.finditer(r"'([\w.]+=[^']*)'|([\w.]+=?\S*)", mention.text):
+        word = match.group(1) or match.group(2).strip("\"'`,;:()")
         key = word.split("=", 1)[0]
         section = key.split(".", 1)[0]
         if "." not in key or section not in SECTIONS or key in NOT_CONFIG_KEYS or key.endswith(FILE_SUFFIXES):
