@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,28 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@contextlib.contextmanager
+def atomic_paths(paths: Sequence[str | Path], suffixes: Sequence[str] = ()) -> Iterator[list[Path]]:
+    """`atomic_path` for files that belong together (features and their ids, scores and their skipped
+    records), the first being the one readers look for. On success the first is deleted, the others
+    renamed into place, then the first: an interruption leaves the earlier set whole, or no first
+    file, never a first file beside the other files of another run. On error every temporary is removed.
+
+    `suffixes` (one per path, "" by default) as in `atomic_path`.
+    """
+    paths = [Path(p) for p in paths]
+    tmps = [temporary_path(p, s) for p, s in zip(paths, [*suffixes, *[""] * (len(paths) - len(suffixes))])]
+    try:
+        yield tmps
+        paths[0].unlink(missing_ok=True)
+        for tmp, path in [*zip(tmps[1:], paths[1:]), (tmps[0], paths[0])]:
+            os.replace(tmp, path)
+    finally:
+        for tmp in tmps:
+            if tmp.exists():
+                tmp.unlink()
 
 
 def temporary_path(path: str | Path, suffix: str = "") -> Path:

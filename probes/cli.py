@@ -23,7 +23,14 @@ from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, encoder_source, raw_source
 from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
-from probes.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap, write_overlap
+from probes.leakage import (
+    SPLIT_COPIES,
+    load_pretraining,
+    overlap_markdown,
+    recorded_pretraining,
+    task_overlap,
+    write_overlap,
+)
 from probes.probe_args import build_parser, probe_config
 from probes.provenance import (
     INFO_FILE,
@@ -151,6 +158,18 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
+RUN_FILES = (INFO_FILE, "summary.md", "summary.png", "results.csv", PROBE_SCORES_FILE, "overlap.csv", SPLIT_COPIES)
+"""What a probe run writes into --out; probe.json, written last, marks a whole folder."""
+
+
+def _clear_outputs(out: Path) -> None:
+    """Delete an earlier run's files in `out`, probe.json first, before this run writes its own: an
+    interrupted write then leaves some of this run's files, never beside an earlier run's summary,
+    results or probe.json that readers (`--compare`, `export --probe-results`) would take for this run's."""
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
 def _cache_dir(args: argparse.Namespace) -> Path:
     default = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
     return args.cache_dir or default
@@ -253,6 +272,7 @@ def _probe(args: argparse.Namespace) -> int:
     t_boot = time.time()
     sets = collect_scores(rows, tests)
     add_intervals(rows, sets, args.bootstrap)
+    _clear_outputs(args.out)
     save_scores(sets, args.out)
     boot_seconds = time.time() - t_boot
     frame = write_results(rows, args.out)

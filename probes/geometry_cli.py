@@ -62,6 +62,9 @@ CARVING_SEED = 0
 NOT_FOUND = "not found under the data root"
 
 
+OUTPUT_FILES = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos geometry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -322,6 +325,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
+    for name in OUTPUT_FILES:  # an interrupted write then never leaves this run's files beside an earlier one's
+        (args.out / name).unlink(missing_ok=True)
     with atomic_path(args.out / "metrics.csv") as tmp, tmp.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
         writer.writeheader()
@@ -346,6 +351,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"),
     )
     print(text, end="")
-    files = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
-    print(f"wrote {', '.join(str(args.out / f) for f in files)}")
+    print(f"wrote {', '.join(str(args.out / f) for f in OUTPUT_FILES)}")
     return 0

@@ -28,7 +28,8 @@ seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one t
 as run; every split row counted as not found, refused, pretraining overlap, copy across splits or probed),
 OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
 --compare), OUT/overlap.csv and OUT/split_copies.csv (with a pretraining index) and OUT/probe.json
-(settings, counts, timings).
+(settings, counts, timings), last: an earlier run's files in OUT are deleted first, so a folder
+without probe.json was interrupted while written.
 Leakage guard: --pretraining-index SHARDS... (default: the shard folders the run or export records)
 compares probe records with the pretraining records by content fingerprint and reports the overlap
 per task; it also reports val and test records whose fingerprint matches a record of an earlier split

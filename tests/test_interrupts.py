@@ -17,7 +17,9 @@ from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
 
 from ecgpos.cli import main
 from ecgpos.demo.demo import _run
+from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC
+from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import Interrupted
 from ecgpos.export.load import load_encoder
 from ecgpos.runs.run_folder import list_checkpoints
@@ -165,3 +167,48 @@ def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_pa
     assert steps == list(range(1, steps[-1] + 1))  # the refused trainer wrote nothing
     assert pretrain(0, shards, run, *flags, "--resume", "auto") == 0
     assert [r["step"] for r in metrics(run)] == list(range(1, 301))
+
+
+@pytest.mark.parametrize("command", ["embed", "score"])
+def test_output_files_interrupted_between_renames_never_mix_two_runs(
+    command, export, tiny_run, real_record, tmp_path, monkeypatch
+) -> None:
+    """embed writes FILE.npy, FILE.ids.txt and FILE.skipped.csv, score FILE.csv and FILE.skipped.csv.
+    Interrupted between two of their renames, FILE used to hold the new run's rows beside the earlier
+    run's ids or skipped list; now FILE is the earlier run's with its own files, or absent."""
+    x = read_wfdb_record(real_record).signal
+    bad = x.copy()
+    bad[3, 100] = np.nan  # refused: listed in FILE.skipped.csv
+    np.save(tmp_path / "three.npy", np.stack([x, x[:, ::-1], bad]))
+    np.save(tmp_path / "one.npy", x[None])
+    out = tmp_path / ("f.npy" if command == "embed" else "s.csv")
+    model = ["--encoder", export] if command == "embed" else ["--run", tiny_run]
+
+    def args(npy: str) -> list[str]:
+        flags = ["--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--out", out, "--no-progress"]
+        return [str(a) for a in (command, *model, "--input", tmp_path / npy, *flags)]
+
+    assert main(args("three.npy")) == 0
+    files = [p for p in tmp_path.iterdir() if p.name.startswith(f"{out.stem}.")]
+    assert len(files) == (3 if command == "embed" else 2)
+    before = {p: p.read_bytes() for p in files}
+    replace = os.replace
+    for n in range(1, len(files) + 1):  # Ctrl-C at the n-th rename of the second run
+        renamed: list[str] = []
+
+        def interrupted(src, dst, n=n, renamed=renamed):
+            renamed.append(dst)
+            if len(renamed) == n:
+                raise KeyboardInterrupt
+            replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", interrupted)
+        assert main(args("one.npy")) == 130
+        monkeypatch.undo()
+        if out.exists():
+            assert {p: p.read_bytes() for p in files} == before, n
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporaries
+        for path, data in before.items():
+            path.write_bytes(data)
+    assert main(args("one.npy")) == 0
+    assert (tmp_path / f"{out.stem}.skipped.csv").read_text().splitlines() == ["record_id,reason,detail"]

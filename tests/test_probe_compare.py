@@ -238,3 +238,35 @@ def test_probe_and_compare_remove_what_killed_runs_of_this_host_left(capsys, pro
     capsys.readouterr()
     assert cli("probe", "--compare", out, probe_folder("base4"), "--out", merged) == 0
     assert not dead[2].exists()
+
+
+def test_a_probe_interrupted_while_writing_leaves_no_earlier_run_beside_its_files(
+    probe_folder, shared_data, monkeypatch
+):
+    """A second probe into one --out, stopped by Ctrl-C as it renames summary.md into place: the
+    earlier run's summary.md and probe.json used to stay beside the new results.csv, and
+    `export --probe-results` put the earlier encoder's table into the new encoder's model card."""
+    import os
+
+    from ecgpos.export.card import probe_section
+
+    out = probe_folder("first")
+    args = ["probe", "--encoder", "random:tiny/stage0", "--name", "second", "--task", "ptbxl-super"]
+    args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
+    args += ["--seeds", "2", "--epochs", "2", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
+    replace = os.replace
+
+    def interrupted(src, dst):
+        if Path(dst).name == "summary.md":
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    assert cli(*args, "--out", out) == 130
+    monkeypatch.undo()
+    assert not (out / "summary.md").exists() and not (out / "probe.json").exists()
+    assert set(pd.read_csv(out / "results.csv")["encoder"]) == {"second"}
+    section = probe_section(out)  # what a model card would show
+    assert "second" in section and "first" not in section, section
+    assert cli(*args, "--out", out) == 0
+    assert '"label": "second"' in (out / "probe.json").read_text()

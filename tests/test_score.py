@@ -287,6 +287,32 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
     )
 
 
+def test_geometry_interrupted_while_writing_leaves_no_earlier_run_beside_its_files(
+    runs: dict[str, Path], shared_data: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A second geometry run into one --out (another --space), stopped by Ctrl-C as it renames
+    features.npz into place: the earlier run's features, summary and figure used to stay beside the new metrics."""
+    import os
+
+    labels = {n: ("A" if n <= 4 else "B" if n <= 8 else "X") for n in range(1, 11)}
+    task = _custom_task(tmp_path / "task", shared_data, labels)
+    out = tmp_path / "geo"
+    args = ["geometry", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--nominal", "A,B"]
+    args += ["--anomalous", "X", "--out", out, "--device", "cpu"]
+    assert cli(*args, "--space", "features") == 0
+    replace = os.replace
+
+    def interrupted(src, dst):
+        if Path(dst).name == "features.npz":
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    assert cli(*args, "--space", "reconstruction") == 130
+    monkeypatch.undo()
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.csv"]  # this run's, and no temporaries
+
+
 def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: Path, capsys) -> None:
     task = _custom_task(tmp_path / "task", shared_data, {1: "A", 2: "A", 3: "B", 4: "X"})
     base = ["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--out", str(tmp_path / "g")]

@@ -101,8 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({len(result.skipped)} skipped, reasons above and in {listed})"
         )
     features = np.stack(result.features).astype(np.float32)
-    written = write_features(args.out, result.ids, features, encoder)
-    written.append(write_skipped(args.out, result.skipped))
+    written = write_features(args.out, result.ids, features, encoder, result.skipped)
     print(
         f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
         f"{', '.join(map(str, written))}{skipped_note(result.skipped)}"

@@ -18,8 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_path, atomic_write_text, user_path
-from ecgpos.inference.inputs import check_writable, open_source, skipped_note, write_skipped
+from ecgpos.files import atomic_paths, atomic_write_text, user_path
+from ecgpos.inference.inputs import (
+    check_writable,
+    open_source,
+    skipped_note,
+    skipped_path,
+    write_skipped,
+    write_skipped_rows,
+)
 from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
 
@@ -117,18 +124,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = score_records(
         models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )
-    listed = write_skipped(args.out, result.skipped)
     if not result.ids:
+        listed = write_skipped(args.out, result.skipped)
         raise EcgposError(
             f"none of the {source.count} {source.kind} could be scored "
             f"({len(result.skipped)} skipped, reasons above and in {listed})"
         )
     levels = list(result.scores)
-    with atomic_path(args.out) as tmp, tmp.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
-        for row, record_id in enumerate(result.ids):
-            writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
+    listed = skipped_path(args.out)
+    with atomic_paths([args.out, listed]) as (tmp, skipped_tmp):  # replaced together: never another run's list
+        with tmp.open("w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
+            for row, record_id in enumerate(result.ids):
+                writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
+        write_skipped_rows(skipped_tmp, result.skipped)
     for note in models.notes:
         print(f"note: {note}")
     print(

@@ -28,7 +28,7 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_path, atomic_write_text, remove_abandoned_temporaries, write_test
+from ecgpos.files import atomic_path, atomic_paths, remove_abandoned_temporaries, write_test
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -267,11 +267,17 @@ def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Pat
 def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
     """`record_id,reason,detail` of every refused record (header only when none was refused)."""
     path = skipped_path(out)
-    with atomic_path(path) as tmp, tmp.open("w", newline="") as handle:
+    with atomic_path(path) as tmp:
+        write_skipped_rows(tmp, skipped)
+    return path
+
+
+def write_skipped_rows(path: Path, skipped: Sequence[tuple[str, str, str]]) -> None:
+    """The `.skipped.csv` text of `skipped` into `path` (a temporary name of `atomic_path(s)`)."""
+    with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["record_id", "reason", "detail"])
         writer.writerows(skipped)
-    return path
 
 
 def skipped_note(skipped: Sequence[tuple[str, str, str]]) -> str:
@@ -282,18 +288,29 @@ def skipped_note(skipped: Sequence[tuple[str, str, str]]) -> str:
     return f"; skipped {len(skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
 
 
-def write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
-    """Write features (N, D) float32 with their record ids; returns the files written."""
+def write_features(
+    out: Path,
+    ids: list[str],
+    features: np.ndarray,
+    encoder: ExportedEncoder,
+    skipped: Sequence[tuple[str, str, str]] | None = None,
+) -> list[Path]:
+    """Write features (N, D) float32 with their record ids (and, when given, the `skipped` records in
+    `.skipped.csv`); returns the files written. They replace an earlier run's files together (`atomic_paths`)."""
     try:
-        return _write_features(out, ids, features, encoder)
+        return _write_features(out, ids, features, encoder, skipped)
     except OSError as err:
         raise EcgposError(f"cannot write {out}: {err.strerror or err}") from None
 
 
-def _write_features(out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder) -> list[Path]:
-    # each file is written under a temporary name and renamed: an interrupted run leaves no half file
+def _write_features(
+    out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder, skipped: Sequence | None
+) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out, suffix=out.suffix) as tmp:  # the suffix keeps np.save from appending its own
+    paths = [out] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
+    paths += [skipped_path(out)] if skipped is not None else []
+    # the suffix keeps np.save from appending its own
+    with atomic_paths(paths, [out.suffix]) as (tmp, *companions):
         if out.suffix == ".csv":
             with tmp.open("w", newline="") as handle:
                 writer = csv.writer(handle)
@@ -313,8 +330,7 @@ def _write_features(out: Path, ids: list[str], features: np.ndarray, encoder: Ex
             np.savez(tmp, features=features, record_id=np.array(ids, dtype=str))
         else:
             np.save(tmp, features)
-    if out.suffix != ".npy":
-        return [out]
-    ids_file = out.with_suffix(".ids.txt")
-    atomic_write_text(ids_file, "".join(f"{record_id}\n" for record_id in ids), sync=False)
-    return [out, ids_file]
+            companions[0].write_text("".join(f"{record_id}\n" for record_id in ids))
+        if skipped is not None:
+            write_skipped_rows(companions[-1], skipped)
+    return paths
