@@ -317,8 +317,9 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
     plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes, req.sources())
     if notes.get("not_a_record"):
         print(
-            f"ecgpos preprocess: {notes['not_a_record']} .hea/.mat files under {req.src} are not {req.dataset} "
-            "records (name not JSnnnnn): not counted as found (preprocess.json counts.not_a_record)",
+            f"ecgpos preprocess: {notes['not_a_record']} .hea/.mat names under {req.src} (a .hea and its .mat "
+            f"count once) are not {req.dataset} records (name not JSnnnnn): not counted as found "
+            "(preprocess.json counts.not_a_record)",
             file=stream,
             flush=True,
         )

@@ -32,10 +32,10 @@ _ID = re.compile(r"JS(\d+)", re.ASCII)
 def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRef], dict[str, int]]:
     """Every JSxxxxx record under src (a .hea or a .mat counts), in the subset, sorted by id.
 
-    Returns (refs, notes): notes counts what was seen outside the subset and the `.hea`/`.mat`
-    files whose name is not JSnnnnn (`not_a_record`: not ecg-arrhythmia records). A record found twice
-    keeps the first path (sorted) and the others become `duplicate_record`. A record that a `RECORDS`
-    file lists but that has no file in the tree is `unreadable`.
+    Returns (refs, notes): notes counts what was seen outside the subset and the names of `.hea`/`.mat`
+    files that are not JSnnnnn (`not_a_record`: not ecg-arrhythmia records; a .hea and its .mat count
+    once). A record found twice keeps the first path (sorted) and the others become `duplicate_record`.
+    A record that a `RECORDS` file lists but that has no file in the tree is `unreadable`.
     """
     if subset not in SUBSETS:
         raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")

@@ -234,6 +234,7 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
         "JS00002 12 500 0\n" + "".join(f"JS00002.mat 16+24 1000/mV 16 0 0 0 0 {lead}\n" for lead in CANONICAL_LEADS)
     )
     (src / "notes.hea").write_text("not a record\n")
+    (src / "notes.mat").write_bytes(b"")  # one name with its .hea
     (src / "RECORDS.mat").write_bytes(b"")
     rc, _, err = run(
         capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", tmp_path / "out"
@@ -241,7 +242,7 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
     assert rc == 0, err
     assert {r["record_id"]: r["reason"] for r in read_rows(tmp_path / "out" / "skipped.csv")} == {"JS00002": "empty"}
     assert json.loads((tmp_path / "out" / "preprocess.json").read_text())["counts"]["not_a_record"] == 2
-    assert "2 .hea/.mat files" in err
+    assert "2 .hea/.mat names" in err
     # every reason a reader or the screening can give is in the README's table
     table = (ROOT / "preprocessing" / "README.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)`", table, re.M)) | set(re.findall(r" / `([a-z_]+)`", table))
