@@ -3,6 +3,7 @@ continues without repeating or losing work, and the interruption is reported in 
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -169,6 +170,24 @@ def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_pa
     assert [r["step"] for r in metrics(run)] == list(range(1, 301))
 
 
+def _npy_inputs(real_record: Path, folder: Path) -> None:
+    """three.npy: two records and one refused (NaN, listed in FILE.skipped.csv); one.npy: one record;
+    bad.npy: only the refused one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    x = read_wfdb_record(real_record).signal
+    bad = x.copy()
+    bad[3, 100] = np.nan
+    np.save(folder / "three.npy", np.stack([x, x[:, ::-1], bad]))
+    np.save(folder / "one.npy", x[None])
+    np.save(folder / "bad.npy", bad[None])
+
+
+def _npy_args(command: str, model: Path, npy: Path, out: Path, *more: str | Path) -> list[str]:
+    model_flag = "--encoder" if command == "embed" else "--run"
+    flags = ["--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--out", out, "--no-progress", *more]
+    return [str(a) for a in (command, model_flag, model, "--input", npy, *flags)]
+
+
 @pytest.mark.parametrize("command", ["embed", "score"])
 def test_output_files_interrupted_between_renames_never_mix_two_runs(
     command, export, tiny_run, real_record, tmp_path, monkeypatch
@@ -176,17 +195,12 @@ def test_output_files_interrupted_between_renames_never_mix_two_runs(
     """embed writes FILE.npy, FILE.ids.txt and FILE.skipped.csv, score FILE.csv and FILE.skipped.csv.
     Interrupted between two of their renames, FILE used to hold the new run's rows beside the earlier
     run's ids or skipped list; now FILE is the earlier run's with its own files, or absent."""
-    x = read_wfdb_record(real_record).signal
-    bad = x.copy()
-    bad[3, 100] = np.nan  # refused: listed in FILE.skipped.csv
-    np.save(tmp_path / "three.npy", np.stack([x, x[:, ::-1], bad]))
-    np.save(tmp_path / "one.npy", x[None])
+    _npy_inputs(real_record, tmp_path)
     out = tmp_path / ("f.npy" if command == "embed" else "s.csv")
-    model = ["--encoder", export] if command == "embed" else ["--run", tiny_run]
+    model = export if command == "embed" else tiny_run
 
     def args(npy: str) -> list[str]:
-        flags = ["--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--out", out, "--no-progress"]
-        return [str(a) for a in (command, *model, "--input", tmp_path / npy, *flags)]
+        return _npy_args(command, model, tmp_path / npy, out)
 
     assert main(args("three.npy")) == 0
     files = [p for p in tmp_path.iterdir() if p.name.startswith(f"{out.stem}.")]
@@ -212,3 +226,26 @@ def test_output_files_interrupted_between_renames_never_mix_two_runs(
             path.write_bytes(data)
     assert main(args("one.npy")) == 0
     assert (tmp_path / f"{out.stem}.skipped.csv").read_text().splitlines() == ["record_id,reason,detail"]
+
+
+@pytest.mark.parametrize("command", ["embed", "score"])
+def test_a_run_that_embeds_or_scores_nothing_leaves_no_earlier_output_beside_its_skipped_list(
+    command, export, tiny_run, real_record, tmp_path, capsys
+) -> None:
+    """Every record refused: the run writes FILE.skipped.csv (exit 2). The earlier run's FILE,
+    FILE.ids.txt and scores_summary.md used to stay beside it and read as this run's output."""
+    _npy_inputs(real_record, tmp_path / "in")
+    out = tmp_path / "out" / ("f.npy" if command == "embed" else "s.csv")
+    model = export if command == "embed" else tiny_run
+    labels = tmp_path / "in" / "labels.csv"
+    labels.write_text("record_id,label\n0,A\n1,N\n")
+    more = ["--labels", labels, "--nominal", "N", "--anomalous", "A"] if command == "score" else []
+    assert main(_npy_args(command, model, tmp_path / "in" / "three.npy", out, *more)) == 0
+    earlier = {"embed": ["f.ids.txt", "f.npy", "f.skipped.csv"], "score": ["s.csv", "s.skipped.csv", "scores_summary.md"]}
+    assert sorted(p.name for p in out.parent.iterdir()) == earlier[command]
+    capsys.readouterr()
+    assert main(_npy_args(command, model, tmp_path / "in" / "bad.npy", out)) == 2
+    assert "none of the 1 " in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == [f"{out.stem}.skipped.csv"]  # and no temporaries
+    with (out.parent / f"{out.stem}.skipped.csv").open() as handle:
+        assert [row["record_id"] for row in csv.DictReader(handle)] == ["0"]
