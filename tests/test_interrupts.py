@@ -84,13 +84,44 @@ def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data
     keys = [f"records500/00000/{i:05d}_hr" for i in range(1, 41)]
     locator = RecordLocator("ptbxl", shared_data)
     source.embed = interrupted
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=f"the features extracted so far are cached in {tmp_path};"):
         extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
     source.embed = embed
     features, stats = extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
     assert (stats.cached, stats.extracted, len(features)) == (16, 24, 40)
     again, _ = extract_features(raw_source(DEFAULT_SPEC), "ptbxl", keys, locator, tmp_path / "fresh", 1, chunk=8)
     assert all(np.array_equal(features[k], again[k]) for k in keys)
+
+
+def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C before any record was extracted (while the encoder loads) used to say that the features
+    were cached in a --cache-dir that did not even exist; after the extraction it names the cache."""
+    import probes.cli
+
+    task, cache = tmp_path / "task", tmp_path / "cache"
+    task.mkdir()
+    for split, numbers in (("train", range(1, 9)), ("val", range(9, 13)), ("test", range(13, 17))):
+        rows = [f"{shared_data / 'ptbxl/records500/00000' / f'{n:05d}_hr'},{n % 2},{1 - n % 2}" for n in numbers]
+        (task / f"{split}.csv").write_text("\n".join(["record,A,B", *rows]) + "\n")
+    args = ["probe", "--encoder", "random:tiny/stage0", "--task", f"custom:{task}", "--fractions", "100"]
+    args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", cache, "--out", tmp_path / "out"]
+
+    def ctrl_c(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    lines = []
+    for where in ("load_probe_encoder", "run_jobs"):  # before the extraction; after it, as the probes train
+        monkeypatch.setattr(probes.cli, where, ctrl_c)
+        capsys.readouterr()
+        assert main([str(a) for a in args]) == 130
+        monkeypatch.undo()
+        lines.append(capsys.readouterr().err.strip().splitlines()[-1])
+        assert cache.exists() == (where == "run_jobs")
+    assert lines == [
+        "ecgpos probe: interrupted: no partial output was kept; run the same command again",
+        f"ecgpos probe: interrupted: the features extracted so far are cached in {cache}; the same command reuses them",
+    ]
+    assert len(list(cache.glob("custom-*.npz"))) == 1
 
 
 def _kill_export_while_staging(tiny_run: Path, out: Path) -> None:
