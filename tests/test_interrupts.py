@@ -124,6 +124,23 @@ def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, t
     assert len(list(cache.glob("custom-*.npz"))) == 1
 
 
+def test_sigterm_stops_probe_with_one_line_and_the_rerun_completes(shared_data, tmp_path) -> None:
+    """SIGTERM (scancel, a Slurm time limit) used to kill `ecgpos probe` without a word (exit -15);
+    now it stops as Ctrl-C does: one `terminated:` line, exit 143, no temporaries, and the rerun works."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    args = ["probe", "--encoder", "random:tiny/stage0", "--task", "ptbxl-super", "--data-root", shared_data]
+    args += ["--splits", shared_data / "merl_splits", "--fractions", "100", "--seeds", "1", "--epochs", "1"]
+    args += ["--workers", "1", "--cache-dir", cache, "--out", out]
+    proc = start(*args)
+    wait_for(cache, proc)  # made just before the extraction
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ecgpos probe: terminated: "), err
+    assert [p.name for folder in (cache, out) for p in folder.glob(".*")] == []
+    assert main([str(a) for a in args]) == 0 and (out / "probe.json").is_file()
+
+
 def _kill_export_while_staging(tiny_run: Path, out: Path) -> None:
     """Start `ecgpos export` to `out` and SIGKILL it once its staging folder holds the weights."""
     proc = start("export", "--run-dir", tiny_run, "--out", out)
