@@ -19,4 +19,4 @@ class SignalError(EcgposError):
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C in a command that keeps work: the message says what was kept and how to go on."""
+    """Ctrl-C (or SIGTERM, ecgpos.cli) in a command that keeps work: the message says what was kept and how to go on."""

@@ -54,6 +54,9 @@ def atomic_paths(paths: Sequence[str | Path], suffixes: Sequence[str] = ()) -> I
     records), the first being the one readers look for. On success the first is deleted, the others
     renamed into place, then the first: an interruption leaves the earlier set whole, or no first
     file, never a first file beside the other files of another run. On error every temporary is removed.
+    A file of the set whose temporary the block did not write is deleted in its turn instead: an
+    earlier run's file that this run has none of (a summary of a run without labels, the features of
+    a run that embedded nothing) never stays beside this run's files.
 
     `suffixes` (one per path, "" by default) as in `atomic_path`.
     """
@@ -63,7 +66,10 @@ def atomic_paths(paths: Sequence[str | Path], suffixes: Sequence[str] = ()) -> I
         yield tmps
         paths[0].unlink(missing_ok=True)
         for tmp, path in [*zip(tmps[1:], paths[1:]), (tmps[0], paths[0])]:
-            os.replace(tmp, path)
+            if tmp.exists():
+                os.replace(tmp, path)
+            else:
+                path.unlink(missing_ok=True)
     finally:
         for tmp in tmps:
             if tmp.exists():

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from ecgpos.config import to_dict
@@ -21,7 +22,7 @@ from ecgpos.files import (
 from ecgpos.inference.resolve import unfinished_note
 from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
-from probes.features import FeatureSource, encoder_source, raw_source
+from probes.features import FeatureSource, cached_note, encoder_source, raw_source
 from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.leakage import (
     SPLIT_COPIES,
@@ -104,13 +105,16 @@ def _compare(args: argparse.Namespace) -> int:
         return 0
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
-    if args.out.resolve() not in {d.resolve() for d in args.compare}:  # never overwrite an input's rows
+    into_input = args.out.resolve() in infos
+    _clear_outputs(args.out, keep=INPUT_FILES if into_input else ())
+    if not into_input:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
         if sets:
             save_scores(sets, args.out)
-    with atomic_path(args.out / "differences.csv") as tmp:
+    with atomic_path(args.out / DIFFERENCES_FILE) as tmp:
         diffs.to_csv(tmp, index=False)
-    if args.out.resolve() not in infos:  # what the inputs had in common, for a later --compare
+    text = write_outputs(frame, args.out, notes, sections)
+    if not into_input:  # what the inputs had in common, for a later --compare; last, as a probe's
         labels = {renamed[f].get(enc, enc): key for f, i in infos.items() for enc, key in sources(i).items()}
         info = {
             "compared": [str(f) for f in infos],
@@ -121,7 +125,7 @@ def _compare(args: argparse.Namespace) -> int:
             "guard": guard,
         }
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
-    print(write_outputs(frame, args.out, notes, sections))
+    print(text)
     return 0
 
 
@@ -158,16 +162,31 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
     return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
 
 
-RUN_FILES = (INFO_FILE, "summary.md", "summary.png", "results.csv", PROBE_SCORES_FILE, "overlap.csv", SPLIT_COPIES)
-"""What a probe run writes into --out; probe.json, written last, marks a whole folder."""
+DIFFERENCES_FILE = "differences.csv"
+RUN_FILES = (
+    INFO_FILE,
+    "summary.md",
+    "summary.png",
+    "results.csv",
+    PROBE_SCORES_FILE,
+    "overlap.csv",
+    SPLIT_COPIES,
+    DIFFERENCES_FILE,
+)
+"""What a probe run or a --compare writes into --out (a probe no differences.csv, a compare no
+overlap.csv or split_copies.csv); probe.json, written last, marks a whole folder."""
+INPUT_FILES = frozenset(RUN_FILES) - {"summary.md", "summary.png", DIFFERENCES_FILE}
+"""The files of a --compare input folder that a --compare into that folder keeps (it writes only the rest)."""
 
 
-def _clear_outputs(out: Path) -> None:
-    """Delete an earlier run's files in `out`, probe.json first, before this run writes its own: an
-    interrupted write then leaves some of this run's files, never beside an earlier run's summary,
-    results or probe.json that readers (`--compare`, `export --probe-results`) would take for this run's."""
+def _clear_outputs(out: Path, keep: Collection[str] = ()) -> None:
+    """Delete an earlier run's files in `out` (all of RUN_FILES but `keep`), probe.json first, before this
+    run writes its own: an interrupted write then leaves some of this run's files, never beside an earlier
+    run's summary, results or probe.json that readers (`--compare`, `export --probe-results`) would take
+    for this run's."""
     for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
+        if name not in keep:
+            (out / name).unlink(missing_ok=True)
 
 
 def _cache_dir(args: argparse.Namespace) -> Path:
@@ -179,15 +198,18 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.compare:
         return _compare(args)
+    cached: list[Path] = []  # the cache folder, once it holds features of this run's records
     try:
-        return _probe(args)
+        return _probe(args, cached)
+    except Interrupted:
+        raise  # an extraction saying what it saved
     except KeyboardInterrupt:
-        raise Interrupted(
-            f"the features extracted so far are cached in {_cache_dir(args)}; the same command reuses them"
-        ) from None
+        if cached:
+            raise Interrupted(cached_note(cached[0])) from None
+        raise  # nothing kept: the default line says so
 
 
-def _probe(args: argparse.Namespace) -> int:
+def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
@@ -257,6 +279,8 @@ def _probe(args: argparse.Namespace) -> int:
                 exclude=exclude.get(task.name, frozenset()),
                 copies=copies.get(task.name, frozenset()),
             )
+            if stats.extracted or stats.cached:
+                cached[:] = [cache_dir]
             extraction[f"{source.name} / {task.name}"] = {
                 "extracted": stats.extracted,
                 "cached": stats.cached,

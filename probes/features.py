@@ -23,7 +23,7 @@ import torch
 
 from ecgpos.ecg.signal import pad_to
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import EcgposError
+from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.export.format import weights_hash
 from ecgpos.files import atomic_path
 from ecgpos.models.features import record_means, record_windows, window_features
@@ -171,6 +171,11 @@ def _embed_chunk(
     return bool(signals)
 
 
+def cached_note(cache_dir: Path) -> str:
+    """What an interrupted probe says when features of its records are in `cache_dir`."""
+    return f"the features extracted so far are cached in {cache_dir}; the same command reuses them"
+
+
 def extract_features(
     source: FeatureSource,
     dataset: str,
@@ -186,7 +191,8 @@ def extract_features(
 
     Records that fail to read or are refused by the screening (PROBE_POLICY) are left out and
     listed in stats.failed with their reason; stats.changed counts the cached records extracted
-    again because their files changed.
+    again because their files changed. Interrupted (KeyboardInterrupt) after some records were
+    extracted, it saves them to the cache and raises Interrupted saying so.
     """
     path = cache_file(cache_dir, source, dataset, windows)
     store = _load_cache(path)
@@ -213,6 +219,7 @@ def extract_features(
     except KeyboardInterrupt:  # Ctrl-C keeps everything extracted: the rerun extracts only the rest
         if stats.extracted:
             _save_cache(path, store)
+            raise Interrupted(cached_note(cache_dir)) from None
         raise
     if stats.padded:
         log(

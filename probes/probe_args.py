@@ -42,6 +42,8 @@ one encoder label probed on different tasks in different folders (e.g. one folde
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
 folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
 scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
+As a probe run, it deletes an earlier probe's or compare's files in --out first and writes
+probe.json last; into one of its input folders it writes only differences.csv and the summary.
 --reference paper adds the seed paper's published full-label rows, marked (published), and our
 difference to them."""
 

@@ -3,6 +3,7 @@ continues without repeating or losing work, and the interruption is reported in 
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -83,13 +84,61 @@ def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data
     keys = [f"records500/00000/{i:05d}_hr" for i in range(1, 41)]
     locator = RecordLocator("ptbxl", shared_data)
     source.embed = interrupted
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(Interrupted, match=f"the features extracted so far are cached in {tmp_path};"):
         extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
     source.embed = embed
     features, stats = extract_features(source, "ptbxl", keys, locator, tmp_path, windows=1, chunk=8)
     assert (stats.cached, stats.extracted, len(features)) == (16, 24, 40)
     again, _ = extract_features(raw_source(DEFAULT_SPEC), "ptbxl", keys, locator, tmp_path / "fresh", 1, chunk=8)
     assert all(np.array_equal(features[k], again[k]) for k in keys)
+
+
+def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, tmp_path, monkeypatch, capsys):
+    """Ctrl-C before any record was extracted (while the encoder loads) used to say that the features
+    were cached in a --cache-dir that did not even exist; after the extraction it names the cache."""
+    import probes.cli
+
+    task, cache = tmp_path / "task", tmp_path / "cache"
+    task.mkdir()
+    for split, numbers in (("train", range(1, 9)), ("val", range(9, 13)), ("test", range(13, 17))):
+        rows = [f"{shared_data / 'ptbxl/records500/00000' / f'{n:05d}_hr'},{n % 2},{1 - n % 2}" for n in numbers]
+        (task / f"{split}.csv").write_text("\n".join(["record,A,B", *rows]) + "\n")
+    args = ["probe", "--encoder", "random:tiny/stage0", "--task", f"custom:{task}", "--fractions", "100"]
+    args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", cache, "--out", tmp_path / "out"]
+
+    def ctrl_c(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    lines = []
+    for where in ("load_probe_encoder", "run_jobs"):  # before the extraction; after it, as the probes train
+        monkeypatch.setattr(probes.cli, where, ctrl_c)
+        capsys.readouterr()
+        assert main([str(a) for a in args]) == 130
+        monkeypatch.undo()
+        lines.append(capsys.readouterr().err.strip().splitlines()[-1])
+        assert cache.exists() == (where == "run_jobs")
+    assert lines == [
+        "ecgpos probe: interrupted: no partial output was kept; run the same command again",
+        f"ecgpos probe: interrupted: the features extracted so far are cached in {cache}; the same command reuses them",
+    ]
+    assert len(list(cache.glob("custom-*.npz"))) == 1
+
+
+def test_sigterm_stops_probe_with_one_line_and_the_rerun_completes(shared_data, tmp_path) -> None:
+    """SIGTERM (scancel, a Slurm time limit) used to kill `ecgpos probe` without a word (exit -15);
+    now it stops as Ctrl-C does: one `terminated:` line, exit 143, no temporaries, and the rerun works."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    args = ["probe", "--encoder", "random:tiny/stage0", "--task", "ptbxl-super", "--data-root", shared_data]
+    args += ["--splits", shared_data / "merl_splits", "--fractions", "100", "--seeds", "1", "--epochs", "1"]
+    args += ["--workers", "1", "--cache-dir", cache, "--out", out]
+    proc = start(*args)
+    wait_for(cache, proc)  # made just before the extraction
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ecgpos probe: terminated: "), err
+    assert [p.name for folder in (cache, out) for p in folder.glob(".*")] == []
+    assert main([str(a) for a in args]) == 0 and (out / "probe.json").is_file()
 
 
 def _kill_export_while_staging(tiny_run: Path, out: Path) -> None:
@@ -169,6 +218,24 @@ def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_pa
     assert [r["step"] for r in metrics(run)] == list(range(1, 301))
 
 
+def _npy_inputs(real_record: Path, folder: Path) -> None:
+    """three.npy: two records and one refused (NaN, listed in FILE.skipped.csv); one.npy: one record;
+    bad.npy: only the refused one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    x = read_wfdb_record(real_record).signal
+    bad = x.copy()
+    bad[3, 100] = np.nan
+    np.save(folder / "three.npy", np.stack([x, x[:, ::-1], bad]))
+    np.save(folder / "one.npy", x[None])
+    np.save(folder / "bad.npy", bad[None])
+
+
+def _npy_args(command: str, model: Path, npy: Path, out: Path, *more: str | Path) -> list[str]:
+    model_flag = "--encoder" if command == "embed" else "--run"
+    flags = ["--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--out", out, "--no-progress", *more]
+    return [str(a) for a in (command, model_flag, model, "--input", npy, *flags)]
+
+
 @pytest.mark.parametrize("command", ["embed", "score"])
 def test_output_files_interrupted_between_renames_never_mix_two_runs(
     command, export, tiny_run, real_record, tmp_path, monkeypatch
@@ -176,17 +243,12 @@ def test_output_files_interrupted_between_renames_never_mix_two_runs(
     """embed writes FILE.npy, FILE.ids.txt and FILE.skipped.csv, score FILE.csv and FILE.skipped.csv.
     Interrupted between two of their renames, FILE used to hold the new run's rows beside the earlier
     run's ids or skipped list; now FILE is the earlier run's with its own files, or absent."""
-    x = read_wfdb_record(real_record).signal
-    bad = x.copy()
-    bad[3, 100] = np.nan  # refused: listed in FILE.skipped.csv
-    np.save(tmp_path / "three.npy", np.stack([x, x[:, ::-1], bad]))
-    np.save(tmp_path / "one.npy", x[None])
+    _npy_inputs(real_record, tmp_path)
     out = tmp_path / ("f.npy" if command == "embed" else "s.csv")
-    model = ["--encoder", export] if command == "embed" else ["--run", tiny_run]
+    model = export if command == "embed" else tiny_run
 
     def args(npy: str) -> list[str]:
-        flags = ["--fs", "500", "--leads", ",".join(CANONICAL_LEADS), "--out", out, "--no-progress"]
-        return [str(a) for a in (command, *model, "--input", tmp_path / npy, *flags)]
+        return _npy_args(command, model, tmp_path / npy, out)
 
     assert main(args("three.npy")) == 0
     files = [p for p in tmp_path.iterdir() if p.name.startswith(f"{out.stem}.")]
@@ -212,3 +274,26 @@ def test_output_files_interrupted_between_renames_never_mix_two_runs(
             path.write_bytes(data)
     assert main(args("one.npy")) == 0
     assert (tmp_path / f"{out.stem}.skipped.csv").read_text().splitlines() == ["record_id,reason,detail"]
+
+
+@pytest.mark.parametrize("command", ["embed", "score"])
+def test_a_run_that_embeds_or_scores_nothing_leaves_no_earlier_output_beside_its_skipped_list(
+    command, export, tiny_run, real_record, tmp_path, capsys
+) -> None:
+    """Every record refused: the run writes FILE.skipped.csv (exit 2). The earlier run's FILE,
+    FILE.ids.txt and scores_summary.md used to stay beside it and read as this run's output."""
+    _npy_inputs(real_record, tmp_path / "in")
+    out = tmp_path / "out" / ("f.npy" if command == "embed" else "s.csv")
+    model = export if command == "embed" else tiny_run
+    labels = tmp_path / "in" / "labels.csv"
+    labels.write_text("record_id,label\n0,A\n1,N\n")
+    more = ["--labels", labels, "--nominal", "N", "--anomalous", "A"] if command == "score" else []
+    assert main(_npy_args(command, model, tmp_path / "in" / "three.npy", out, *more)) == 0
+    earlier = ["f.ids.txt", "f.npy", "f.skipped.csv"] if command == "embed" else ["s.csv", "s.skipped.csv"]
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([*earlier, *(["scores_summary.md"] if more else [])])
+    capsys.readouterr()
+    assert main(_npy_args(command, model, tmp_path / "in" / "bad.npy", out)) == 2
+    assert "none of the 1 " in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == [f"{out.stem}.skipped.csv"]  # and no temporaries
+    with (out.parent / f"{out.stem}.skipped.csv").open() as handle:
+        assert [row["record_id"] for row in csv.DictReader(handle)] == ["0"]

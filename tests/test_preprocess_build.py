@@ -15,6 +15,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pytest
 
 from ecgpos.cli import main
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
@@ -189,20 +190,27 @@ def test_resume_after_kill_9(shared_data, tmp_path, capsys):
     assert len(ids) == len(set(ids)) == 200
 
 
-def test_ctrl_c_with_workers_is_one_line_and_the_rerun_completes(shared_data, tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("sig", "code", "said"), [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")]
+)
+def test_ctrl_c_or_sigterm_with_workers_is_one_line_and_the_rerun_completes(
+    shared_data, tmp_path, capsys, sig, code, said
+):
     """Ctrl-C reaches the terminal's whole process group, the spawned workers included (even those
-    still starting up): one line says what is kept, and no worker prints a traceback."""
+    still starting up): one line says what is kept, and no worker prints a traceback. SIGTERM (scancel,
+    a Slurm time limit, to every process of the job) does the same with exit 143; it used to kill
+    the command without a word (exit -15)."""
     args = arrhythmia_args(shared_data, tmp_path / "out", "--records-per-shard", "8", "--workers", "2")
     proc = _start_preprocess(*args)
     first = tmp_path / "out" / "chunks" / "chunk-00000.json"
     _wait_until(first.exists, proc)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert "Traceback" not in err and "PoolWorker" not in err, err
     done = len(list(first.parent.glob("chunk-*.json")))
     assert err.splitlines()[-1] == (
-        f"ecgpos preprocess: interrupted: {done} of 25 chunks are saved in {tmp_path / 'out'}; "
+        f"ecgpos preprocess: {said}: {done} of 25 chunks are saved in {tmp_path / 'out'}; "
         "the same command continues with the others"
     )
     rc, out, _ = preprocess(capsys, *args)

@@ -270,3 +270,36 @@ def test_a_probe_interrupted_while_writing_leaves_no_earlier_run_beside_its_file
     assert "second" in section and "first" not in section, section
     assert cli(*args, "--out", out) == 0
     assert '"label": "second"' in (out / "probe.json").read_text()
+
+
+def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folder, monkeypatch):
+    """A probe and a --compare into one --out delete the files of either (one list) before writing.
+    A compare into a probe's folder, stopped by Ctrl-C as it renames summary.md, used to leave the
+    probe's summary.md beside the merged results, with the compare's probe.json already written;
+    a probe into a compare's folder left the compare's differences.csv."""
+    import os
+
+    first, second = probe_folder("cmp-a"), probe_folder("cmp-b")
+    out = probe_folder("cmp-out")
+    replace = os.replace
+
+    def interrupted(src, dst):
+        if Path(dst).name == "summary.md":
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    assert cli("probe", "--compare", first, second, "--out", out) == 130
+    monkeypatch.undo()
+    assert not (out / "summary.md").exists() and not (out / "probe.json").exists()
+    assert set(pd.read_csv(out / "results.csv")["encoder"]) == {"cmp-a", "cmp-b"}
+    assert cli("probe", "--compare", first, second, "--out", out) == 0
+    assert (out / "differences.csv").is_file() and "cmp-a" in (out / "summary.md").read_text()
+    assert probe_folder("cmp-out") == out
+    assert sorted(p.name for p in out.iterdir()) == [
+        "probe.json",
+        "results.csv",
+        "summary.md",
+        "summary.png",
+        "test_scores.npz",
+    ]

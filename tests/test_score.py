@@ -176,6 +176,25 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     assert "| stage0 |" in capsys.readouterr().out
 
 
+def test_a_rerun_without_a_summary_leaves_no_earlier_summary_beside_its_scores(
+    runs: dict[str, Path], records: Path, tmp_path: Path
+) -> None:
+    """scores_summary.md describes the scores beside it: a rerun without --labels, or with labels
+    that name no scored record (exit 2, scores written), used to leave the earlier AUROC table there."""
+    labels, elsewhere = tmp_path / "labels.csv", tmp_path / "elsewhere.csv"
+    labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
+    elsewhere.write_text("record_id,label\nother/00001_hr,A\nother/00004_hr,N\n")
+    out, summary = tmp_path / "o" / "scores.csv", tmp_path / "o" / "scores_summary.md"
+    labelled = ["--masks", "1", "--nominal", "N", "--anomalous", "A", "--labels"]
+    assert score(runs["stage0"], records, out, *labelled, labels) == 0 and summary.is_file()
+    assert score(runs["stage0"], records, out, "--masks", "1") == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == ["scores.csv", "scores.skipped.csv"]
+    assert score(runs["stage0"], records, out, *labelled, labels) == 0 and summary.is_file()
+    assert score(runs["stage0"], records, out, *labelled, elsewhere) == 2
+    assert sorted(p.name for p in out.parent.iterdir()) == ["scores.csv", "scores.skipped.csv"]
+    assert len(_read(out)[1]) == 6
+
+
 def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     plain, full = tmp_path / "plain", tmp_path / "full"
     assert cli("export", "--run-dir", runs["stage1"], "--out", plain) == 0

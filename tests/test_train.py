@@ -204,10 +204,15 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     assert max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGUSR1, 0), (signal.SIGINT, 130)])
-def test_stop_signal_checkpoints_and_resume_finishes(shards: Path, tmp_path: Path, sig: int, code: int) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "group"), [(signal.SIGUSR1, 0, True), (signal.SIGINT, 130, True), (signal.SIGTERM, 0, False)]
+)
+def test_stop_signal_checkpoints_and_resume_finishes(
+    shards: Path, tmp_path: Path, sig: int, code: int, group: bool
+) -> None:
     """SIGUSR1 (Slurm) or Ctrl-C to the whole process group, as both are delivered: DataLoader workers get
-    it too. The run saves a checkpoint at the next step and says so in one line, without a traceback."""
+    it too. The run saves a checkpoint at the next step and says so in one line, without a traceback.
+    SIGTERM to the trainer (`kill PID`) too: other commands stop at once on it, pretrain keeps its own way."""
     run = tmp_path / "run"
     args = [
         "--stage",
@@ -243,7 +248,10 @@ def test_stop_signal_checkpoints_and_resume_finishes(shards: Path, tmp_path: Pat
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1][-2000:]
-    os.killpg(proc.pid, sig)
+    if group:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == code, err[-2000:]
     name = signal.Signals(sig).name

@@ -3,9 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
 
 from ecgpos import __version__
 from ecgpos.errors import EcgposError
@@ -41,6 +46,46 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# commands that handle SIGTERM themselves: pretrain checkpoints at the next step and exits 0 (ecgpos.pretrain.stop)
+OWN_SIGTERM = frozenset({"pretrain"})
+
+
+class _Sigterm:
+    """SIGTERM (`kill`, `scancel`, a Slurm time limit) stops a command the way Ctrl-C does: as
+    KeyboardInterrupt in the main thread, so the command removes its temporaries and keeps what a
+    rerun continues from; `run_command` then says `terminated:` and returns 143 (128 + SIGTERM, what a
+    shell reports for a process the signal killed)."""
+
+    def __init__(self) -> None:
+        self.owner: int | None = None
+        self.received = False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002
+        if os.getpid() != self.owner:  # a forked worker dies of it silently, as before: the command reports
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self.received = True
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Handle SIGTERM inside the block; a command run by another (the demo's steps) keeps its handler.
+        Handlers can only be installed from the main thread: elsewhere SIGTERM keeps its default."""
+        if signal.getsignal(signal.SIGTERM) is self or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self.owner, self.received = os.getpid(), False
+        previous = signal.signal(signal.SIGTERM, self)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+_SIGTERM = _Sigterm()
+
+
 def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [
@@ -56,7 +101,14 @@ def _usage() -> str:
 
 
 def run_command(name: str, argv: Sequence[str]) -> int:
-    """Run one command's main; user errors and missing optional packages become one line on stderr and exit code 2."""
+    """Run one command's main; user errors and missing optional packages become one line on stderr and
+    exit code 2, Ctrl-C one `interrupted:` line and 130, SIGTERM one `terminated:` line and 143."""
+    handled = contextlib.nullcontext() if name in OWN_SIGTERM else _SIGTERM.installed()
+    with handled:
+        return _run(name, argv)
+
+
+def _run(name: str, argv: Sequence[str]) -> int:
     module_name, _ = COMMANDS[name]
     try:
         require(*NEEDS.get(name, ()))
@@ -74,6 +126,9 @@ def run_command(name: str, argv: Sequence[str]) -> int:
     except KeyboardInterrupt as err:
         # commands that keep work say what and how to go on (Interrupted); the others write whole files only
         kept = str(err) or "no partial output was kept; run the same command again"
+        if _SIGTERM.received:
+            print(f"ecgpos {name}: terminated: {kept}", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"ecgpos {name}: interrupted: {kept}", file=sys.stderr)
         return 130
 

@@ -17,7 +17,8 @@ suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and 
 (`ecgpos.ecg.screening`), and an id holding a control character (a line break, a tab) is skipped as
 `bad_record_id`: bad records are reported on stderr with their id and reason, listed in
 FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv) and the others are still
-embedded; exit 0 if any record was embedded (1 with --strict when any was skipped), 2 if none was.
+embedded; exit 0 if any record was embedded (1 with --strict when any was skipped), 2 if none was
+(then FILE.skipped.csv is written and an earlier run's FILE and FILE.ids.txt are deleted).
 """
 
 from __future__ import annotations

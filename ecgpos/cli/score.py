@@ -8,6 +8,8 @@ Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a
 Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does.
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
+These files are replaced together: a run without --labels deletes an earlier run's scores_summary.md,
+and a run that scored no record writes the skipped list and deletes the earlier scores and summary.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.files import atomic_paths, atomic_write_text, user_path
+from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.inputs import (
     check_writable,
     open_source,
@@ -27,7 +29,7 @@ from ecgpos.inference.inputs import (
     write_skipped,
     write_skipped_rows,
 )
-from ecgpos.inference.scoring import auroc_by_level, load_recon_models, score_records
+from ecgpos.inference.scoring import ScoreResult, auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
 
 SUMMARY_FILE = "scores_summary.md"  # beside --out
@@ -113,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    summary = args.out.parent / SUMMARY_FILE
-    check_writable(args.out, args.input, [summary] if labels is not None else [])  # before any record is scored
+    summary = args.out.parent / SUMMARY_FILE  # of this run's labels; an earlier run's is deleted without --labels
+    check_writable(args.out, args.input, [summary])  # before any record is scored
     if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
         raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
     models = load_recon_models(args.run)
@@ -125,36 +127,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )
     if not result.ids:
-        listed = write_skipped(args.out, result.skipped)
+        listed = write_skipped(args.out, result.skipped, [summary])
         raise EcgposError(
             f"none of the {source.count} {source.kind} could be scored "
             f"({len(result.skipped)} skipped, reasons above and in {listed})"
         )
+    text, refusal = None, None
+    if labels is not None:
+        try:
+            text = _labelled_summary(args, labels, nominal, anomalous, result, models.notes)
+        except EcgposError as err:  # the scores are written all the same, without an earlier run's summary
+            refusal = err
     levels = list(result.scores)
     listed = skipped_path(args.out)
-    with atomic_paths([args.out, listed]) as (tmp, skipped_tmp):  # replaced together: never another run's list
+    # replaced together: never another run's skipped list or summary beside these scores
+    with atomic_paths([args.out, listed, summary]) as (tmp, skipped_tmp, summary_tmp):
         with tmp.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
             for row, record_id in enumerate(result.ids):
                 writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
         write_skipped_rows(skipped_tmp, result.skipped)
+        if text is not None:
+            summary_tmp.write_text(text)
     for note in models.notes:
         print(f"note: {note}")
     print(
         f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
         f"({args.masks} masks) -> {args.out}, {listed}{skipped_note(result.skipped)}"
     )
-    if labels is not None:
-        if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder
-            raise EcgposError(
-                f"--labels {args.labels}: none of its {len(labels)} record ids is a scored record (scored ids look "
-                f"like {result.ids[0]!r}, its ids like {next(iter(labels), '')!r}; a folder's records are named by "
-                f"their path below it); the scores are in {args.out}"
-            )
-        aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
-        text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, models.notes)
-        atomic_write_text(summary, text, sync=False)
+    if refusal is not None:
+        raise refusal
+    if text is not None:
         print(text, end="")
         print(f"wrote {summary}")
     return 0
+
+
+def _labelled_summary(
+    args: argparse.Namespace,
+    labels: dict[str, str],
+    nominal: list[str],
+    anomalous: list[str],
+    result: ScoreResult,
+    notes: list[str],
+) -> str:
+    """scores_summary.md of the scored records; EcgposError when the labels cannot give an AUROC."""
+    if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder
+        raise EcgposError(
+            f"--labels {args.labels}: none of its {len(labels)} record ids is a scored record (scored ids look "
+            f"like {result.ids[0]!r}, its ids like {next(iter(labels), '')!r}; a folder's records are named by "
+            f"their path below it); the scores are in {args.out}"
+        )
+    aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
+    return summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, notes)

@@ -74,7 +74,7 @@ class Steps:
 def _run(name: str, *argv: object) -> None:
     """Run an ecgpos command in-process; a failing step stops the demo with its message."""
     code = run_command(name, [str(a) for a in argv])
-    if code == 130:  # Ctrl-C: the step has said what it kept, and every step of a rerun picks up from there
+    if code in (130, 143):  # Ctrl-C, SIGTERM: the step has said what it kept, and a rerun picks up from there
         raise Interrupted(f"the same `ecgpos demo` command continues from its `{name}` step")
     if code != 0:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")

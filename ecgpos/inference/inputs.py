@@ -28,7 +28,7 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_path, atomic_paths, remove_abandoned_temporaries, write_test
+from ecgpos.files import atomic_paths, remove_abandoned_temporaries, write_test
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -264,12 +264,14 @@ def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Pat
     remove_abandoned_temporaries(out.parent, {path.name for path in [*output_paths(out), *also]})
 
 
-def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]]) -> Path:
-    """`record_id,reason,detail` of every refused record (header only when none was refused)."""
-    path = skipped_path(out)
-    with atomic_path(path) as tmp:
-        write_skipped_rows(tmp, skipped)
-    return path
+def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]], also: Sequence[Path] = ()) -> Path:
+    """The skipped list of a run that wrote nothing else: `record_id,reason,detail` of every refused
+    record, replacing FILE's whole set (`output_paths` and `also`) at once, so an earlier run's
+    FILE, `.ids.txt` or summary is deleted with it and never read as this run's."""
+    paths = [*output_paths(out), *also]
+    with atomic_paths(paths) as tmps:
+        write_skipped_rows(tmps[1], skipped)
+    return paths[1]
 
 
 def write_skipped_rows(path: Path, skipped: Sequence[tuple[str, str, str]]) -> None:
