@@ -205,14 +205,16 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
 
 
 @pytest.mark.parametrize(
-    ("sig", "code", "group"), [(signal.SIGUSR1, 0, True), (signal.SIGINT, 130, True), (signal.SIGTERM, 0, False)]
+    ("sig", "code", "group"),
+    [(signal.SIGUSR1, 0, True), (signal.SIGINT, 130, True), (signal.SIGTERM, 0, False), (signal.SIGTERM, 0, True)],
 )
 def test_stop_signal_checkpoints_and_resume_finishes(
     shards: Path, tmp_path: Path, sig: int, code: int, group: bool
 ) -> None:
     """SIGUSR1 (Slurm) or Ctrl-C to the whole process group, as both are delivered: DataLoader workers get
     it too. The run saves a checkpoint at the next step and says so in one line, without a traceback.
-    SIGTERM to the trainer (`kill PID`) too: other commands stop at once on it, pretrain keeps its own way."""
+    SIGTERM to the trainer (`kill PID`) too: other commands stop at once on it, pretrain keeps its own way;
+    and to the whole group (scancel, preemption), where the workers must outlive it for that last step."""
     run = tmp_path / "run"
     args = [
         "--stage",

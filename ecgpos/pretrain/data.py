@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import signal
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -353,6 +354,14 @@ class StepBatchSampler(Sampler):
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
+def outlive_sigterm(worker_id: int) -> None:  # noqa: ARG001
+    """Worker start-up: ignore SIGTERM. torch's worker handler dies of a SIGTERM that does not come from
+    the trainer, and Slurm (scancel, preemption, time limit) sends it to every process of the job, while
+    the trainer still needs its workers for the step it finishes and checkpoints on that signal. A worker
+    still ends when the trainer shuts the loader down, or, the trainer gone, by torch's parent watchdog."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
     """DataLoader over the endless sampler; its own generator so it never touches the global RNG."""
     return DataLoader(
@@ -365,6 +374,7 @@ def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: 
         generator=torch.Generator().manual_seed(0),
         collate_fn=collate_windows,
         multiprocessing_context=WORKER_START if num_workers > 0 else None,
+        worker_init_fn=outlive_sigterm,
     )
 
 
@@ -387,4 +397,5 @@ def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_wor
         persistent_workers=workers > 0,
         collate_fn=collate_windows,
         multiprocessing_context=WORKER_START if workers > 0 else None,
+        worker_init_fn=outlive_sigterm,
     )

@@ -5,7 +5,8 @@ boundary and exits (ecgpos.pretrain.trainer). A second Ctrl-C does not wait for 
 KeyboardInterrupt at once, and the newest checkpoint on disk is what a resume continues from.
 DataLoader workers are forked while the handlers are installed and inherit them
 (ecgpos.pretrain.data.WORKER_START), so a signal to the whole process group (a terminal's Ctrl-C,
-Slurm) does not kill them under the trainer.
+Slurm) does not kill them under the trainer; SIGTERM, whose handler torch's worker start-up replaces,
+they ignore (ecgpos.pretrain.data.outlive_sigterm).
 """
 
 from __future__ import annotations
