@@ -17,7 +17,7 @@ import pytest
 from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
 
 from ecgpos.cli import main
-from ecgpos.demo.demo import _run
+from ecgpos.demo.demo import _pretrain
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
@@ -176,23 +176,30 @@ def test_an_export_a_kill_left_aside_survives_the_next_killed_export(tiny_run: P
     assert (out / "model.safetensors").read_bytes() == before and load_encoder(out) is not None
 
 
-def test_demo_step_stopped_by_ctrl_c_is_an_interruption_not_an_error(shards: Path, tmp_path: Path) -> None:
-    """Ctrl-C during the demo's pretraining: the step saves a checkpoint, and the demo reports an
-    interruption that its rerun continues from (not a failed step, exit 2)."""
+@pytest.mark.parametrize(
+    ("sig", "said"),
+    [(signal.SIGINT, "continues from its `pretrain` step"), (signal.SIGTERM, "stopped before its last step")],
+)
+def test_demo_step_stopped_by_a_signal_is_an_interruption_not_an_error(
+    shards: Path, tmp_path: Path, sig: int, said: str
+) -> None:
+    """Ctrl-C or SIGTERM during the demo's pretraining: the step saves a checkpoint (exit 130, or 0 after
+    SIGTERM, as a scheduler expects), and the demo reports an interruption that its rerun continues
+    from: not a failed step (exit 2), and never the next step built on an unfinished run."""
     run = tmp_path / "run"
 
-    def ctrl_c_after_three_steps() -> None:
+    def signal_after_three_steps() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
-                os.kill(os.getpid(), signal.SIGINT)  # the trainer's handler, in the main thread, takes it
+                os.kill(os.getpid(), sig)  # the trainer's handler, in the main thread, takes it
                 return
             time.sleep(0.01)
 
-    threading.Thread(target=ctrl_c_after_three_steps, daemon=True).start()
-    args = ["--stage", 0, "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, "--set", "optim.steps=400"]
-    with pytest.raises(Interrupted, match="continues from its `pretrain` step"):
-        _run("pretrain", *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
+    threading.Thread(target=signal_after_three_steps, daemon=True).start()
+    args = ["--stage", 0, "--config", TINY0, "--shards", shards, *FAST, "--set", "optim.steps=400"]
+    with pytest.raises(Interrupted, match=said):
+        _pretrain(run, *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
     assert len(list_checkpoints(run)) == 1
 
 

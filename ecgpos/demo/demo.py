@@ -22,6 +22,7 @@ from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.files import make_output_folder, user_path
 from ecgpos.resources import config_path
+from ecgpos.runs.run_folder import read_run_info
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,14 @@ def _run(name: str, *argv: object) -> None:
         raise Interrupted(f"the same `ecgpos demo` command continues from its `{name}` step")
     if code != 0:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
+
+
+def _pretrain(run_dir: Path, *argv: object) -> None:
+    """A pretraining step; one stopped by SIGUSR1/SIGTERM checkpoints and exits 0 (a scheduler requeues
+    it), so the demo checks that the run finished before it builds on it."""
+    _run("pretrain", *argv, "--run-dir", run_dir)
+    if not read_run_info(run_dir).get("finished"):
+        raise Interrupted(f"{run_dir} stopped before its last step; the same `ecgpos demo` command continues it")
 
 
 def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
@@ -154,16 +163,14 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     runs = out / "runs"
     common = ["--resume", "auto", "--set", "train.num_workers=0"]
     step(f"Stage 0: masked ECG transformer, {size.stage0_steps} steps")
-    _run(
-        "pretrain",
+    _pretrain(
+        runs / "stage0",
         "--stage",
         0,
         "--config",
         config_path("tiny/stage0"),
         "--shards",
         *pool,
-        "--run-dir",
-        runs / "stage0",
         "--set",
         f"optim.steps={size.stage0_steps}",
         "--set",
@@ -171,8 +178,8 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         *common,
     )
     step(f"Stage 1: latent MAE on the frozen Stage-0 encoder, {size.stage1_steps} steps")
-    _run(
-        "pretrain",
+    _pretrain(
+        runs / "stage1",
         "--stage",
         1,
         "--config",
@@ -181,8 +188,6 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         *pool,
         "--stage0",
         runs / "stage0",
-        "--run-dir",
-        runs / "stage1",
         "--set",
         f"optim.steps={size.stage1_steps}",
         "--set",
