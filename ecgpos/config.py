@@ -203,6 +203,8 @@ def _merged(old: Any, new: Any) -> Any:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder, not a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

@@ -19,6 +19,7 @@ for a person to delete.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import glob
 import json
@@ -178,7 +179,10 @@ def recover_replaced(parent: str | Path, name: str | None = None) -> int:
 
 def user_path(text: str) -> Path:
     """The argparse type of every path option: `~` expanded, because the shell expands it only at the
-    start of a word, so `--out=~/x` arrives as written."""
+    start of a word, so `--out=~/x` arrives as written. An empty path is refused: Path("") is the current
+    folder, so `--out "$UNSET"` would write there (or read it as input) without a word."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"empty path {text!r} (an unset shell variable?)")
     return Path(text).expanduser()
 
 

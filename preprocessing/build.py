@@ -23,10 +23,11 @@ from typing import TextIO
 
 from ecgpos.ecg.fingerprint import fingerprint
 from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, shard_paths, write_shard
-from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
+from ecgpos.resources import max_workers, usable_cpus
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -293,6 +294,12 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         raise EcgposError(f"--part must be in 0..{req.num_parts - 1}, got {req.part}")
     if req.records_per_shard < 1 or req.workers < 1:
         raise EcgposError("--records-per-shard and --workers must be at least 1")
+    check_filter(req.spec)
+    if req.workers > max_workers():  # the pool starts every worker at once
+        raise EcgposError(
+            f"--workers {req.workers} is more than this machine's {usable_cpus()} CPUs can serve "
+            f"(at most {max_workers()}); e.g. --workers {usable_cpus()}"
+        )
     if not 0 <= req.max_dead_leads < len(req.spec.leads):
         raise EcgposError(f"--max-dead-leads must be in 0..{len(req.spec.leads) - 1}, got {req.max_dead_leads}")
     if req.out.exists() and not req.out.is_dir():

@@ -48,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"ecg-arrhythmia id range: ningbo JS10647-JS45551 (default {DEFAULT_SUBSET!r} is the "
         "paper's pretraining pool), chapman JS00001-JS10646, or all",
     )
-    p.add_argument("--workers", type=int, default=1, help="worker processes (output does not depend on it)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (output does not depend on it; at most 4 per CPU, or 16)",
+    )
     p.add_argument(
         "--records-per-shard",
         type=int,

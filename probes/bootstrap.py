@@ -24,6 +24,7 @@ from sklearn.metrics import roc_auc_score
 from ecgpos.export.probe_scores import macro_aurocs
 
 DEFAULT_RESAMPLES = 1000
+MAX_RESAMPLES = 100_000  # (resamples, test records) int64 indices are held at once
 LEVEL = 0.95
 SEED = 20240101  # fixed: the same test labels always give the same resamples
 MIN_STRATUM = 5  # label patterns held by fewer test records are pooled into one stratum

@@ -28,11 +28,12 @@ from probes.leakage import (
     SPLIT_COPIES,
     load_pretraining,
     overlap_markdown,
+    pretraining_spec,
     recorded_pretraining,
     task_overlap,
     write_overlap,
 )
-from probes.probe_args import build_parser, probe_config
+from probes.probe_args import build_parser, check_bootstrap, check_text_flags, probe_config
 from probes.provenance import (
     INFO_FILE,
     common_protocol,
@@ -75,8 +76,7 @@ def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -
 
 
 def _compare(args: argparse.Namespace) -> int:
-    if args.bootstrap < 0:
-        raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
+    check_bootstrap(args.bootstrap)
     notes: list[str] = []
     renamed: dict[Path, dict[str, str]] = {}
     infos = {folder: read_info(folder) for folder in dict.fromkeys(Path(f).resolve() for f in args.compare)}
@@ -196,6 +196,7 @@ def _cache_dir(args: argparse.Namespace) -> Path:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_text_flags(args)
     if args.compare:
         return _compare(args)
     cached: list[Path] = []  # the cache folder, once it holds features of this run's records
@@ -213,8 +214,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
-    if args.bootstrap < 0:
-        raise EcgposError("--bootstrap must be 0 (off) or a number of resamples")
+    check_bootstrap(args.bootstrap)
     tasks = resolve_tasks(task_names(args.task, args.include_csn))
     if args.reference:  # a wrong name is one line now, not after every probe has trained
         read_reference(args.reference)
@@ -226,6 +226,8 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
+    for folder in args.pretraining_index or ():  # not after the output folders are made
+        pretraining_spec(folder)
     cfg = probe_config(args)
     cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
     # check every split file and its records before loading the encoder

@@ -301,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError("--anomalous needs at least one class")
     if args.batch_size < 1:
         raise EcgposError(f"--batch-size must be at least 1, got {args.batch_size}")
+    for flag, folder in (("--data-root", args.data_root), ("--splits", args.splits)):
+        if folder is not None and not folder.is_dir():  # as `ecgpos probe`: also where a custom task needs neither
+            raise EcgposError(f"{flag} {folder} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line now, not after the work
     device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)

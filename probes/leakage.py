@@ -93,21 +93,28 @@ def _indexed_prints(folder: Path) -> dict[str, str] | None:
     return {row["record_id"]: row["fingerprint"] for row in rows}
 
 
+def pretraining_spec(folder: Path) -> PreprocessSpec:
+    """The spec of a pretraining shard folder; EcgposError when it is none or its windows are too short
+    to fingerprint (cheap: `ecgpos probe` checks --pretraining-index with it before any output)."""
+    if not folder.is_dir():
+        raise EcgposError(f"--pretraining-index {folder} is not a folder")
+    try:
+        spec = read_shard_spec(folder)
+    except ConfigError as err:
+        raise EcgposError(f"--pretraining-index: {err}") from None
+    if blocks_per_lead(spec.fs, spec.window) < MIN_BLOCKS:  # matching nothing would read as "no overlap"
+        raise EcgposError(
+            f"leakage guard: {folder} holds {spec.window / spec.fs:g} s windows, shorter than the "
+            f"{MIN_BLOCKS * BLOCK_SECONDS:g} s a content fingerprint needs to tell recordings apart"
+        )
+    return spec
+
+
 def load_pretraining(folders: Sequence[Path], log: Callable[[str], None] = print) -> PretrainingIndex:
     """Fingerprints of every record in the shard folders (EcgposError when one is not a shard folder)."""
     index = PretrainingIndex([Path(f) for f in folders])
     for folder in index.folders:
-        if not folder.is_dir():
-            raise EcgposError(f"--pretraining-index {folder} is not a folder")
-        try:
-            spec = read_shard_spec(folder)
-        except ConfigError as err:
-            raise EcgposError(f"--pretraining-index: {err}") from None
-        if blocks_per_lead(spec.fs, spec.window) < MIN_BLOCKS:  # matching nothing would read as "no overlap"
-            raise EcgposError(
-                f"leakage guard: {folder} holds {spec.window / spec.fs:g} s windows, shorter than the "
-                f"{MIN_BLOCKS * BLOCK_SECONDS:g} s a content fingerprint needs to tell recordings apart"
-            )
+        spec = pretraining_spec(folder)
         target = index.by_spec.setdefault(spec, FingerprintIndex(max_distance=max_distance(spec.fs, spec.window)))
         prints = _indexed_prints(folder)
         if prints is None:

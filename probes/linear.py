@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
+from ecgpos.errors import EcgposError
 from probes.metrics import auroc_columns, macro_auroc_sklearn
 
 
@@ -37,6 +38,21 @@ class ProtocolConfig:
     lr_drop_factor: float = 0.1
     betas: tuple[float, float] = (0.9, 0.999)  # torch.optim.Adam defaults
     eps: float = 1e-8
+
+
+def check_protocol(protocol: ProtocolConfig) -> None:
+    """The optimiser settings a probe can train with: a zero batch divided by zero after the extraction,
+    and a negative learning rate, weight decay or drop factor trained the probes the wrong way silently."""
+    bad = [f"batch_size={protocol.batch_size}"] if protocol.batch_size < 1 else []
+    bad += [f"{k}={getattr(protocol, k)}" for k in ("lr", "eps", "lr_drop_factor") if not getattr(protocol, k) > 0]
+    bad += [f"weight_decay={protocol.weight_decay}"] if protocol.weight_decay < 0 else []
+    bad += [f"lr_drop_epochs={list(protocol.lr_drop_epochs)}"] if any(e < 0 for e in protocol.lr_drop_epochs) else []
+    bad += [f"betas={list(protocol.betas)}"] if not all(0 <= b < 1 for b in protocol.betas) else []
+    if bad:
+        raise EcgposError(
+            f"protocol {', '.join(bad)}: batch_size must be at least 1, lr, eps and lr_drop_factor above 0, "
+            "weight_decay and lr_drop_epochs 0 or more, betas in [0, 1)"
+        )
 
 
 def lr_at_epoch(cfg: ProtocolConfig, epoch: int) -> float:

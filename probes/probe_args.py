@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from ecgpos.config import add_set_option, load_config
 from ecgpos.errors import EcgposError
 from ecgpos.files import user_path
-from probes.bootstrap import DEFAULT_RESAMPLES
+from probes.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 from probes.run import ProbeConfig, check_probe_config
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
@@ -98,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=DEFAULT_RESAMPLES,
         metavar="N",
-        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off)",
+        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off; "
+        f"at most {MAX_RESAMPLES})",
     )
     p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
     p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
@@ -128,15 +130,32 @@ def fractions_from_percent(text: str) -> list[str]:
     return [f"{v / 100:g}" for v in values]
 
 
+def check_bootstrap(resamples: int) -> None:
+    """--bootstrap in 0..MAX_RESAMPLES: the resamples' row indices are drawn at once, so a larger count
+    failed in numpy after every probe had trained."""
+    if not 0 <= resamples <= MAX_RESAMPLES:
+        raise EcgposError(
+            f"--bootstrap must be 0 (off) or a number of resamples up to {MAX_RESAMPLES}, got {resamples}"
+        )
+
+
+def check_text_flags(args: argparse.Namespace) -> None:
+    """An empty --name/--reference/--fractions/--device (an unset shell variable) is an error, not the default."""
+    for flag in ("name", "reference", "fractions", "device"):
+        value = getattr(args, flag, None)
+        if value is not None and not value.strip():
+            raise EcgposError(f"--{flag} is empty; leave the flag out for its default")
+
+
 def probe_config(args: argparse.Namespace) -> ProbeConfig:
     overrides = list(args.overrides)
-    if args.fractions:
+    if args.fractions is not None:
         overrides.append(f"fractions=[{','.join(fractions_from_percent(args.fractions))}]")
     for flag, key in ((args.seeds, "seeds"), (args.epochs, "protocol.epochs"), (args.workers, "workers")):
         if flag is not None:
             overrides.append(f"{key}={flag}")
-    if args.device:
-        overrides.append(f"device={args.device}")
+    if args.device is not None:
+        overrides.append(f"device={json.dumps(args.device)}")  # a YAML string as given: `,` is no syntax error
     if args.records100:
         overrides.append("ptbxl_records=records100")
     cfg = load_config(ProbeConfig, args.config, overrides)

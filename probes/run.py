@@ -24,7 +24,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.models.features import resolve_device
 from probes.datasets import missing_report, task_locator
 from probes.features import FeatureSource, FeatureStats, extract_features
-from probes.linear import ProtocolConfig, label_fraction_rows, train_probe_groups
+from probes.linear import ProtocolConfig, check_protocol, label_fraction_rows, train_probe_groups
 from probes.tasks import TaskDef, read_splits
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
@@ -73,11 +73,22 @@ RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "split_copy", "pro
 WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
 
 
+# More than any protocol uses (defaults 5 and 100): per-epoch curves of every seed are held in memory,
+# so far larger counts failed in numpy (or never finished) after the features were extracted.
+MAX_SEEDS = 1_000
+MAX_EPOCHS = 100_000
+
+
 def check_probe_config(cfg: ProbeConfig) -> None:
     """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
     if cfg.seeds < 1 or cfg.protocol.epochs < 1:
         raise EcgposError("seeds and epochs must be at least 1")
+    if cfg.seeds > MAX_SEEDS or cfg.protocol.epochs > MAX_EPOCHS:
+        raise EcgposError(
+            f"seeds={cfg.seeds}, epochs={cfg.protocol.epochs}: at most {MAX_SEEDS} seeds and {MAX_EPOCHS} epochs"
+        )
+    check_protocol(cfg.protocol)
     # a fraction above 1 would train on all labels under a "1000%" heading (percent given where the
     # config takes fractions), 0 on none; a repeated one would train the same probes twice
     fractions = [float(f) for f in cfg.fractions]

@@ -99,3 +99,38 @@ def test_preprocess_refuses_zero_parts(capsys, tmp_path, shared_data):
     rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", src, "--out", out, "--num-parts", "0")
     one_line_error(rc, err, "preprocess", "--num-parts must be at least 1, got 0")
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        # scipy took hours on the design, or every record was skipped as `unreadable` (order 1e20),
+        # `too_short` (a singular filter) or `sampling_rate` (an output rate no record reaches)
+        (["--set", "filter_order=99999999999999999999"], "preprocess.filter_order must be at most 100"),
+        (["--set", "highpass_hz=1e-300"], "no usable Butterworth band-pass of order 4"),
+        (["--set", "fs=99999999999999999999"], "above the highest supported rate"),
+        (["--spec", "{tmp}"], "is a folder, not a YAML file"),  # was "config file not found"
+    ],
+    ids=["filter-order", "highpass", "fs", "spec-folder"],
+)
+def test_preprocess_refuses_a_spec_no_record_can_be_filtered_with(capsys, tmp_path, shared_data, extra, needle):
+    out = tmp_path / "shards"
+    src = shared_data / "ecg-arrhythmia"
+    extra = [str(a).replace("{tmp}", str(tmp_path)) for a in extra]
+    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", src, "--subset", "all", "--out", out, *extra)
+    one_line_error(rc, err, "preprocess", needle)
+    assert not out.exists()
+
+
+def test_preprocess_refuses_more_workers_than_the_machine_serves(capsys, tmp_path, shared_data, monkeypatch):
+    """The worker pool starts every process at once: `--workers 99999999999999999999` forked until the
+    machine gave out. The limit is the pretraining one (4 per CPU, at least 16); lowered here so that
+    the code under test never starts more than 3 processes."""
+    import preprocessing.build
+
+    monkeypatch.setattr(preprocessing.build, "max_workers", lambda: 2)
+    out = tmp_path / "shards"
+    args = ["preprocess", "ecg-arrhythmia", "--src", shared_data / "ecg-arrhythmia", "--out", out, "--workers", "3"]
+    rc, _, err = run(capsys, *args)
+    one_line_error(rc, err, "preprocess", "--workers 3 is more than this machine's")
+    assert not out.exists()

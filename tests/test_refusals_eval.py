@@ -164,6 +164,44 @@ def test_probe_settings_out_of_range_are_one_line(capsys, tmp_path, runs, shared
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--set", "protocol.batch_size=0"], "protocol batch_size=0"),  # ZeroDivisionError after the extraction
+        (["--set", "protocol.lr=-1"], "protocol lr=-1.0"),  # trained the probes away from the labels
+        (["--set", "protocol.weight_decay=-1"], "protocol weight_decay=-1.0"),
+        (["--set", "protocol.lr_drop_factor=0"], "protocol lr_drop_factor=0.0"),
+        (["--set", "protocol.lr_drop_epochs=[-5]"], "protocol lr_drop_epochs=[-5]"),
+        (["--set", "protocol.betas=[0.9, 1.5]"], "protocol betas=[0.9, 1.5]"),
+        (["--seeds", "99999999999999999999"], "at most 1000 seeds"),  # OverflowError after the extraction
+        (["--epochs", "99999999999999999999"], "100000 epochs"),  # numpy ValueError after the extraction
+        (["--bootstrap", "99999999999999999999"], "up to 100000"),  # numpy ValueError after every probe trained
+        (["--fractions", ""], "--fractions is empty"),  # an empty flag was the default, silently
+        (["--device", ""], "--device is empty"),
+        (["--name", " "], "--name is empty"),  # a blank row label in every table
+        (["--reference", ""], "--reference is empty"),
+        (["--pretraining-index", "{tmp}/nowhere"], "nowhere is not a folder"),  # after --out was made
+    ],
+)
+def test_probe_counts_protocol_and_empty_flags_are_one_line(capsys, tmp_path, runs, shared_data, extra, needle):
+    task = _probe_task(tmp_path / "task", shared_data)
+    args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
+    extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
+    rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK, *extra)
+    one_line_error(rc, err, "probe", needle)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "c").exists()
+
+
+def test_geometry_refuses_a_data_root_or_splits_that_is_no_folder(capsys, tmp_path, runs, shared_data):
+    """A custom task reads neither, so a mistyped --data-root or --splits was ignored without a word
+    (`ecgpos probe` refuses both)."""
+    task = _task(tmp_path / "task", shared_data, {"1": "A", "2": "B", "3": "X"})
+    for flag in ("--data-root", "--splits"):
+        rc, _, err = run(capsys, *_geometry(task, runs["stage1"], tmp_path / "g", flag, tmp_path / "nowhere"))
+        one_line_error(rc, err, "geometry", f"{flag} {tmp_path / 'nowhere'} is not a folder")
+    assert not (tmp_path / "g").exists()
+
+
 def test_a_run_still_training_is_named_by_probe_and_geometry(capsys, tmp_path, runs, shared_data):
     """A Stage-1 run with only its step-2 checkpoint of 4 (still training, or stopped) was probed
     and measured as if it were the trained model, with no word about it."""

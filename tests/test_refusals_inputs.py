@@ -304,3 +304,63 @@ def test_export_config_fields_of_the_wrong_kind_are_one_line(capsys, tmp_path, e
             load_encoder(copy)
         rc, _, err = run(capsys, "verify", copy)
         one_line_error(rc, err, "verify", f"{key} must be a JSON object")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["preprocess", "ecg-arrhythmia", "--src", "{src}", "--out", ""],
+        ["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", "{shards}", "--run-dir", ""],
+        ["probe", "--encoder", "{export}", "--task", "ptbxl-super", "--data-root", "", "--splits", ".", "--out", "p"],
+        ["probe", "--encoder", "{export}", "--task", "ptbxl-super", "--out", " "],
+        ["export", "--run-dir", "{run}", "--out", ""],
+        ["embed", "--encoder", "{export}", "--input", "", "--out", "f.csv"],
+        ["score", "--run", "{run}", "--input", "{record}", "--out", ""],
+        ["verify", ""],
+        ["geometry", "--encoder", "{run}", "--task", "csn", "--nominal", "a,b", "--anomalous", "c", "--out", ""],
+        ["demo", "--out", ""],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(
+    capsys, tmp_path, monkeypatch, shared_data, real_record, tiny_shards, tiny_run, export, argv
+):
+    """Path("") is ".": `--out "$UNSET"` wrote shards, a run or probe results into the current folder,
+    and `--input ""` embedded whatever records it held, all with exit 0."""
+    monkeypatch.chdir(tmp_path)
+    names = {"src": real_record.parent, "shards": tiny_shards, "export": export, "run": tiny_run, "record": real_record}
+    with pytest.raises(SystemExit) as stop:  # argparse's own usage error
+        run(capsys, *[a.format(**names) for a in argv])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "empty path" in err.strip().splitlines()[-1], err
+    assert not any(tmp_path.iterdir())
+
+
+def test_score_and_embed_refuse_what_they_would_have_ignored(capsys, tmp_path, real_record, tiny_run, export):
+    """--masks 99999999999999999999 exhausted memory in a traceback; an --out not ending in .csv was
+    refused only after its folder was made; an empty --nominal or --leads was taken for no flag."""
+    score = ["score", "--run", tiny_run, "--input", real_record, "--no-progress"]
+    rc, _, err = run(capsys, *score, "--masks", "99999999999999999999", "--out", tmp_path / "s.csv")
+    one_line_error(rc, err, "score", "at most 1000 fixed masks")
+    rc, _, err = run(capsys, *score, "--out", tmp_path / "new" / "s.txt")
+    one_line_error(rc, err, "score", "ending in .csv")
+    rc, _, err = run(capsys, *score, "--out", tmp_path / "s.csv", "--nominal", "")
+    one_line_error(rc, err, "score", "--nominal/--anomalous need --labels CSV")
+    for command, flag in (("score", "--run"), ("embed", "--encoder")):
+        model = tiny_run if command == "score" else export
+        args = [command, flag, model, "--input", real_record, "--out", tmp_path / "f.csv", "--leads", ""]
+        rc, _, err = run(capsys, *args, "--no-progress")
+        one_line_error(rc, err, command, "--fs and --leads apply to .npy input only")
+    assert not any(tmp_path.iterdir())
+
+
+def test_demo_seeds_are_any_non_negative_integer(capsys, tmp_path):
+    """--seed -1 was a numpy traceback after --out was made, and a seed of 42950 or more one from
+    neurokit2 (its per-record seeds passed 2**32) after minutes of simulation."""
+    from ecgpos.demo import synthetic
+
+    rc, _, err = run(capsys, "demo", "--out", tmp_path / "d", "--seed", "-1")
+    one_line_error(rc, err, "demo", "--seed must be 0 or more, got -1")
+    assert not (tmp_path / "d").exists()
+    assert [p.seed for p in synthetic.random_params(2, 3)] == [300_009, 300_010]  # seeds that fitted are kept
+    assert all(0 <= p.seed < 2**32 for p in synthetic.random_params(3, 10**20))

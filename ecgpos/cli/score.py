@@ -29,7 +29,7 @@ from ecgpos.inference.inputs import (
     write_skipped,
     write_skipped_rows,
 )
-from ecgpos.inference.scoring import ScoreResult, auroc_by_level, load_recon_models, score_records
+from ecgpos.inference.scoring import MAX_MASKS, ScoreResult, auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
 
 SUMMARY_FILE = "scores_summary.md"  # beside --out
@@ -41,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
-    p.add_argument("--masks", type=int, default=8, help="fixed masks averaged per record (default 8)")
+    p.add_argument(
+        "--masks", type=int, default=8, help=f"fixed masks averaged per record (default 8, at most {MAX_MASKS})"
+    )
     p.add_argument("--out", type=user_path, default=Path("scores.csv"), help="output .csv file (default scores.csv)")
     p.add_argument("--labels", type=user_path, help="CSV record_id,label (record_id as in scores.csv)")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
@@ -103,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.masks < 1 or args.num_windows < 1 or args.batch_size < 1:
         raise EcgposError("--masks, --num-windows and --batch-size must be at least 1")
+    if args.masks > MAX_MASKS:
+        raise EcgposError(f"--masks {args.masks}: at most {MAX_MASKS} fixed masks per record")
     labels = None
     if args.labels is not None:
         nominal, anomalous = _names(args.nominal, "--nominal"), _names(args.anomalous, "--anomalous")
@@ -110,15 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for flag, names in (("--nominal", nominal), ("--anomalous", anomalous)):
             if not set(names) & set(labels.values()):  # AUROC needs both sides: say so before scoring
                 raise EcgposError(f"--labels {args.labels} has no record labelled {flag} {','.join(names)}")
-    elif args.nominal or args.anomalous:
+    elif args.nominal is not None or args.anomalous is not None:
         raise EcgposError("--nominal/--anomalous need --labels CSV")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
     summary = args.out.parent / SUMMARY_FILE  # of this run's labels; an earlier run's is deleted without --labels
-    check_writable(args.out, args.input, [summary])  # before any record is scored
-    if args.out.suffix != ".csv":  # a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
-        raise EcgposError(f"--out {args.out}: scores are written as CSV; give a file name ending in .csv")
+    # before any record is scored; .csv only: a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
+    check_writable(args.out, args.input, [summary], suffixes=(".csv",))
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")

@@ -269,12 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", type=user_path, default=Path("demo-out"), help="output folder (default ./demo-out)")
     parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (0 or more)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.seed < 0:  # numpy's generators take no negative seed: a traceback after --out was made
+        raise EcgposError(f"--seed must be 0 or more, got {args.seed}")
     make_output_folder(args.out)
     started = time.monotonic()
     summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)

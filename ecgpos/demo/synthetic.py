@@ -28,6 +28,8 @@ CODE15_FS, CODE15_SAMPLES = 400, 4096
 NINGBO_FIRST_ID = 10647  # JS10647.. is the Ningbo part of ecg-arrhythmia (the paper's pretraining pool)
 RHYTHM_CLASSES = ("brady", "normal", "tachy")
 PROBE_CLASSES = RHYTHM_CLASSES + ("noisy",)
+# neurokit2 seeds a legacy RandomState: below 2**32 (the same seeds as before for every seed that fitted)
+SEED_RANGE = 2**32
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ def random_params(
     rng = np.random.default_rng(seed)
     return [
         SimulationParams(
-            seed=int(seed * 100_003 + i),
+            seed=int((seed * 100_003 + i) % SEED_RANGE),
             heart_rate=float(rng.uniform(*heart_rates)),
             heart_rate_std=float(rng.uniform(0.5, 8.0)),
             noise=float(rng.uniform(*noise)),
@@ -278,7 +280,7 @@ def probe_params(per_class: int, seed: int) -> list[SimulationParams]:
             noisy = i % 2 == 1
             params.append(
                 SimulationParams(
-                    seed=int(seed * 100_003 + 1000 * c + i),
+                    seed=int((seed * 100_003 + 1000 * c + i) % SEED_RANGE),
                     heart_rate=float(rng.uniform(lo, hi)),
                     heart_rate_std=float(rng.uniform(0.5, 5.0)),
                     noise=float(rng.uniform(0.15, 0.25) if noisy else rng.uniform(0.0, 0.02)),

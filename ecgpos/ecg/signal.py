@@ -15,9 +15,9 @@ import numpy as np
 from scipy import signal as sps
 
 from ecgpos.ecg.leads import to_canonical_order
-from ecgpos.ecg.rates import check_fs
+from ecgpos.ecg.rates import MAX_FS_HZ, check_fs
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import SignalError
+from ecgpos.errors import ConfigError, SignalError
 
 _EPS = 1e-6  # below this std a lead is treated as flat and set to zero, never divided by
 
@@ -30,6 +30,22 @@ def bandpass_sos(fs: float, highpass_hz: float, lowpass_hz: float, order: int) -
         return high  # the source is already band-limited below the cut-off
     low = sps.butter(order, lowpass_hz, btype="lowpass", fs=fs, output="sos")
     return np.vstack([high, low])
+
+
+def check_filter(spec: PreprocessSpec) -> None:
+    """ConfigError when the spec's band-pass cannot be designed and run at its own rate (an order in the
+    millions, a high-pass cut-off of 1e-300 Hz) or its rate is above MAX_FS_HZ: otherwise every record
+    was skipped, each under a reason that blamed the record (unreadable, too_short, sampling_rate)."""
+    if spec.fs > MAX_FS_HZ:
+        raise ConfigError(f"preprocess.fs {spec.fs} is above the highest supported rate, {MAX_FS_HZ:g} Hz")
+    try:
+        sos = bandpass_sos(float(spec.fs), spec.highpass_hz, spec.lowpass_hz, spec.filter_order)
+        sps.sosfilt_zi(sos)  # what sosfiltfilt solves first: singular for a degenerate design
+    except (ValueError, MemoryError, OverflowError) as err:  # numpy's LinAlgError is a ValueError
+        raise ConfigError(
+            f"no usable Butterworth band-pass of order {spec.filter_order} for {spec.highpass_hz:g}-"
+            f"{spec.lowpass_hz:g} Hz at {spec.fs} Hz ({err})"
+        ) from None
 
 
 def bandpass(

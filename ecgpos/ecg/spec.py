@@ -19,6 +19,7 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.errors import ConfigError
 
 STANDARDISE_MODES = ("lead", "record")
+MAX_FILTER_ORDER = 100  # far above the paper's 4; a Butterworth design of this order still takes milliseconds
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ class PreprocessSpec:
             )
         if self.window <= 0 or self.filter_order <= 0:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
+        if self.filter_order > MAX_FILTER_ORDER:  # scipy designs an order in the millions for hours
+            raise ConfigError(f"preprocess.filter_order must be at most {MAX_FILTER_ORDER}, got {self.filter_order}")
         if self.units != "mV":  # every reader converts to mV; another value would only mislabel the data
             raise ConfigError(
                 f"preprocess.units must be 'mV' (every reader converts records to mV), got {self.units!r}"

@@ -166,7 +166,7 @@ def open_source(
         if not path.is_file():
             raise EcgposError(f"{path} does not exist")
         return npy_source(path, fs, leads, spec, policy)
-    if fs is not None or leads:
+    if fs is not None or leads is not None:
         raise EcgposError("--fs and --leads apply to .npy input only (WFDB headers and shards carry their own)")
     if (path.is_dir() and any(path.glob(SHARD_GLOB))) or (path.suffix == ".h5" and path.is_file()):
         return shard_source(path, spec)
@@ -239,9 +239,12 @@ def output_paths(out: Path) -> list[Path]:
     return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
 
 
-def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Path] = ()) -> None:
-    """--out must be a file this process can create, and none of its files (`output_paths`, plus
-    `also`) may be a folder or be (or join) the input: one line otherwise, before any record is read.
+def check_writable(
+    out: Path, input_path: Path | None = None, also: Sequence[Path] = (), suffixes: Sequence[str] = ()
+) -> None:
+    """--out must be a file this process can create, with one of `suffixes` when given, and none of its
+    files (`output_paths`, plus `also`) may be a folder or be (or join) the input: one line otherwise,
+    before any record is read and before the write test makes --out's folder.
     A folder in a file's place would fail only after every record was processed; an output over the
     input would destroy it after it was read, and a `shard-*.h5` beside the input shards would join them.
     Abandoned temporaries of all these files (a killed run's) are removed."""
@@ -259,6 +262,8 @@ def check_writable(out: Path, input_path: Path | None = None, also: Sequence[Pat
                 raise EcgposError(
                     f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere"
                 )
+    if suffixes and out.suffix not in suffixes:
+        raise EcgposError(f"--out {out}: give a file name ending in {' or '.join(suffixes)}")
     write_test(out, f"--out {out}")
     # what a killed run of this command left beside these files (the folder is the user's: only ours)
     remove_abandoned_temporaries(out.parent, {path.name for path in [*output_paths(out), *also]})

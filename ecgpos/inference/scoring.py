@@ -26,6 +26,9 @@ from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
 
 LEVELS = ("stage0", "stage1")
+# Every mask is built up front and run on every window: far more than the default 8 only multiplies the
+# work (a huge count exhausted memory in a traceback).
+MAX_MASKS = 1_000
 
 
 @dataclass

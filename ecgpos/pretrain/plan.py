@@ -20,6 +20,7 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.export.format import is_export_dir, weights_hash
 from ecgpos.files import make_output_folder
+from ecgpos.resources import max_workers, usable_cpus
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 
 
@@ -47,20 +48,6 @@ def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
         spec = read_shard_spec(folder)
         cfg.preprocess.check_compatible(spec, f"the shards in {folder}")
     return spec
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def max_workers() -> int:
-    """The most DataLoader workers a process may start: 4 per usable CPU, and never fewer than 16,
-    so the shipped configs run on a laptop; more only multiplies processes (a fork bomb at worst)."""
-    return max(16, 4 * usable_cpus())
 
 
 def estimated_parameters(cfg: RunConfig) -> float:
