@@ -274,3 +274,11 @@ def test_a_val_fraction_that_holds_out_no_record_is_said(capsys, tmp_path, tiny_
     )
     assert rc == 0 and "warning: train.val_fraction 0.001 holds out none (or all) of the 24 records" in err, err
     assert "val_loss" not in (run_dir / "metrics.jsonl").read_text()
+
+
+def test_export_of_a_file_given_as_run_folder_says_it_is_a_file(capsys, tmp_path):
+    not_a_folder = tmp_path / "run.yaml"
+    not_a_folder.write_text("optim: {}\n")
+    rc, _, err = run(capsys, "export", "--run-dir", not_a_folder, "--out", tmp_path / "enc")
+    one_line_error(rc, err, "export", "is a file, not a run folder")
+    assert not (tmp_path / "enc").exists()

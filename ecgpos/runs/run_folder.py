@@ -99,6 +99,8 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
     from ecgpos.runs.stages import build_model
 
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise EcgposError(f"{run_dir} is a file, not a run folder")
     if not run_dir.is_dir():
         raise EcgposError(f"run folder {run_dir} does not exist")
     if not (run_dir / RUN_CONFIG).is_file():
