@@ -4,6 +4,7 @@ records, and a tiny real run with its export."""
 from __future__ import annotations
 
 import csv
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,19 @@ TINY0 = config_dir() / "tiny" / "stage0.yaml"
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ["pretrain", "--stage", "0", "--config", str(TINY0)]
+
+
+def ctrl_c_when_renaming(monkeypatch, name: str) -> None:
+    """Ctrl-C at the moment a write renames a file called `name` into place (os.replace raises
+    KeyboardInterrupt there); `monkeypatch.undo()` ends it."""
+    replace = os.replace
+
+    def interrupted(src, dst):
+        if Path(dst).name == name:
+            raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", interrupted)
 
 
 def run(capsys, *args) -> tuple[int, str, str]:

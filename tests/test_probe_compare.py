@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from refusal_helpers import ctrl_c_when_renaming
 from tiny_runs import cli
 
 
@@ -246,22 +247,13 @@ def test_a_probe_interrupted_while_writing_leaves_no_earlier_run_beside_its_file
     """A second probe into one --out, stopped by Ctrl-C as it renames summary.md into place: the
     earlier run's summary.md and probe.json used to stay beside the new results.csv, and
     `export --probe-results` put the earlier encoder's table into the new encoder's model card."""
-    import os
-
     from ecgpos.export.card import probe_section
 
     out = probe_folder("first")
     args = ["probe", "--encoder", "random:tiny/stage0", "--name", "second", "--task", "ptbxl-super"]
     args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
     args += ["--seeds", "2", "--epochs", "2", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
-    replace = os.replace
-
-    def interrupted(src, dst):
-        if Path(dst).name == "summary.md":
-            raise KeyboardInterrupt
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    ctrl_c_when_renaming(monkeypatch, "summary.md")
     assert cli(*args, "--out", out) == 130
     monkeypatch.undo()
     assert not (out / "summary.md").exists() and not (out / "probe.json").exists()
@@ -277,18 +269,9 @@ def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folde
     A compare into a probe's folder, stopped by Ctrl-C as it renames summary.md, used to leave the
     probe's summary.md beside the merged results, with the compare's probe.json already written;
     a probe into a compare's folder left the compare's differences.csv."""
-    import os
-
     first, second = probe_folder("cmp-a"), probe_folder("cmp-b")
     out = probe_folder("cmp-out")
-    replace = os.replace
-
-    def interrupted(src, dst):
-        if Path(dst).name == "summary.md":
-            raise KeyboardInterrupt
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    ctrl_c_when_renaming(monkeypatch, "summary.md")
     assert cli("probe", "--compare", first, second, "--out", out) == 130
     monkeypatch.undo()
     assert not (out / "summary.md").exists() and not (out / "probe.json").exists()

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from refusal_helpers import ctrl_c_when_renaming
 from tiny_runs import cli, pretrain_tiny
 
 from ecgpos.cli import main
@@ -311,22 +312,13 @@ def test_geometry_interrupted_while_writing_leaves_no_earlier_run_beside_its_fil
 ) -> None:
     """A second geometry run into one --out (another --space), stopped by Ctrl-C as it renames
     features.npz into place: the earlier run's features, summary and figure used to stay beside the new metrics."""
-    import os
-
     labels = {n: ("A" if n <= 4 else "B" if n <= 8 else "X") for n in range(1, 11)}
     task = _custom_task(tmp_path / "task", shared_data, labels)
     out = tmp_path / "geo"
     args = ["geometry", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--nominal", "A,B"]
     args += ["--anomalous", "X", "--out", out, "--device", "cpu"]
     assert cli(*args, "--space", "features") == 0
-    replace = os.replace
-
-    def interrupted(src, dst):
-        if Path(dst).name == "features.npz":
-            raise KeyboardInterrupt
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", interrupted)
+    ctrl_c_when_renaming(monkeypatch, "features.npz")
     assert cli(*args, "--space", "reconstruction") == 130
     monkeypatch.undo()
     assert sorted(p.name for p in out.iterdir()) == ["metrics.csv"]  # this run's, and no temporaries
