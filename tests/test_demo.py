@@ -59,7 +59,7 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     scores = pd.read_csv(out / "scores" / "scores.csv")
     assert list(scores.columns) == ["record_id", "stage0_score", "stage1_score"]
     assert len(scores) == 3 * QUICK.probe_per_class
-    assert "| stage1 |" in (out / "scores" / "scores_summary.md").read_text()
+    assert "| stage1 |" in (out / "scores" / "scores.summary.md").read_text()
     assert "Delta S > 0" in proc.stdout and "AUROC" in proc.stdout
 
     # The exported nested encoder loads and embeds a raw record.

@@ -232,7 +232,7 @@ def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: P
     "command, text",
     [
         ("embed", "FILE's `.skipped.csv`"),
-        ("score", "scores_summary.md beside --out"),
+        ("score", "FILE's `.summary.md`"),
         ("export", "the model card README.md"),
         ("verify", "Exit 0 when all pass, 1 when any fails"),
     ],

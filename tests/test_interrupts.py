@@ -288,7 +288,7 @@ def test_a_run_that_embeds_or_scores_nothing_leaves_no_earlier_output_beside_its
     command, export, tiny_run, real_record, tmp_path, capsys
 ) -> None:
     """Every record refused: the run writes FILE.skipped.csv (exit 2). The earlier run's FILE,
-    FILE.ids.txt and scores_summary.md used to stay beside it and read as this run's output."""
+    FILE.ids.txt and FILE.summary.md used to stay beside it and read as this run's output."""
     _npy_inputs(real_record, tmp_path / "in")
     out = tmp_path / "out" / ("f.npy" if command == "embed" else "s.csv")
     model = export if command == "embed" else tiny_run
@@ -297,7 +297,7 @@ def test_a_run_that_embeds_or_scores_nothing_leaves_no_earlier_output_beside_its
     more = ["--labels", labels, "--nominal", "N", "--anomalous", "A"] if command == "score" else []
     assert main(_npy_args(command, model, tmp_path / "in" / "three.npy", out, *more)) == 0
     earlier = ["f.ids.txt", "f.npy", "f.skipped.csv"] if command == "embed" else ["s.csv", "s.skipped.csv"]
-    assert sorted(p.name for p in out.parent.iterdir()) == sorted([*earlier, *(["scores_summary.md"] if more else [])])
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted([*earlier, *(["s.summary.md"] if more else [])])
     capsys.readouterr()
     assert main(_npy_args(command, model, tmp_path / "in" / "bad.npy", out)) == 2
     assert "none of the 1 " in capsys.readouterr().err

@@ -204,7 +204,7 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
 
 
 def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
-    """A folder at FILE.skipped.csv, FILE.ids.txt or scores_summary.md was an IsADirectoryError
+    """A folder at FILE.skipped.csv, FILE.ids.txt or FILE.summary.md was an IsADirectoryError
     traceback after every record was processed, with FILE already written and its ids missing."""
     np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
     out = tmp_path / "out"
@@ -214,12 +214,12 @@ def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_r
         one_line_error(rc, err, "embed", f"{sibling} is a folder")
         (out / sibling).rmdir()
         assert not any(out.iterdir())
-    (out / "scores_summary.md").mkdir()
+    (out / "s.summary.md").mkdir()
     (tmp_path / "labels.csv").write_text("record_id,label\nx,a\ny,b\n")
     args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS]
     labels = ["--labels", tmp_path / "labels.csv", "--nominal", "a", "--anomalous", "b"]
     rc, _, err = run(capsys, *args, "--out", out / "s.csv", *labels, "--no-progress")
-    one_line_error(rc, err, "score", "scores_summary.md is a folder")
+    one_line_error(rc, err, "score", "s.summary.md is a folder")
     assert not (out / "s.csv").exists()
 
 

@@ -157,7 +157,7 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     labels = tmp_path / "labels.csv"
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     out = tmp_path / "o" / "scores.csv"
-    dead, other_host = _left_by_killed_runs(out.parent, "scores_summary.md")
+    dead, other_host = _left_by_killed_runs(out.parent, "scores.summary.md")
     for path in (dead, other_host):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half a file\n")
@@ -166,7 +166,7 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
         == 0
     )
     assert not dead.exists() and other_host.exists()
-    text = (out.parent / "scores_summary.md").read_text()
+    text = (out.parent / "scores.summary.md").read_text()
     _, rows = _read(out)
     from sklearn.metrics import roc_auc_score
 
@@ -180,12 +180,12 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
 def test_a_rerun_without_a_summary_leaves_no_earlier_summary_beside_its_scores(
     runs: dict[str, Path], records: Path, tmp_path: Path
 ) -> None:
-    """scores_summary.md describes the scores beside it: a rerun without --labels, or with labels
+    """FILE.summary.md describes the scores beside it: a rerun without --labels, or with labels
     that name no scored record (exit 2, scores written), used to leave the earlier AUROC table there."""
     labels, elsewhere = tmp_path / "labels.csv", tmp_path / "elsewhere.csv"
     labels.write_text("record_id,label\n" + "".join(f"{n:05d}_hr,{'A' if n <= 3 else 'N'}\n" for n in range(1, 7)))
     elsewhere.write_text("record_id,label\nother/00001_hr,A\nother/00004_hr,N\n")
-    out, summary = tmp_path / "o" / "scores.csv", tmp_path / "o" / "scores_summary.md"
+    out, summary = tmp_path / "o" / "scores.csv", tmp_path / "o" / "scores.summary.md"
     labelled = ["--masks", "1", "--nominal", "N", "--anomalous", "A", "--labels"]
     assert score(runs["stage0"], records, out, *labelled, labels) == 0 and summary.is_file()
     assert score(runs["stage0"], records, out, "--masks", "1") == 0
@@ -194,6 +194,10 @@ def test_a_rerun_without_a_summary_leaves_no_earlier_summary_beside_its_scores(
     assert score(runs["stage0"], records, out, *labelled, elsewhere) == 2
     assert sorted(p.name for p in out.parent.iterdir()) == ["scores.csv", "scores.skipped.csv"]
     assert len(_read(out)[1]) == 6
+    assert score(runs["stage0"], records, out, *labelled, labels) == 0
+    other = out.with_name("other.csv")  # more scores in the same folder: each set keeps its own summary
+    assert score(runs["stage0"], records, other, "--masks", "1") == 0
+    assert summary.is_file() and not other.with_name("other.summary.md").exists()
 
 
 def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ array with --fs and --leads; bad records are reported with their reason and skip
 Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
 Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does.
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
-per level (higher score = more anomalous), printed and written to scores_summary.md beside --out.
-These files are replaced together: a run without --labels deletes an earlier run's scores_summary.md,
+per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
+These files are replaced together: a run without --labels deletes an earlier run's FILE.summary.md,
 and a run that scored no record writes the skipped list and deletes the earlier scores and summary.
 """
 
@@ -32,7 +32,11 @@ from ecgpos.inference.inputs import (
 from ecgpos.inference.scoring import MAX_MASKS, ScoreResult, auroc_by_level, load_recon_models, score_records
 from ecgpos.models.features import resolve_device
 
-SUMMARY_FILE = "scores_summary.md"  # beside --out
+
+def summary_path(out: Path) -> Path:
+    """Where the labelled AUROC summary of --out FILE goes: FILE's name with `.summary.md`, so runs
+    written side by side into one folder each keep their own."""
+    return out.with_name(f"{out.stem}.summary.md")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
-    summary = args.out.parent / SUMMARY_FILE  # of this run's labels; an earlier run's is deleted without --labels
+    summary = summary_path(args.out)  # of this run's labels; an earlier run's is deleted without --labels
     # before any record is scored; .csv only: a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
     check_writable(args.out, args.input, [summary], suffixes=(".csv",))
     models = load_recon_models(args.run)
@@ -175,7 +179,7 @@ def _labelled_summary(
     result: ScoreResult,
     notes: list[str],
 ) -> str:
-    """scores_summary.md of the scored records; EcgposError when the labels cannot give an AUROC."""
+    """FILE.summary.md of the scored records; EcgposError when the labels cannot give an AUROC."""
     if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder
         raise EcgposError(
             f"--labels {args.labels}: none of its {len(labels)} record ids is a scored record (scored ids look "

@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print((summary / "summary.md").read_text())
     print((args.out / "geometry" / "summary.md").read_text())
-    print((args.out / "scores" / "scores_summary.md").read_text())
+    print((args.out / "scores" / "scores.summary.md").read_text())
     figures = sorted((args.out / "runs").glob("stage*/figures/*.png"))
     print("Figures:")
     for path in [*figures[-4:], *sorted(summary.glob("*.png")), args.out / "geometry" / "geometry.png"]:
