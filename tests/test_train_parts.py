@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import h5py
@@ -128,6 +133,44 @@ def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> N
         del stream
     for a, b in zip(*batches):
         assert torch.equal(a, b)
+
+
+LOADER_IN_A_TRAINER = """
+import multiprocessing, sys
+from pathlib import Path
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, train_loader
+index = read_index([Path(sys.argv[1])])
+sampler = StepBatchSampler(len(index), 4, 1, 1, 0, seed=0)
+BATCHES = iter(train_loader(ShardDataset(index, 2250, train=True, seed=0), sampler, 1))
+next(BATCHES)
+print(*[child.pid for child in multiprocessing.active_children()], flush=True)
+sys.stdin.readline()
+for _ in range(3):
+    next(BATCHES)
+print("read", flush=True)
+"""  # BATCHES is still referenced at exit: multiprocessing then terminates the worker and waits for it
+
+
+def test_loader_workers_outlive_a_sigterm_from_others_but_not_their_trainers(shards: Path) -> None:
+    """Slurm's SIGTERM reaches every process of a job: a worker killed by it crashed the trainer
+    ("DataLoader worker ... killed by signal") before it could checkpoint. The trainer's own SIGTERM
+    still ends a worker: at exit multiprocessing terminates a live worker and waits for it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADER_IN_A_TRAINER, str(shards)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        workers = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(workers) == 1, proc.stderr.read() if proc.poll() is not None else workers
+        os.kill(workers[0], signal.SIGTERM)  # sent by this process, not by the trainer: Slurm's
+        time.sleep(0.5)
+        out, err = proc.communicate("go\n", timeout=120)  # waiting forever here is the failure too
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.strip() == "read", err[-2000:]
 
 
 def test_batches_are_widened_to_float32_exactly(shards: Path) -> None:

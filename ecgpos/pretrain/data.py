@@ -27,6 +27,7 @@ import hashlib
 import multiprocessing
 import os
 import signal
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -355,11 +356,26 @@ WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else 
 
 
 def outlive_sigterm(worker_id: int) -> None:  # noqa: ARG001
-    """Worker start-up: ignore SIGTERM. torch's worker handler dies of a SIGTERM that does not come from
-    the trainer, and Slurm (scancel, preemption, time limit) sends it to every process of the job, while
-    the trainer still needs its workers for the step it finishes and checkpoints on that signal. A worker
-    still ends when the trainer shuts the loader down, or, the trainer gone, by torch's parent watchdog."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    """Worker start-up: a SIGTERM from anyone but the trainer is ignored, one from the trainer ends the
+    worker. torch's worker handler dies of a SIGTERM from anyone, and Slurm (scancel, preemption, time
+    limit) sends it to every process of the job while the trainer still needs its workers for the step it
+    finishes and checkpoints on that signal. The trainer's own SIGTERM (torch's and multiprocessing's
+    shutdown, which then wait for the worker) must still end it: the signal's sender decides, which only
+    `sigwaitinfo` tells, so the signal is blocked and a thread waits for it. Where the OS has no
+    sigwaitinfo (macOS), torch's handler stays."""
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    trainer = multiprocessing.parent_process()
+    trainer_pid = trainer.pid if trainer is not None else os.getppid()
+    # the worker has this one thread now; threads started later inherit the mask
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_end_on_trainers_sigterm, args=(trainer_pid,), name="sigterm", daemon=True).start()
+
+
+def _end_on_trainers_sigterm(trainer_pid: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == trainer_pid:
+            os._exit(0)  # as torch's handler does for its parent's SIGTERM
 
 
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
