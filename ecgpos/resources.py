@@ -1,5 +1,4 @@
-"""Files ecgpos ships or looks for: the shipped run configs, and the folder of real sample records;
-and how many worker processes this machine can serve.
+"""Files ecgpos ships or looks for: the shipped run configs, and the folder of real sample records.
 
 The top-level `configs/` folder is installed as the data-only package `ecgpos.configs`, so a
 shipped config is found by name (`--config stage0`, `--config tiny/stage1`) from a checkout, an
@@ -53,18 +52,3 @@ def sample_data_root() -> Path:
     """The real sample records: $ECGPOS_SAMPLE_DATA, default ../shared/data beside the checkout."""
     default = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     return Path(os.environ.get(DATA_ENV_VAR, default)).resolve()
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
-def max_workers() -> int:
-    """The most worker processes (DataLoader workers, preprocessing workers) a process may start: 4 per
-    usable CPU, and never fewer than 16, so the shipped settings run on a laptop; more only multiplies
-    processes (a fork bomb at worst)."""
-    return max(16, 4 * usable_cpus())

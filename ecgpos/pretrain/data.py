@@ -26,8 +26,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import signal
-import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 
 from ecgpos.ecg.shards import shard_files
 from ecgpos.errors import ConfigError
+from ecgpos.workers import outlive_others_sigterm
 
 MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
 
@@ -351,31 +350,9 @@ class StepBatchSampler(Sampler):
 
 # Loader workers are forked where the OS can: they inherit the trainer's stop-signal handlers, so
 # SIGUSR1 or Ctrl-C sent to the whole process group does not kill them, whatever the interpreter's
-# default (forkserver from Python 3.14, whose server process would die of such a signal).
+# default (forkserver from Python 3.14, whose server process would die of such a signal). SIGTERM, whose
+# handler torch's worker start-up replaces, they ignore unless the trainer sends it (ecgpos.workers).
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-
-
-def outlive_sigterm(worker_id: int) -> None:  # noqa: ARG001
-    """Worker start-up: a SIGTERM from anyone but the trainer is ignored, one from the trainer ends the
-    worker. torch's worker handler dies of a SIGTERM from anyone, and Slurm (scancel, preemption, time
-    limit) sends it to every process of the job while the trainer still needs its workers for the step it
-    finishes and checkpoints on that signal. The trainer's own SIGTERM (torch's and multiprocessing's
-    shutdown, which then wait for the worker) must still end it: the signal's sender decides, which only
-    `sigwaitinfo` tells, so the signal is blocked and a thread waits for it. Where the OS has no
-    sigwaitinfo (macOS), torch's handler stays."""
-    if not hasattr(signal, "sigwaitinfo"):
-        return
-    trainer = multiprocessing.parent_process()
-    trainer_pid = trainer.pid if trainer is not None else os.getppid()
-    # the worker has this one thread now; threads started later inherit the mask
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    threading.Thread(target=_end_on_trainers_sigterm, args=(trainer_pid,), name="sigterm", daemon=True).start()
-
-
-def _end_on_trainers_sigterm(trainer_pid: int) -> None:
-    while True:
-        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == trainer_pid:
-            os._exit(0)  # as torch's handler does for its parent's SIGTERM
 
 
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
@@ -390,7 +367,7 @@ def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: 
         generator=torch.Generator().manual_seed(0),
         collate_fn=collate_windows,
         multiprocessing_context=WORKER_START if num_workers > 0 else None,
-        worker_init_fn=outlive_sigterm,
+        worker_init_fn=outlive_others_sigterm,
     )
 
 
@@ -413,5 +390,5 @@ def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_wor
         persistent_workers=workers > 0,
         collate_fn=collate_windows,
         multiprocessing_context=WORKER_START if workers > 0 else None,
-        worker_init_fn=outlive_sigterm,
+        worker_init_fn=outlive_others_sigterm,
     )

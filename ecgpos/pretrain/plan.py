@@ -20,8 +20,8 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.export.format import is_export_dir, weights_hash
 from ecgpos.files import make_output_folder
-from ecgpos.resources import max_workers, usable_cpus
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
+from ecgpos.workers import max_workers, usable_cpus
 
 
 @dataclass

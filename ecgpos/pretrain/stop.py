@@ -6,7 +6,7 @@ KeyboardInterrupt at once, and the newest checkpoint on disk is what a resume co
 DataLoader workers are forked while the handlers are installed and inherit them
 (ecgpos.pretrain.data.WORKER_START), so a signal to the whole process group (a terminal's Ctrl-C,
 Slurm) does not kill them under the trainer; SIGTERM, whose handler torch's worker start-up replaces,
-they ignore unless the trainer sends it (ecgpos.pretrain.data.outlive_sigterm).
+they ignore unless the trainer sends it (ecgpos.workers).
 """
 
 from __future__ import annotations
