@@ -200,24 +200,29 @@ def test_ctrl_c_or_sigterm_with_workers_is_one_line_and_the_rerun_completes(
     still starting up): one line says what is kept, and no worker prints a traceback. SIGTERM (scancel,
     a Slurm time limit, to every process of the job) does the same with exit 143; it used to kill
     the command without a word (exit -15)."""
-    args = arrhythmia_args(shared_data, tmp_path / "out", "--records-per-shard", "8", "--workers", "2")
-    proc = _start_preprocess(*args)
-    first = tmp_path / "out" / "chunks" / "chunk-00000.json"
-    _wait_until(first.exists, proc)
-    os.killpg(proc.pid, sig)
-    _, err = proc.communicate(timeout=60)
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}"
+        args = arrhythmia_args(shared_data, out, "--records-per-shard", "8", "--workers", "2")
+        proc = _start_preprocess(*args)
+        first = out / "chunks" / "chunk-00000.json"
+        _wait_until(first.exists, proc)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+        # Python drops a KeyboardInterrupt raised while it runs a weakref callback (exceptions there are
+        # "ignored"), Ctrl-C's and SIGTERM's alike, and the run goes on to the end: try again
+        if not (proc.returncode == 0 and "Exception ignored" in err):
+            break
     assert proc.returncode == code, err
     assert "Traceback" not in err and "PoolWorker" not in err, err
     done = len(list(first.parent.glob("chunk-*.json")))
     assert err.splitlines()[-1] == (
-        f"ecgpos preprocess: {said}: {done} of 25 chunks are saved in {tmp_path / 'out'}; "
-        "the same command continues with the others"
+        f"ecgpos preprocess: {said}: {done} of 25 chunks are saved in {out}; the same command continues with the others"
     )
-    rc, out, _ = preprocess(capsys, *args)
-    assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
-    ids = [row["record_id"] for row in read_csv(tmp_path / "out" / "index.csv")]
+    rc, printed, _ = preprocess(capsys, *args)
+    assert rc == 0 and "stored 200 + skipped 0 = found 200" in printed
+    ids = [row["record_id"] for row in read_csv(out / "index.csv")]
     assert len(ids) == len(set(ids)) == 200
-    assert not [p.name for p in (tmp_path / "out").rglob(".*")]  # no temporary files left behind
+    assert not [p.name for p in out.rglob(".*")]  # no temporary files left behind
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
