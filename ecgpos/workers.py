@@ -1,12 +1,10 @@
 """Worker processes (DataLoader workers, preprocessing workers): how many a machine can serve, and
-how they outlive a SIGTERM meant for the command that started them.
+how a DataLoader worker outlives a SIGTERM meant for the trainer that started it.
 
-Slurm (scancel, preemption, a time limit) sends SIGTERM to every process of a job. The command that
-started the workers handles it (the trainer checkpoints at its next step; the other commands stop
-with one line); a worker killed by it first would take the command down with it (torch: "DataLoader
-worker ... killed by signal") or hang it (multiprocessing.Pool: a worker killed while holding its task
-queue's lock blocks the pool's shutdown for ever). So a worker ignores a SIGTERM that another process
-sends and ends on the one its parent sends when it shuts the workers down. Only `sigwaitinfo` tells
+Slurm (scancel, preemption, a time limit) sends SIGTERM to every process of a job. The trainer
+handles it (it checkpoints at its next step), but a worker killed by it first takes the trainer down
+with it (torch: "DataLoader worker ... killed by signal"). So a worker ignores a SIGTERM that another
+process sends and ends on the one its parent sends when it shuts the workers down. Only `sigwaitinfo` tells
 who sent a signal: the signal is blocked in the worker and a thread waits for it.
 """
 

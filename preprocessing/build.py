@@ -27,7 +27,7 @@ from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
-from ecgpos.workers import max_workers, outlive_others_sigterm, usable_cpus
+from ecgpos.workers import max_workers, usable_cpus
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -97,12 +97,6 @@ def _init_worker(dataset: str, src: str, spec: PreprocessSpec, policy: RecordPol
     _state.update(source=SOURCES[dataset], src=Path(src), spec=spec, policy=policy)
 
 
-def _start_pool_worker(*args: object) -> None:
-    """A pool worker's start: a job-wide SIGTERM is the parent's to handle (ecgpos.workers)."""
-    outlive_others_sigterm()
-    _init_worker(*args)
-
-
 def _skip(ref: RecordRef, err: Exception) -> tuple:
     if isinstance(err, SignalError):
         return ("skip", ref, err.reason, err.detail)
@@ -164,7 +158,7 @@ def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
     # spawn: safe with h5py handles and threads, identical on Linux and macOS
     ctx = multiprocessing.get_context("spawn")
     with _sigint_ignored():
-        pool = ctx.Pool(req.workers, initializer=_start_pool_worker, initargs=args)
+        pool = ctx.Pool(req.workers, initializer=_init_worker, initargs=args)
     with pool:
         for done in pool.imap(_process_batch, batches):
             yield from done

@@ -1,4 +1,4 @@
-"""Worker processes under a job-wide SIGTERM (ecgpos.workers), with a real spawn Pool as preprocessing uses."""
+"""Worker processes under a job-wide SIGTERM (ecgpos.workers), in a real spawn Pool."""
 
 from __future__ import annotations
 

@@ -46,8 +46,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-# commands that handle SIGTERM themselves: pretrain checkpoints at the next step and exits 0 (ecgpos.pretrain.stop)
-OWN_SIGTERM = frozenset({"pretrain"})
+# commands that keep SIGTERM's own handling: pretrain checkpoints at the next step and exits 0
+# (ecgpos.pretrain.stop); preprocess, whose spawned pool workers may still be starting up when it comes,
+# dies of it at once, as a kill -9 would, and resumes from its saved chunks
+OWN_SIGTERM = frozenset({"pretrain", "preprocess"})
 
 
 class _Sigterm:
