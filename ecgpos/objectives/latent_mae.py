@@ -10,6 +10,11 @@ encodes the visible tokens, and the per-lead decoder reconstructs the masked lat
 Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
 x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
 loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
+P reads the lead's two Stage-0 SEP outputs beside the patch tokens but reconstructs only the patch
+tokens, so x, and hence e, are the patch tokens alone: the SEP outputs go into P unperturbed, and
+delta = d(x~, x) is the whole perturbation P sees, as the paper's delta_e = d(s~, s) requires.
+The paper leaves the sparsity penalty Omega_sp open; here it is the mean |value| of the visible
+Stage-1 latent patch tokens of the masked pass.
 """
 
 from __future__ import annotations
@@ -80,6 +85,14 @@ class LatentMaskedAutoencoder(nn.Module):
         patches = self._patch_tokens(tokens)
         return normalise_tokens(patches) if self.norm_target else patches
 
+    def perturb_patches(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Stage-0 tokens (B, L*(N+2), W) with the push-pull perturbation on the patch tokens only;
+        the SEP outputs stay as they are (see the module docstring)."""
+        pp, e = self.push_pull if self.push_pull.enabled else PushPullConfig(), self.encoder
+        t = tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
+        noisy = perturb(t[:, :, 1:-1], pp.perturbation, pp.scale, generator)
+        return torch.cat([t[:, :, :1], noisy, t[:, :, -1:]], dim=2).flatten(1, 2)
+
     def reconstruct(self, tokens: torch.Tensor) -> torch.Tensor:
         """P(tokens) without masking: (B, L*(N+2), W) -> prediction of all patch tokens (B, L, N, W)."""
         latent = self.encoder.forward_tokens(tokens)
@@ -97,7 +110,7 @@ class LatentMaskedAutoencoder(nn.Module):
         loss = recon
         pp = self.push_pull
         if pp.enabled:
-            tokens_tilde = perturb(tokens, pp.perturbation, pp.scale, generator)
+            tokens_tilde = self.perturb_patches(tokens, generator)
             x_hat = self.reconstruct(tokens_tilde)
             # Distances live in the same (optionally normalised) space the recon loss uses.
             pp_loss, active = push_pull_loss(target, self.target(tokens_tilde), x_hat, pp.alpha)
@@ -131,9 +144,9 @@ class LatentMaskedAutoencoder(nn.Module):
         pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
         tokens = self.latent_tokens(x)
         if per_sample_noise:
-            tilde = torch.cat([perturb(t[None], pp.perturbation, pp.scale, generator) for t in tokens])
+            tilde = torch.cat([self.perturb_patches(t[None], generator) for t in tokens])
         else:
-            tilde = perturb(tokens, pp.perturbation, pp.scale, generator)
+            tilde = self.perturb_patches(tokens, generator)
         return push_margin_violated(self.target(tokens), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     def nested_encoder(self) -> NestedEncoder:

@@ -26,7 +26,8 @@ class PushPullConfig:
     """Stage-1 push-pull options (off by default).
 
     perturbation 'gaussian': e ~ N(0, (scale * std_j)^2) per latent dimension j, std_j measured on
-    the batch; 'mask': each token is zeroed with probability `scale`.
+    the batch; 'mask': each token is zeroed with probability `scale`. Stage 1 perturbs the latent
+    patch tokens only (LatentMaskedAutoencoder.perturb_patches).
     lambda_sp weights an L1 sparsity penalty on the Stage-1 latent (0 = off).
     lambda_pp defaults to 1e-3 because d is a per-sample Euclidean distance over all 360 x width
     latent values (about sqrt(360 * width) times a per-value error), while the reconstruction loss
