@@ -9,10 +9,13 @@ the chosen labels (nominal or anomalous); records with none or several are left 
 Each nominal class needs at least two records with different features (its radius divides S and rho).
 x = Stage-0 level, x_hat = the same records one level deeper:
   --space features (default): x = Stage-0 features, x_hat = nested (Stage-1) features, both from
-    forward_features (what the probes see);
+    forward_features (what the probes see); these are two coordinate systems, standardised with the
+    Stage-0 map all the same, so a Delta mixes carving with the change of coordinates;
   --space reconstruction: the appendix's own reading: x = the Stage-0 latent patch tokens in Stage 1's
     target space, x_hat = their Stage-1 reconstruction with every token visible; both averaged over
-    the patch tokens alike (needs the Stage-1 decoder: a Stage-1 run or an export --with-decoders).
+    the patch tokens alike (the appendix's latent is one vector per sample; a record's is here the
+    mean of its tokens, not their 360 x W concatenation). Needs the Stage-1 decoder: a Stage-1 run or
+    an export --with-decoders.
 Also reports the carving criterion: the fraction of held-out nominal records (those of the chosen
 split) whose perturbed Stage-1 input still violates the Push margin, alpha d(x~, x) > d(x^, x~), with
 the run's push-pull perturbation (its defaults when the run trained without push-pull).

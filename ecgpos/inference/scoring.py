@@ -4,6 +4,9 @@ Stage 0: mean masked-patch reconstruction error in the Stage-0 loss's target spa
 normalised signal patches when norm_target). Stage 1: the same for the Stage-0 latent tokens through
 the Stage-1 decoder. Each is averaged over `masks` fixed masks (mask m is drawn from seed m, the same
 for every record and batch) and over the record's windows, so a record always gets the same score.
+The preprint's Stage-1 score is instead the input-space error of the complete reconstruction, decoded
+back through the Stage-0 decoder; the Stage-1 score here is the counterpart of its latent error e_sub,
+on masked tokens as in the loss.
 
 The decoders come from run folders (a Stage-1 run finds the Stage-0 decoder through the Stage-0 run it
 was trained on) or from an export written with `ecgpos export --with-decoders`.
