@@ -126,7 +126,8 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
     table = _table(src)
     known = set(table.index.tolist())
     trace_file = table["trace_file"].astype(str) if "trace_file" in table.columns else pd.Series(dtype=str)
-    refs, seen, padding, readable = [], set(), 0, set()
+    seen, padding, readable = set(), 0, set()
+    per_part: list[list[RecordRef] | tuple[str, str]] = []  # a part's refs, or (name, why) of an unreadable part
     for _, path in parts:
         try:
             with h5py.File(path, "r") as f:
@@ -137,13 +138,10 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
             if len(shape) != 3 or shape[0] != exam_ids.shape[0] or shape[2] != 12:
                 raise ValueError(f"tracings shape {shape} does not match {exam_ids.shape[0]} exam ids x 12 leads")
         except Exception as err:  # h5py raises OSError/KeyError/ValueError for damaged files
-            detail = f"{path.name}: {type(err).__name__}: {err}".splitlines()[0]
-            listed = sorted(int(eid) for eid in trace_file.index[trace_file == path.name])
-            refs += [RecordRef(str(eid), path.name, problem=("unreadable_part", detail)) for eid in listed] or [
-                RecordRef(path.name, path.name, problem=("unreadable_part", detail))
-            ]
+            per_part.append((path.name, f"{path.name}: {type(err).__name__}: {err}".splitlines()[0]))
             continue
         readable.add(path.name)
+        part_refs = []
         for row, exam_id in enumerate(exam_ids.tolist()):
             if exam_id == 0:
                 padding += 1
@@ -154,7 +152,20 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
             elif exam_id not in known:
                 problem = ("missing_metadata", f"exam {exam_id} has no exams.csv row")
             seen.add(exam_id)
-            refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
+            part_refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
+        per_part.append(part_refs)
+    # an unreadable part stands for the exams.csv rows placed in it, except exams that a readable part
+    # holds (those are that part's records: counted once, not also skipped); else for itself
+    refs: list[RecordRef] = []
+    for entry in per_part:
+        if isinstance(entry, list):
+            refs += entry
+            continue
+        name, detail = entry
+        listed = sorted(int(eid) for eid in trace_file.index[trace_file == name] if eid not in seen)
+        refs += [RecordRef(str(eid), name, problem=("unreadable_part", detail)) for eid in listed] or [
+            RecordRef(name, name, problem=("unreadable_part", detail))
+        ]
     # exams.csv rows that name a readable part here which does not hold them: reported, not lost
     held = {str(e) for e in seen}
     absent = sorted((part, str(eid)) for eid, part in trace_file.items() if part in readable and str(eid) not in held)

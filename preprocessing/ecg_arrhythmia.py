@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ecgpos.ecg.wfdb_fast import read_fast
-from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
 from preprocessing.records import LoadedRecord, RecordRef
 
@@ -35,7 +35,8 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     Returns (refs, notes): notes counts what was seen outside the subset and the names of `.hea`/`.mat`
     files that are not JSnnnnn (`not_a_record`: not ecg-arrhythmia records; a .hea and its .mat count
     once). A record found twice keeps the first path (sorted) and the others become `duplicate_record`.
-    A record that a `RECORDS` file lists but that has no file in the tree is `unreadable`.
+    A record that a `RECORDS` file lists but that has no file in the tree is `unreadable`, and so is a
+    folder that cannot be listed (one ref named after it); EcgposError when src itself cannot be.
     """
     if subset not in SUBSETS:
         raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")
@@ -43,7 +44,10 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     stems: dict[tuple[int, str], set[str]] = {}
     foreign: set[str] = set()  # WFDB-looking files whose name is not an ecg-arrhythmia id
     listed: dict[str, str] = {}  # record id -> location, from the RECORDS files
-    for rel, files in _walk(src):
+    walked, unlisted = _walk(src)
+    if unlisted and unlisted[0][0] == Path("."):
+        raise EcgposError(f"--src {src} cannot be listed: {unlisted[0][1]}")
+    for rel, files in walked:
         for name in files:
             stem, ext = os.path.splitext(name)
             match = _ID.fullmatch(stem)
@@ -74,15 +78,32 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
             problem = ("unreadable", "no .hea header beside the .mat")
         seen.add(record_id)
         refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
+    # one skipped row per folder that cannot be listed: its records cannot be counted, the report says where
+    refs += [
+        RecordRef(rel.as_posix(), rel.as_posix(), problem=("unreadable", f"folder cannot be listed ({why})"))
+        for rel, why in unlisted
+    ]
     return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
 
 
-def _walk(src: Path) -> list[tuple[Path, list[str]]]:
-    """(folder relative to src, file names) of every folder under src, sorted. Symlinked folders are
+def _walk(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
+    """(folder relative to src, file names) of every folder under src, sorted, and (folder, why) of
+    the folders that cannot be listed (their records cannot even be counted). Symlinked folders are
     followed, but each real folder is visited once: a link back up the tree would otherwise list the
     same records again at every level until the OS gives up."""
-    out, visited = [], set()
-    for folder, dirs, files in os.walk(src, followlinks=True):
+    out, visited, unlisted = [], set(), []
+
+    def failed(err: OSError) -> None:  # os.walk would otherwise leave the folder out without a word
+        try:
+            stat = os.stat(err.filename)
+            key = (stat.st_dev, stat.st_ino)
+        except OSError:
+            key = err.filename
+        if key not in visited:
+            visited.add(key)
+            unlisted.append((Path(err.filename).relative_to(src), err.strerror or str(err)))
+
+    for folder, dirs, files in os.walk(src, followlinks=True, onerror=failed):
         try:
             stat = os.stat(folder)
         except OSError:
@@ -94,7 +115,7 @@ def _walk(src: Path) -> list[tuple[Path, list[str]]]:
         visited.add((stat.st_dev, stat.st_ino))
         dirs.sort()
         out.append((Path(folder).relative_to(src), files))
-    return out
+    return out, sorted(unlisted)
 
 
 def _records_file(path: Path) -> list[str]:
@@ -117,6 +138,7 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
     raw = read_fast(base)
     if raw is None:  # a header outside the fast path: let wfdb read it
         raw = read_wfdb_record(base)
+    _check_own_header(raw, ref.record_id)
     fields = raw.header_fields()
     meta = {
         "patient_id": "",
@@ -125,6 +147,17 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
         "dx": fields.get("Dx", ""),
     }
     return LoadedRecord(signal=raw.signal, fs=raw.fs, leads=raw.leads, meta=meta)
+
+
+def _check_own_header(raw: RawRecord, record_id: str) -> None:
+    """SignalError('header_mismatch') unless the header describes `record_id` and reads its own signal
+    file: a header copied from another record (its record line names that record) or naming another
+    record's `.mat` would store that record's samples, and for a copy its Age/Sex/Dx, under this id."""
+    if raw.record_name != record_id:
+        raise SignalError("header_mismatch", f"{record_id}.hea describes record {raw.record_name!r}")
+    other = [name for name in raw.signal_files if name not in (f"{record_id}.mat", f"{record_id}.dat")]
+    if other:
+        raise SignalError("header_mismatch", f"{record_id}.hea reads its samples from {other[0]}, not {record_id}.mat")
 
 
 def _age(text: str) -> str:

@@ -144,7 +144,15 @@ def read_fast(base: Path) -> RawRecord | None:
     np.divide(values, header.gains[:, None], out=signal, casting="same_kind")
     if invalid is not None:
         signal[invalid] = np.nan
-    return RawRecord(record_id=base.name, signal=signal, fs=fs, leads=header.leads, comments=header.comments)
+    return RawRecord(
+        record_id=base.name,
+        signal=signal,
+        fs=fs,
+        leads=header.leads,
+        comments=header.comments,
+        record_name=header.record_name,
+        signal_files=(header.file_name,),
+    )
 
 
 def _check_checksums(values: np.ndarray, digital: np.ndarray, header: FastHeader) -> None:

@@ -22,6 +22,8 @@ class RawRecord:
     fs: float
     leads: list[str]
     comments: list[str] = field(default_factory=list)
+    record_name: str = ""  # the header's record line names the record ("" when not read from a header)
+    signal_files: tuple[str, ...] = ()  # the signal files its header names (none for a multi-segment record)
 
     def header_fields(self) -> dict[str, str]:
         """'#Key: value' header comments as a dict (Age, Sex, Dx, ...)."""
@@ -238,4 +240,6 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
         fs=fs,
         leads=[str(s) for s in rec.sig_name],
         comments=list(rec.comments or []),
+        record_name=str(header.record_name or ""),
+        signal_files=() if multi else tuple(dict.fromkeys(str(name) for name in header.file_name or [])),
     )
