@@ -5,7 +5,9 @@ and every group is resampled with replacement to its own size. Patterns held by 
 MIN_STRATUM records (most of them, with 20-40 classes) are pooled into one stratum: a pattern of one
 record resampled on its own would be drawn exactly once every time and add no variance, which would
 make the interval too narrow. A resample in which a class that the test set can score has no
-positive or no negative is drawn again, so every resample scores the same classes as the test set.
+positive or no negative is drawn again, so every resample scores the same classes as the test set; one
+still short after `max_redraws` tries is dropped (an interval then rests on fewer resamples than asked
+for, and the callers report how many it kept).
 
 Speed: a resample is a vector of multiplicities (how often each record was drawn), so the AUROC of
 every resample is a weighted Mann-Whitney statistic over the records sorted once by score: for each
@@ -28,6 +30,7 @@ MAX_RESAMPLES = 100_000  # (resamples, test records) int64 indices are held at o
 LEVEL = 0.95
 SEED = 20240101  # fixed: the same test labels always give the same resamples
 MIN_STRATUM = 5  # label patterns held by fewer test records are pooled into one stratum
+MAX_REDRAWS = 100  # tries of a resample that leaves a scorable class without a positive or a negative
 
 
 def strata(labels: np.ndarray, min_stratum: int = MIN_STRATUM) -> list[np.ndarray]:
@@ -49,23 +52,29 @@ def _draw(groups: list[np.ndarray], n: int, count: int, rng: np.random.Generator
 
 
 def stratified_indices(
-    labels: np.ndarray, n_boot: int, seed: int = SEED, min_stratum: int = MIN_STRATUM, max_redraws: int = 100
+    labels: np.ndarray, n_boot: int, seed: int = SEED, min_stratum: int = MIN_STRATUM, max_redraws: int = MAX_REDRAWS
 ) -> np.ndarray:
-    """(n_boot, N) row indices, stratified by label pattern (rare patterns pooled); a resample that
-    leaves a scorable class without positives or negatives is drawn again."""
+    """(B, N) row indices, stratified by label pattern (rare patterns pooled); a resample that leaves a
+    scorable class without positives or negatives is drawn again, and dropped when it still does after
+    `max_redraws` tries, so B <= n_boot (its macro-AUROC would be NaN and the interval would silently
+    rest on the other resamples)."""
     labels = np.asarray(labels).reshape(len(labels), -1)
     rng = np.random.default_rng(seed)
     groups = strata(labels, min_stratum)
     positives = labels.sum(axis=0)
     scorable = (positives > 0) & (positives < len(labels))
     out = _draw(groups, len(labels), n_boot, rng)
-    for _ in range(max_redraws):
+
+    def short() -> np.ndarray:
         drawn = labels[out][:, :, scorable].sum(axis=1)  # (B, scorable classes)
-        bad = np.flatnonzero(((drawn == 0) | (drawn == len(labels))).any(axis=1))
+        return ((drawn == 0) | (drawn == len(labels))).any(axis=1)
+
+    for _ in range(max_redraws):
+        bad = np.flatnonzero(short())
         if not len(bad):
-            break
+            return out
         out[bad] = _draw(groups, len(labels), len(bad), rng)
-    return out
+    return out[~short()]
 
 
 def multiplicities(indices: np.ndarray, n: int) -> np.ndarray:
@@ -169,7 +178,7 @@ class Intervals:
 
     seeds: list[tuple[float, float]]
     mean: tuple[float, float]
-    resamples: np.ndarray  # (S, B) macro-AUROC of every seed and resample
+    resamples: np.ndarray  # (S, B) macro-AUROC of every seed and kept resample (B <= the count asked for)
 
 
 def seed_intervals(
@@ -186,8 +195,9 @@ def seed_intervals(
 
 def paired_difference(
     scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED, level: float = LEVEL
-) -> tuple[float, float, float]:
-    """(difference, low, high) of seed-mean macro-AUROC, A minus B, on the same resamples for both.
+) -> tuple[float, float, float, int]:
+    """(difference, low, high, resamples kept) of seed-mean macro-AUROC, A minus B, on the same resamples
+    for both.
 
     scores_a (Sa, N, C), scores_b (Sb, N, C) on the same test records in the same order.
     """
@@ -195,4 +205,4 @@ def paired_difference(
     a = macro_auroc_resamples(scores_a, labels, indices).mean(axis=0)
     b = macro_auroc_resamples(scores_b, labels, indices).mean(axis=0)
     point = float(macro_aurocs(labels, np.asarray(scores_a)).mean() - macro_aurocs(labels, np.asarray(scores_b)).mean())
-    return (point, *percentile_interval(a - b, level))
+    return (point, *percentile_interval(a - b, level), len(indices))

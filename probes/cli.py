@@ -98,7 +98,7 @@ def _compare(args: argparse.Namespace) -> int:
     sections = [s for s in [protocol_section(infos), shared_protocol(infos)] if s]
     sections += [records_markdown(records, frame)] if records else []
     sections += [guard_markdown(guard)] if guard else []
-    sections += [differences_markdown(diffs)] if len(set(frame["encoder"])) > 1 else []
+    sections += [differences_markdown(diffs, args.bootstrap)] if len(set(frame["encoder"])) > 1 else []
     sections += _reference_section(args, frame, kinds)
     if args.out is None:
         print(summary_markdown(frame, notes, sections))

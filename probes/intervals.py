@@ -14,7 +14,7 @@ import pandas as pd
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import ScoreSet
-from probes.bootstrap import LEVEL, SEED, paired_difference, seed_intervals
+from probes.bootstrap import LEVEL, MAX_REDRAWS, SEED, paired_difference, seed_intervals
 
 DIFFERENCE_COLUMNS = [
     "encoder",
@@ -60,8 +60,19 @@ def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str
     return out
 
 
+def kept_note(kept: int, n_boot: int) -> str:
+    """The note of an interval that rests on fewer resamples than asked for ('' when it rests on all)."""
+    if kept >= n_boot:
+        return ""
+    return (
+        f"bootstrap: {kept} of {n_boot} resamples kept (the others left a class the test split scores "
+        f"without a positive or a negative after {MAX_REDRAWS} draws)"
+    )
+
+
 def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level: float = LEVEL) -> None:
-    """Fill the interval columns of `rows` in place: the seed's own interval and the seed-mean interval."""
+    """Fill the interval columns of `rows` in place: the seed's own interval and the seed-mean interval.
+    `bootstrap` is the number of resamples the interval rests on; fewer than `n_boot` is also a note."""
     found = {}
     if n_boot > 0:
         for s in sets:
@@ -69,12 +80,13 @@ def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level
     for row in rows:
         hit = found.get((row["encoder"], row["task"], float(row["fraction"])))
         low = high = mlow = mhigh = float("nan")
+        kept = n_boot
         if hit and int(row["seed"]) in hit[0]:
             low, high = hit[1].seeds[hit[0].index(int(row["seed"]))]
             mlow, mhigh = hit[1].mean
-        row.update(
-            test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh, bootstrap=n_boot
-        )
+            kept = hit[1].resamples.shape[1]
+            row["note"] = "; ".join(n for n in (row.get("note", ""), kept_note(kept, n_boot)) if n)
+        row.update(test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh, bootstrap=kept)
 
 
 def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -87,8 +99,13 @@ def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if not rows_a:
         return None
     rows_b = [where_b[a.keys[i]] for i in rows_a]
+    if a.labels.shape[1] != b.labels.shape[1]:  # the label rows cannot even be compared
+        raise EcgposError(
+            f"--compare: {a.encoder!r} and {b.encoder!r} score {a.labels.shape[1]} and {b.labels.shape[1]} "
+            f"classes of task {a.task}: they were probed on different splits, so no paired difference"
+        )
     disagree = int((a.labels[rows_a] != b.labels[rows_b]).any(axis=1).sum())
-    if disagree or a.labels.shape[1] != b.labels.shape[1]:
+    if disagree:
         raise EcgposError(
             f"--compare: {a.encoder!r} and {b.encoder!r} label {disagree} of the {len(rows_a)} {a.task} test "
             "records they share differently: they were probed on different splits, so no paired difference"
@@ -101,7 +118,8 @@ def paired_differences(
 ) -> pd.DataFrame:
     """For each pair of encoders (later minus earlier, in `encoders` order) and each (task, fraction)
     both have: the seed-mean macro-AUROC difference and its paired bootstrap interval, over the test
-    records both scored (n_test); left_out counts the records only one of them scored."""
+    records both scored (n_test); left_out counts the records only one of them scored, bootstrap the
+    resamples the interval rests on (`probes.bootstrap.stratified_indices` may keep fewer than n_boot)."""
     by_key = {(s.encoder, s.task, s.fraction): s for s in sets}
     rows = []
     for i, first in enumerate(encoders):
@@ -113,7 +131,7 @@ def paired_differences(
                 aligned = _aligned(a, b)
                 if aligned is None:
                     continue
-                diff, low, high = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
+                diff, low, high, kept = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
                 shared = len(aligned[2])
                 rows.append(
                     {
@@ -126,22 +144,31 @@ def paired_differences(
                         "high": high,
                         "n_test": shared,
                         "left_out": len(set(a.keys) | set(b.keys)) - shared,
-                        "bootstrap": n_boot,
+                        "bootstrap": kept,
                     }
                 )
     return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
 
 
-def differences_markdown(diffs: pd.DataFrame) -> str:
-    """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task."""
+def _fraction_text(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def differences_markdown(diffs: pd.DataFrame, n_boot: int) -> str:
+    """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task
+    ('difference' alone without a bootstrap, n_boot 0)."""
     from probes.tasks import TASKS, task_label
 
+    how = (
+        f"Both encoders scored on the same {n_boot} bootstrap resamples of the test records they share: an "
+        "interval that excludes 0 is a difference the test set supports at the 95 % level."
+        if n_boot
+        else "No intervals: --bootstrap 0."
+    )
     lines = [
         "## Paired differences (seed-mean test macro-AUROC, later encoder minus earlier)",
         "",
-        "Both encoders scored on the same bootstrap resamples of the test records they share: an interval "
-        'that excludes 0 is a difference the test set supports at the 95 % level. A cell "on N of M '
-        'records" leaves out the records only one of the two folders scored.',
+        how + ' A cell "on N of M records" leaves out the records only one of the two folders scored.',
         "",
     ]
     if diffs.empty:
@@ -151,7 +178,7 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
     for fraction in sorted(set(diffs["fraction"])):
         part = diffs[diffs["fraction"] == fraction]
         lines += [
-            f"### {fraction * 100:g}% of the training labels",
+            f"### {_fraction_text(fraction)} of the training labels",
             "",
             "| Pair | " + " | ".join(task_label(t) for t in tasks) + " |",
             "|---|" + "---|" * len(tasks),
@@ -164,7 +191,12 @@ def differences_markdown(diffs: pd.DataFrame) -> str:
                     cells.append("—")
                     continue
                 h = hit.iloc[0]
-                cell = f"{h['difference']:+.4f} [{h['low']:+.4f}, {h['high']:+.4f}]"
+                cell = f"{h['difference']:+.4f}" + (f" [{h['low']:+.4f}, {h['high']:+.4f}]" if n_boot else "")
+                if n_boot and 0 < int(h["bootstrap"]) < n_boot:
+                    flagged.append(
+                        f"- {enc} − {base}, {task_label(t)}, {_fraction_text(fraction)}: "
+                        + kept_note(int(h["bootstrap"]), n_boot)
+                    )
                 left = int(h.get("left_out", 0) or 0)
                 if left:  # the rows above are over more records than this difference
                     shared = int(h["n_test"])

@@ -128,7 +128,10 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
         "of the test macro-AUROC at the epoch with the best validation macro-AUROC.",
     ]
     if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():
-        resamples = int(frame["bootstrap"].astype(float).max())
+        # resamples behind the intervals shown: fewer than asked for where some were dropped (named in the notes)
+        counts = frame.loc[frame["mean_auroc_low"].astype(float).notna(), "bootstrap"].astype(float)
+        low, high = int(counts.min()), int(counts.max())
+        resamples = str(low) if low == high else f"{low}-{high}"
         parts[-1] += (
             f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
             "resamples of the test records within each label pattern, rare patterns pooled; "

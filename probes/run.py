@@ -317,30 +317,12 @@ def _rows_key(*parts: Sequence[str]) -> str:
 
 def make_jobs(source: str, data: TaskData, cfg: ProbeConfig) -> list[Job]:
     """One job per label fraction of a task (all seeds inside)."""
-    jobs = []
+    jobs, task, seeds, x, y = [], data.task, list(range(cfg.seeds)), data.x, data.y
     for fraction in cfg.fractions:
         rows = fraction_rows(data, fraction)
-        arrays = (
-            data.x["train"][rows],
-            data.y["train"][rows],
-            data.x["val"],
-            data.y["val"],
-            data.x["test"],
-            data.y["test"],
-        )
+        arrays = (x["train"][rows], y["train"][rows], x["val"], y["val"], x["test"], y["test"])
         key = _rows_key([data.keys["train"][i] for i in rows], data.keys["val"], data.keys["test"]) if data.keys else ""
-        jobs.append(
-            Job(
-                source,
-                [data.task.name],
-                [list(data.task.classes)],
-                fraction,
-                arrays,
-                list(range(cfg.seeds)),
-                cfg.protocol,
-                key,
-            )
-        )
+        jobs.append(Job(source, [task.name], [list(task.classes)], fraction, arrays, seeds, cfg.protocol, key))
     return jobs
 
 
@@ -387,7 +369,8 @@ def _split_seeds(jobs: Sequence[Job], workers: int) -> list[Job]:
 
 def run_jobs(jobs: Sequence[Job], workers: int = 1) -> list[dict]:
     """All jobs (merged where they share rows), largest first, in `workers` single-threaded processes
-    (in this process when workers <= 1 or the work is small). Rows in job order, then seed."""
+    (in this process when workers <= 1 or the work is small). Rows by job, largest first (`sort_rows`
+    orders them as results.csv does)."""
     jobs = merge_jobs(jobs)
     steps = sum(-(-len(j.arrays[0]) // j.protocol.batch_size) * j.protocol.epochs for j in jobs)
     if workers <= 1 or len(jobs) <= 1 or steps < SPAWN_MIN_STEPS:

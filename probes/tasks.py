@@ -165,11 +165,13 @@ def resolve_tasks(names: list[str]) -> list[TaskDef]:
 
 @dataclass
 class SplitTable:
-    """One split of one task: record keys (N,), labels (N, C) uint8, and the CSV it came from."""
+    """One split of one task: record keys (N,), labels (N, C) uint8, the CSV it came from, and the
+    patient of each record where the file names one (MERL's PTB-XL and ICBEB files: `patient_id`)."""
 
     records: list[str]
     labels: np.ndarray
     path: Path
+    patients: list[str] | None = None
 
 
 def read_split(task: TaskDef, splits_root: Path | None, split: str, record_column: str | None = None) -> SplitTable:
@@ -202,13 +204,26 @@ def read_split(task: TaskDef, splits_root: Path | None, split: str, record_colum
     bad = ~labels.isin([0, 1]).all()
     if bad.any():
         raise EcgposError(f"{path}: class column(s) {', '.join(labels.columns[bad])} hold values other than 0/1")
-    return SplitTable([str(r) for r in frame[column]], labels.to_numpy(np.uint8), path)
+    patients = [str(p) for p in frame["patient_id"]] if "patient_id" in task.meta else None
+    return SplitTable([str(r) for r in frame[column]], labels.to_numpy(np.uint8), path, patients)
 
 
 def read_splits(task: TaskDef, splits_root: Path | None, record_column: str | None = None) -> dict[str, SplitTable]:
     """All three splits of a task (`read_split` each), which must not share records: a record listed
-    twice, or in two splits, would be trained on and tested on, or weigh double, without a word."""
+    twice, or in two splits, would be trained on and tested on, or weigh double, without a word. Nor
+    patients, where the files name them: PTB-XL's folds are drawn by patient, and another recording of
+    a training patient in val or test is leakage that record keys do not show."""
     tables = {s: read_split(task, splits_root, s, record_column) for s in SPLITS}
+    owner: dict[str, str] = {}
+    for split, table in tables.items():
+        for patient in dict.fromkeys(table.patients or ()):
+            if patient in ("", "nan"):  # no patient named: nothing to compare
+                continue
+            if owner.setdefault(patient, split) != split:
+                raise EcgposError(
+                    f"task {task.name}: patient {patient} has records in both {owner[patient]} and {split} "
+                    f"({table.path}); the splits must not share patients"
+                )
     first: dict[str, str] = {}
     for split, table in tables.items():
         for key in table.records:

@@ -7,6 +7,7 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
+from ecgpos.export.probe_scores import ScoreSet
 from probes.bootstrap import (
     MIN_STRATUM,
     macro_auroc_reference,
@@ -15,6 +16,7 @@ from probes.bootstrap import (
     seed_intervals,
     stratified_indices,
 )
+from probes.intervals import add_intervals
 
 
 def _predictions(rng: np.random.Generator, n: int = 120, classes: int = 4, seeds: int = 3):
@@ -103,12 +105,52 @@ def test_paired_difference_uses_the_same_resamples():
     labels = (rng.random((300, 3)) < 0.3).astype(np.uint8)
     weak = rng.normal(0, 1, (2, 300, 3)) + 0.3 * labels
     strong = weak + 1.0 * labels  # the same noise plus more signal: better on every resample
-    diff, low, high = paired_difference(weak, weak, labels, 300)
-    assert (diff, low, high) == (0.0, 0.0, 0.0)
-    diff, low, high = paired_difference(strong, weak, labels, 300)
+    assert paired_difference(weak, weak, labels, 300) == (0.0, 0.0, 0.0, 300)
+    diff, low, high, _ = paired_difference(strong, weak, labels, 300)
     assert 0 < low <= diff <= high
     a = macro_auroc_resamples(strong, labels, np.arange(300)[None]).mean()
     b = macro_auroc_resamples(weak, labels, np.arange(300)[None]).mean()
     assert diff == pytest.approx(a - b, abs=1e-12)
     # unpaired intervals of the two would overlap far more than the paired difference suggests
     assert seed_intervals(strong, labels, 300).mean[0] - seed_intervals(weak, labels, 300).mean[1] < low
+
+
+def _single_positive_classes(classes: int = 6, n: int = 30) -> np.ndarray:
+    """Each class positive in one record of its own: every such record is a label pattern of one, so all
+    of them share the pooled stratum, and a resample keeps every class only when it draws all of them."""
+    labels = np.zeros((n, classes), np.uint8)
+    labels[np.arange(classes), np.arange(classes)] = 1
+    return labels
+
+
+def test_resamples_still_short_of_a_class_are_dropped_and_counted():
+    # 6! / 6^6 = 1.5 %: a resample keeps all six classes once in 65 draws, so about a fifth stay short
+    # after 100 redraws; they scored NaN and the interval silently rested on the others
+    labels = _single_positive_classes()
+    indices = stratified_indices(labels, 200, seed=2)
+    assert 100 < len(indices) < 200
+    assert (labels[indices].sum(axis=1) > 0).all()  # every kept resample scores every class
+    scores = np.random.default_rng(0).normal(size=(2, *labels.shape)) + labels
+    intervals = seed_intervals(scores, labels, 200, seed=2)
+    assert intervals.resamples.shape == (2, len(indices)) and np.isfinite(intervals.resamples).all()
+    diff, low, high, kept = paired_difference(scores, scores[::-1], labels, 200, seed=2)
+    assert kept == len(indices) and np.isfinite([diff, low, high]).all()
+
+
+def test_results_rows_say_how_many_resamples_an_interval_rests_on():
+    labels = _single_positive_classes()
+    scores = np.random.default_rng(0).normal(size=(2, *labels.shape)).astype(np.float32) + labels
+    keys = [f"r{i}" for i in range(len(labels))]
+    sets = [ScoreSet("enc", "t", 1.0, [0, 1], keys, labels, scores)]
+    rows = [{"encoder": "enc", "task": "t", "fraction": 1.0, "seed": s, "note": ""} for s in (0, 1)]
+    add_intervals(rows, sets, 200)
+    kept = len(stratified_indices(labels, 200))
+    assert kept < 200 and all(r["bootstrap"] == kept for r in rows)
+    assert all(r["note"].startswith(f"bootstrap: {kept} of 200 resamples kept") for r in rows)
+    assert "without a positive or a negative" in rows[0]["note"]
+    # a test split every resample can score: all resamples, no note
+    full = (np.arange(60)[:, None] % [2, 3] == 0).astype(np.uint8)
+    sets = [ScoreSet("enc", "t", 1.0, [0], [str(i) for i in range(60)], full, np.zeros((1, 60, 2), np.float32))]
+    rows = [{"encoder": "enc", "task": "t", "fraction": 1.0, "seed": 0, "note": ""}]
+    add_intervals(rows, sets, 200)
+    assert rows[0]["bootstrap"] == 200 and rows[0]["note"] == ""

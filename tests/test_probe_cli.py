@@ -64,6 +64,25 @@ def test_class_column_mismatch_is_one_line(capsys, shared_data, tmp_path):
     _one_line_error(rc, err, "missing STD; unexpected STDX")
 
 
+def test_merl_splits_share_no_patient_and_a_shared_patient_is_one_line(capsys, shared_data, tmp_path):
+    """PTB-XL's folds are drawn by patient; a val or test recording of a training patient was probed."""
+    from probes.tasks import read_splits
+
+    for name in ("ptbxl-super", "ptbxl-sub", "ptbxl-form", "ptbxl-rhythm", "cpsc2018"):
+        tables = read_splits(resolve_task(name), shared_data / "merl_splits")  # MERL's files as published
+        frames = {s: pd.read_csv(t.path, usecols=["patient_id"]) for s, t in tables.items()}
+        ids = {s: set(f["patient_id"]) for s, f in frames.items()}
+        assert not (ids["train"] & ids["val"] or ids["train"] & ids["test"] or ids["val"] & ids["test"]), name
+    folder = tmp_path / "ptbxl" / "super_class"
+    shutil.copytree(shared_data / "merl_splits" / "ptbxl" / "super_class", folder)
+    train = pd.read_csv(folder / "ptbxl_super_class_train.csv")
+    test = pd.read_csv(folder / "ptbxl_super_class_test.csv")
+    test.loc[5, "patient_id"] = train.loc[0, "patient_id"]  # another recording of a training patient
+    test.to_csv(folder / "ptbxl_super_class_test.csv", index=False)
+    rc, _, err = _probe_task(capsys, f"random:{TINY}", "ptbxl-super", shared_data, tmp_path, tmp_path / "out")
+    _one_line_error(rc, err, f"patient {train.loc[0, 'patient_id']} has records in both train and test")
+
+
 def test_unloadable_encoder_is_one_line(capsys, shared_data, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("not: a run\n")

@@ -212,8 +212,8 @@ def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> N
     diffs = pd.DataFrame(
         [dict(encoder="b", baseline="a", task="custom:rhythm", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
         + [dict(encoder="b", baseline="a", task="custom:rhythm2", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
-    ).assign(n_test=10, left_out=[0, 20])
-    text = differences_markdown(diffs)
+    ).assign(n_test=10, left_out=[0, 20], bootstrap=1000)
+    text = differences_markdown(diffs, 1000)
     assert "| Pair | rhythm | rhythm2 |" in text, text
     assert "custom:" not in text, text
 
@@ -286,3 +286,32 @@ def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folde
         "summary.png",
         "test_scores.npz",
     ]
+
+
+def test_compare_without_a_bootstrap_gives_differences_without_nan_intervals(capsys, probe_folder):
+    """--bootstrap 0 tabled every paired difference as `+0.0123 [+nan, +nan]` under a text about resamples."""
+    first, second = probe_folder("nb-first"), probe_folder("nb-second")
+    capsys.readouterr()
+    assert cli("probe", "--compare", first, second, "--bootstrap", "0") == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower(), out
+    assert "No intervals: --bootstrap 0." in out and "| nb-second − nb-first | +0.0000 |" in out
+
+
+def test_paired_difference_over_different_class_counts_is_one_line() -> None:
+    """Two custom tasks of one folder name with other class columns crashed with a numpy broadcast error."""
+    import numpy as np
+
+    from ecgpos.errors import EcgposError
+    from ecgpos.export.probe_scores import ScoreSet
+    from probes.intervals import paired_differences
+
+    keys = ["r0", "r1", "r2", "r3"]
+    two = np.array([[0, 1], [1, 0], [1, 1], [0, 0]], np.uint8)
+    three = np.concatenate([two, two[:, :1]], axis=1)
+    sets = [
+        ScoreSet("a", "custom:task", 1.0, [0], keys, two, np.zeros((1, 4, 2), np.float32)),
+        ScoreSet("b", "custom:task", 1.0, [0], keys, three, np.zeros((1, 4, 3), np.float32)),
+    ]
+    with pytest.raises(EcgposError, match="'b' and 'a' score 3 and 2 classes of task custom:task"):
+        paired_differences(sets, ["a", "b"], 10)
