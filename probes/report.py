@@ -121,10 +121,11 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     """summary.md: one table per label fraction, extra `sections` (markdown), then which classes were left
     out and other notes."""
     seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
+    span = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
     parts = [
         "# Linear-probe test macro-AUROC",
         "",
-        f"Mean ± std over {seeds.min()}{'' if seeds.min() == seeds.max() else f'-{seeds.max()}'} seed(s) "
+        f"Mean ± population std (ddof 0) over {span} seed(s) "
         "of the test macro-AUROC at the epoch with the best validation macro-AUROC.",
     ]
     if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():

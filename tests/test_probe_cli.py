@@ -234,6 +234,7 @@ def test_compare_merges_result_folders(capsys, tmp_path):
     assert rc == 0
     summary = (tmp_path / "both" / "summary.md").read_text()
     assert "| enc-a |" in summary and "| enc-b |" in summary and "| Super | CPSC2018 |" in summary
+    assert "Mean ± population std (ddof 0) over" in summary  # says which std a reviewer reads
     assert (tmp_path / "both" / "summary.png").stat().st_size > 1000
     assert len(pd.read_csv(tmp_path / "both" / "results.csv")) == 8
     assert "enc-a" in out
