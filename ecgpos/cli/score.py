@@ -8,8 +8,15 @@ Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a
 Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does.
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
+With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
+preprint's two-channel OR rule (ecgpos.inference.flags). A = stage0 score > t_rec, B = stage1 score >
+t_sub, at the common percentile q* of D_fit whose OR-rule rate there is at most --fpr (default 0.05).
+The summary gains q*, both thresholds, the realised rates on D_fit and on the nominal records, and per
+nominal and anomalous label Pr(A), Pr(B), A and not B, not A and B, neither, and r_latent; FILE's
+`.flags.csv` gets record_id,label,A,B,flag (0/1) for every scored record.
 These files are replaced together: a run without --labels deletes an earlier run's FILE.summary.md,
-and a run that scored no record writes the skipped list and deletes the earlier scores and summary.
+a run without --calibration its FILE.flags.csv, and a run that scored no record writes the skipped
+list and deletes the earlier scores, summary and flags.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
+from ecgpos.inference.flags import check_fit_size, check_target
 from ecgpos.inference.inputs import (
     check_writable,
     open_source,
@@ -29,14 +37,30 @@ from ecgpos.inference.inputs import (
     write_skipped,
     write_skipped_rows,
 )
-from ecgpos.inference.scoring import MAX_MASKS, ScoreResult, auroc_by_level, load_recon_models, score_records
+from ecgpos.inference.scoring import (
+    LEVELS,
+    MAX_MASKS,
+    FlagReport,
+    ScoreResult,
+    auroc_by_level,
+    flags_by_label,
+    load_recon_models,
+    score_records,
+)
 from ecgpos.models.features import resolve_device
+
+DEFAULT_FPR = 0.05
 
 
 def summary_path(out: Path) -> Path:
     """Where the labelled AUROC summary of --out FILE goes: FILE's name with `.summary.md`, so runs
     written side by side into one folder each keep their own."""
     return out.with_name(f"{out.stem}.summary.md")
+
+
+def flags_path(out: Path) -> Path:
+    """Where the per-record OR-rule flags of --out FILE go: FILE's name with `.flags.csv`."""
+    return out.with_name(f"{out.stem}.flags.csv")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", type=user_path, help="CSV record_id,label (record_id as in scores.csv)")
     p.add_argument("--nominal", help="comma-separated nominal labels (with --labels)")
     p.add_argument("--anomalous", help="comma-separated anomalous labels (with --labels)")
+    p.add_argument(
+        "--calibration", help="comma-separated labels of held-out nominal records (D_fit) for the OR-rule flags"
+    )
+    p.add_argument(
+        "--fpr", type=float, help=f"target OR-rule false-positive rate on D_fit, in (0, 1) (default {DEFAULT_FPR:g})"
+    )
     p.add_argument("--fs", type=float, help="sampling rate of a .npy input (Hz)")
     p.add_argument("--leads", help="comma-separated lead names of a .npy input's rows")
     p.add_argument("--num-windows", type=int, default=1, help="windows per record, averaged (default 1: centre)")
@@ -90,6 +120,7 @@ def summary_markdown(
     anomalous: list[str],
     masks: int,
     notes: list[str],
+    section: str = "",
 ) -> str:
     lines = [
         f"# Reconstruction anomaly scores: {run}",
@@ -102,6 +133,8 @@ def summary_markdown(
         "|---|---|",
     ]
     lines += [f"| {level} | {value:.3f} |" for level, value in aurocs.items()]
+    if section:
+        lines += ["", section.rstrip("\n")]
     return "\n".join(lines + [""] + [f"Note: {n}" for n in notes if n]) + "\n"
 
 
@@ -111,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError("--masks, --num-windows and --batch-size must be at least 1")
     if args.masks > MAX_MASKS:
         raise EcgposError(f"--masks {args.masks}: at most {MAX_MASKS} fixed masks per record")
+    if args.fpr is not None and args.calibration is None:
+        raise EcgposError("--fpr needs --calibration LABEL[,LABEL...]")
+    args.fpr = DEFAULT_FPR if args.fpr is None else args.fpr
     labels = None
     if args.labels is not None:
         nominal, anomalous = _names(args.nominal, "--nominal"), _names(args.anomalous, "--anomalous")
@@ -120,35 +156,45 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise EcgposError(f"--labels {args.labels} has no record labelled {flag} {','.join(names)}")
     elif args.nominal is not None or args.anomalous is not None:
         raise EcgposError("--nominal/--anomalous need --labels CSV")
+    elif args.calibration is not None:
+        raise EcgposError("--calibration needs --labels CSV with --nominal and --anomalous")
+    fit_labels = _calibration(args, labels, nominal, anomalous) if labels is not None else None
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
     device = resolve_device(args.device)
     summary = summary_path(args.out)  # of this run's labels; an earlier run's is deleted without --labels
+    flags = flags_path(args.out)  # likewise without --calibration
     # before any record is scored; .csv only: a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
-    check_writable(args.out, args.input, [summary], suffixes=(".csv",))
+    check_writable(args.out, args.input, [summary, flags], suffixes=(".csv",))
     models = load_recon_models(args.run)
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
+    if fit_labels is not None and list(models.levels) != list(LEVELS):
+        why = "".join(f"; {note}" for note in models.notes)
+        raise EcgposError(
+            f"--calibration needs the scores of both levels (a Stage-1 run, or an export of one with decoders); "
+            f"{args.run} gives {', '.join(models.levels)} only{why}"
+        )
     source = open_source(args.input, args.fs, args.leads, models.spec)
     result = score_records(
         models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )
     if not result.ids:
-        listed = write_skipped(args.out, result.skipped, [summary])
+        listed = write_skipped(args.out, result.skipped, [summary, flags])
         raise EcgposError(
             f"none of the {source.count} {source.kind} could be scored "
             f"({len(result.skipped)} skipped, reasons above and in {listed})"
         )
-    text, refusal = None, None
+    text, report, refusal = None, None, None
     if labels is not None:
         try:
-            text = _labelled_summary(args, labels, nominal, anomalous, result, models.notes)
+            text, report = _labelled_summary(args, labels, nominal, anomalous, fit_labels, result, models.notes)
         except EcgposError as err:  # the scores are written all the same, without an earlier run's summary
             refusal = err
     levels = list(result.scores)
     listed = skipped_path(args.out)
-    # replaced together: never another run's skipped list or summary beside these scores
-    with atomic_paths([args.out, listed, summary]) as (tmp, skipped_tmp, summary_tmp):
+    # replaced together: never another run's skipped list, summary or flags beside these scores
+    with atomic_paths([args.out, listed, summary, flags]) as (tmp, skipped_tmp, summary_tmp, flags_tmp):
         with tmp.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
@@ -157,6 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_skipped_rows(skipped_tmp, result.skipped)
         if text is not None:
             summary_tmp.write_text(text)
+        if report is not None:
+            write_flags(flags_tmp, result.ids, labels or {}, report)
     for note in models.notes:
         print(f"note: {note}")
     print(
@@ -167,8 +215,68 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise refusal
     if text is not None:
         print(text, end="")
-        print(f"wrote {summary}")
+        print(f"wrote {summary}" + (f", {flags}" if report is not None else ""))
     return 0
+
+
+def _calibration(
+    args: argparse.Namespace, labels: dict[str, str], nominal: list[str], anomalous: list[str]
+) -> list[str] | None:
+    """The D_fit labels of --calibration (None without it), checked against --labels before scoring."""
+    if args.calibration is None:
+        return None
+    fit_labels = _names(args.calibration, "--calibration")
+    check_target(args.fpr)
+    for flag, names in (("--nominal", nominal), ("--anomalous", anomalous)):
+        both = sorted(set(fit_labels) & set(names))
+        if both:  # D_fit is held out: a record calibrating a threshold must not also be evaluated by it
+            raise EcgposError(f"--calibration label {','.join(both)} is also a {flag} label; D_fit must be held out")
+    count = sum(label in fit_labels for label in labels.values())
+    check_fit_size(count, args.fpr, f"--calibration {','.join(fit_labels)} in --labels {args.labels}")
+    return fit_labels
+
+
+def write_flags(path: Path, ids: Sequence[str], labels: dict[str, str], report: FlagReport) -> None:
+    """FILE.flags.csv: record_id,label,A,B,flag (0/1) of every scored record, label empty when it has none."""
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["record_id", "label", "A", "B", "flag"])
+        for record_id, a, b in zip(ids, report.a, report.b):
+            writer.writerow([record_id, labels.get(record_id, ""), int(a), int(b), int(a or b)])
+
+
+def _fraction(value: float | None) -> str:
+    return "—" if value is None else f"{value:.3f}"
+
+
+def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str], flags_file: str) -> str:
+    """The summary's section on the two-channel OR rule."""
+    cal, pooled = report.calibration, report.nominal
+    lines = [
+        "## Two-channel flags (OR rule)",
+        "",
+        "A: stage0 score > t_rec; B: stage1 score > t_sub (strictly greater); a record is flagged when A or B fires.",
+        f"Calibrated on D_fit, the {cal.n_fit} records labelled {', '.join(fit_labels)}: common percentile "
+        f"q* = {cal.q:.2f}, t_rec = {cal.t_rec:.6g}, t_sub = {cal.t_sub:.6g}; realised false-positive rate "
+        f"on D_fit {cal.fit_rate:.3f} (target {cal.target:g}).",
+        f"False-positive rate over the {pooled.n} nominal evaluation records: "
+        f"{_fraction(pooled.share(pooled.flagged))}.",
+        "",
+        "| label | role | n | Pr(A) | Pr(B) | A∧¬B | ¬A∧B | ¬A∧¬B | r_latent |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, d in report.groups.items():
+        role = "nominal" if label in nominal else "anomalous"
+        shares = [_fraction(d.share(c)) for c in (d.a, d.b, d.a_only, d.b_only, d.neither)]
+        latent = "—" if role == "nominal" else _fraction(d.r_latent)
+        lines.append(f"| {label} | {role} | {d.n} | {' | '.join(shares)} | {latent} |")
+    lines += [
+        "",
+        "Pr(A∧B) = Pr(A) − Pr(A∧¬B). r_latent = Pr(¬A∧B) / Pr(A∨B), the share of flagged records the "
+        "Stage-0 score alone would miss (— for nominal labels and when nothing is flagged). "
+        f"Per-record flags: {flags_file}.",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _labelled_summary(
@@ -176,10 +284,12 @@ def _labelled_summary(
     labels: dict[str, str],
     nominal: list[str],
     anomalous: list[str],
+    fit_labels: list[str] | None,
     result: ScoreResult,
     notes: list[str],
-) -> str:
-    """FILE.summary.md of the scored records; EcgposError when the labels cannot give an AUROC."""
+) -> tuple[str, FlagReport | None]:
+    """FILE.summary.md of the scored records, and the flags with --calibration; EcgposError when the
+    labels cannot give an AUROC or the flags cannot be calibrated."""
     if not set(labels) & set(result.ids):  # the usual cause: bare names for the records of a folder
         raise EcgposError(
             f"--labels {args.labels}: none of its {len(labels)} record ids is a scored record (scored ids look "
@@ -187,4 +297,9 @@ def _labelled_summary(
             f"their path below it); the scores are in {args.out}"
         )
     aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
-    return summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, notes)
+    report, section = None, ""
+    if fit_labels is not None:
+        report = flags_by_label(result.ids, result.scores, labels, fit_labels, nominal, anomalous, args.fpr)
+        section = flags_markdown(report, fit_labels, nominal, flags_path(args.out).name)
+    text = summary_markdown(str(args.run), aurocs, counts, nominal, anomalous, args.masks, notes, section)
+    return text, report

@@ -8,6 +8,9 @@ The preprint's Stage-1 score is instead the input-space error of the complete re
 back through the Stage-0 decoder; the Stage-1 score here is the counterpart of its latent error e_sub,
 on masked tokens as in the loss.
 
+With both levels, `flags_by_label` applies the appendix's two-channel OR rule (ecgpos.inference.flags):
+thresholds calibrated on held-out nominal records, and each label's decomposition of the flags.
+
 The decoders come from run folders (a Stage-1 run finds the Stage-0 decoder through the Stage-0 run it
 was trained on) or from an export written with `ecgpos export --with-decoders`.
 """
@@ -24,6 +27,7 @@ from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
+from ecgpos.inference.flags import Calibration, Decomposition, calibrate, channel_flags, check_fit_size, decompose
 from ecgpos.inference.inputs import Source, source_windows
 from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
@@ -189,3 +193,52 @@ def auroc_by_level(
         for level, values in scores.items()
     }
     return aurocs, counts
+
+
+@dataclass
+class FlagReport:
+    """The OR rule calibrated on D_fit, applied to every scored record (A, B in the order of the ids)."""
+
+    calibration: Calibration
+    groups: dict[str, Decomposition]  # per nominal label, then per anomalous label
+    nominal: Decomposition  # the nominal evaluation records together: their false-positive rate
+    a: np.ndarray
+    b: np.ndarray
+
+
+def flags_by_label(
+    ids: Sequence[str],
+    scores: dict[str, Sequence[float]],
+    labels: dict[str, str],
+    fit_labels: Sequence[str],
+    nominal: Sequence[str],
+    anomalous: Sequence[str],
+    target: float,
+) -> FlagReport:
+    """Thresholds from the records labelled `fit_labels` (D_fit), then the flags of every record and
+    the decomposition per nominal and anomalous label; EcgposError for NaN scores or too small a D_fit."""
+    if set(scores) != set(LEVELS):
+        raise EcgposError(f"the flag decomposition needs both levels' scores, not {', '.join(scores) or 'none'}")
+    rec, sub = (np.asarray(scores[level], dtype=np.float64) for level in LEVELS)
+    for level, values in zip(LEVELS, (rec, sub)):
+        nan = np.flatnonzero(np.isnan(values))
+        if nan.size:
+            raise EcgposError(
+                f"NaN {level} score for {nan.size} of {len(ids)} records (the first: {ids[nan[0]]!r}); "
+                "no flag can be decided on it"
+            )
+    group = [labels.get(record_id, "") for record_id in ids]
+
+    def rows(names: Sequence[str]) -> np.ndarray:
+        return np.array([label in names for label in group], dtype=bool)
+
+    fit = rows(fit_labels)
+    check_fit_size(int(fit.sum()), target, f"the scored set of --calibration {','.join(fit_labels)}")
+    cal = calibrate(rec[fit], sub[fit], target)
+    a, b = channel_flags(rec, sub, cal)
+    groups = {}
+    for label in [*nominal, *anomalous]:
+        mine = rows([label])
+        groups[label] = decompose(a[mine], b[mine])
+    is_nominal = rows(nominal)
+    return FlagReport(cal, groups, decompose(a[is_nominal], b[is_nominal]), a, b)
