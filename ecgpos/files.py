@@ -177,6 +177,26 @@ def recover_replaced(parent: str | Path, name: str | None = None) -> int:
     return found
 
 
+def walk_folders(src: Path) -> list[tuple[Path, list[str]]]:
+    """(folder relative to src, file names) of every folder under src, sorted. Symlinked folders are
+    followed (a tree assembled from links holds records too), but each real folder is visited once: a
+    link back up the tree would otherwise list the same records again at every level."""
+    out, visited = [], set()
+    for folder, dirs, files in os.walk(src, followlinks=True):
+        try:
+            stat = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (stat.st_dev, stat.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((stat.st_dev, stat.st_ino))
+        dirs.sort()
+        out.append((Path(folder).relative_to(src), sorted(files)))
+    return out
+
+
 def user_path(text: str) -> Path:
     """The argparse type of every path option: `~` expanded, because the shell expands it only at the
     start of a word, so `--out=~/x` arrives as written. An empty path is refused: Path("") is the current

@@ -17,6 +17,7 @@ from pathlib import Path
 from ecgpos.ecg.wfdb_fast import read_fast
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
+from ecgpos.files import walk_folders
 from preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "ecg-arrhythmia"
@@ -43,7 +44,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     stems: dict[tuple[int, str], set[str]] = {}
     foreign: set[str] = set()  # WFDB-looking files whose name is not an ecg-arrhythmia id
     listed: dict[str, str] = {}  # record id -> location, from the RECORDS files
-    for rel, files in _walk(src):
+    for rel, files in walk_folders(src):
         for name in files:
             stem, ext = os.path.splitext(name)
             match = _ID.fullmatch(stem)
@@ -75,26 +76,6 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
         seen.add(record_id)
         refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
     return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
-
-
-def _walk(src: Path) -> list[tuple[Path, list[str]]]:
-    """(folder relative to src, file names) of every folder under src, sorted. Symlinked folders are
-    followed, but each real folder is visited once: a link back up the tree would otherwise list the
-    same records again at every level until the OS gives up."""
-    out, visited = [], set()
-    for folder, dirs, files in os.walk(src, followlinks=True):
-        try:
-            stat = os.stat(folder)
-        except OSError:
-            dirs[:] = []
-            continue
-        if (stat.st_dev, stat.st_ino) in visited:
-            dirs[:] = []
-            continue
-        visited.add((stat.st_dev, stat.st_ino))
-        dirs.sort()
-        out.append((Path(folder).relative_to(src), files))
-    return out
 
 
 def _records_file(path: Path) -> list[str]:

@@ -24,11 +24,11 @@ import numpy as np
 from ecgpos.ecg.rates import check_fs
 from ecgpos.ecg.screening import DEFAULT_POLICY, ScreenPolicy
 from ecgpos.ecg.shards import SHARD_GLOB
-from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
+from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch, resample_factors
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_paths, remove_abandoned_temporaries, write_test
+from ecgpos.files import atomic_paths, remove_abandoned_temporaries, walk_folders, write_test
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -78,7 +78,15 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
     from ecgpos.ecg.wfdb_io import read_wfdb_record, record_path
 
     if path.is_dir():
-        bases = sorted({p.with_suffix("") for p in path.rglob("*.hea")})
+        # symlinked folders are followed, as preprocessing follows them (rglob would skip their records)
+        bases = sorted(
+            {
+                path / rel / name[: -len(".hea")]
+                for rel, files in walk_folders(path)
+                for name in files
+                if name.endswith(".hea")
+            }
+        )
         ids = [b.relative_to(path).as_posix() for b in bases]
     else:
         bases = [record_path(path)]
@@ -141,6 +149,10 @@ def npy_source(
         fs = check_fs(fs, spec, "--fs")
     except SignalError as err:  # one rate for every row: a bad one is the run's error, not a per-record skip
         raise EcgposError(f"{err.detail}") from None
+    try:
+        resample_factors(fs, spec.fs)  # e.g. 499.9 Hz: in range, but no exact resampling to the spec's rate
+    except SignalError as err:
+        raise EcgposError(f"--fs: {err.detail}") from None
     names = [name.strip() for name in leads.split(",") if name.strip()]
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
