@@ -18,7 +18,7 @@ from shard_fixtures import write_mv_record
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.wfdb_io import read_wfdb_record
-from ecgpos.errors import EcgposError
+from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE
 from ecgpos.export.load import load_encoder
 
@@ -70,7 +70,7 @@ def test_one_recording_at_other_rates_lead_orders_and_units_gives_its_features(e
     assert distance("other_patient") > 5 * max(distance("fs1000"), distance("fs257"))
 
 
-def test_records_in_symlinked_folders_are_embedded_and_scored(export, shared_data, tmp_path, capsys):
+def test_records_in_symlinked_folders_are_embedded(export, shared_data, tmp_path, capsys):
     """A folder assembled from links (`clinic/ward2 -> /data/ward2`) had the linked records left out
     without a word: `embedded 1 of 1`, as if the folder held nothing else."""
     x, leads = _ptbxl(shared_data, 10)
@@ -109,6 +109,20 @@ def test_lead_names_as_an_array_are_refused_on_one_line(export, real_record):
         encoder.embed(raw.signal, raw.fs, np.array(raw.leads))
     assert "\n" not in str(info.value) and "pass list(names)" in str(info.value)
     assert encoder.embed(raw.signal, raw.fs, list(np.array(raw.leads))).shape == (encoder.width,)
+
+
+def test_tensors_numpy_cannot_read_are_a_dtype_refusal(export, real_record):
+    """A bfloat16 tensor, or one on another device (a GPU; `meta` stands in for it on a CPU-only
+    machine), was torch's TypeError traceback from inside numpy."""
+    encoder = load_encoder(export)
+    raw = read_wfdb_record(real_record)
+    signal = torch.from_numpy(raw.signal)
+    for tensor in (signal.to(torch.bfloat16), signal.to("meta")):
+        with pytest.raises(SignalError) as info:
+            encoder.embed(tensor, raw.fs, raw.leads)
+        assert info.value.reason == "dtype" and "\n" not in str(info.value)
+        assert "cannot be read as a numpy array" in info.value.detail
+    assert np.array_equal(encoder.embed(signal, raw.fs, raw.leads), encoder.embed(raw.signal, raw.fs, raw.leads))
 
 
 def test_verify_fails_an_export_that_lost_its_card_or_its_listed_onnx(export, tmp_path, capsys):
