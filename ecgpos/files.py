@@ -177,6 +177,39 @@ def recover_replaced(parent: str | Path, name: str | None = None) -> int:
     return found
 
 
+def walk_folders(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
+    """(folder relative to src, sorted file names) of every folder under src, sorted, and (folder, why)
+    of the folders that cannot be listed, so that callers can report them (their records cannot even be
+    counted); `Path(".")` among those means src itself. Symlinked folders are followed (a tree assembled
+    from links holds records too), but each real folder is visited once: a link back up the tree would
+    otherwise list the same records again at every level."""
+    out, visited, unlisted = [], set(), []
+
+    def failed(err: OSError) -> None:  # os.walk would otherwise leave the folder out without a word
+        try:
+            stat = os.stat(err.filename)
+            key = (stat.st_dev, stat.st_ino)
+        except OSError:
+            key = err.filename
+        if key not in visited:
+            visited.add(key)
+            unlisted.append((Path(err.filename).relative_to(src), err.strerror or str(err)))
+
+    for folder, dirs, files in os.walk(src, followlinks=True, onerror=failed):
+        try:
+            stat = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (stat.st_dev, stat.st_ino) in visited:
+            dirs[:] = []
+            continue
+        visited.add((stat.st_dev, stat.st_ino))
+        dirs.sort()
+        out.append((Path(folder).relative_to(src), sorted(files)))
+    return out, sorted(unlisted)
+
+
 def user_path(text: str) -> Path:
     """The argparse type of every path option: `~` expanded, because the shell expands it only at the
     start of a word, so `--out=~/x` arrives as written. An empty path is refused: Path("") is the current

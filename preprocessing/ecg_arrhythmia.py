@@ -17,6 +17,7 @@ from pathlib import Path
 from ecgpos.ecg.wfdb_fast import read_fast
 from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
+from ecgpos.files import walk_folders
 from preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "ecg-arrhythmia"
@@ -44,7 +45,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     stems: dict[tuple[int, str], set[str]] = {}
     foreign: set[str] = set()  # WFDB-looking files whose name is not an ecg-arrhythmia id
     listed: dict[str, str] = {}  # record id -> location, from the RECORDS files
-    walked, unlisted = _walk(src)
+    walked, unlisted = walk_folders(src)
     if unlisted and unlisted[0][0] == Path("."):
         raise EcgposError(f"--src {src} cannot be listed: {unlisted[0][1]}")
     for rel, files in walked:
@@ -84,38 +85,6 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
         for rel, why in unlisted
     ]
     return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
-
-
-def _walk(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
-    """(folder relative to src, file names) of every folder under src, sorted, and (folder, why) of
-    the folders that cannot be listed (their records cannot even be counted). Symlinked folders are
-    followed, but each real folder is visited once: a link back up the tree would otherwise list the
-    same records again at every level until the OS gives up."""
-    out, visited, unlisted = [], set(), []
-
-    def failed(err: OSError) -> None:  # os.walk would otherwise leave the folder out without a word
-        try:
-            stat = os.stat(err.filename)
-            key = (stat.st_dev, stat.st_ino)
-        except OSError:
-            key = err.filename
-        if key not in visited:
-            visited.add(key)
-            unlisted.append((Path(err.filename).relative_to(src), err.strerror or str(err)))
-
-    for folder, dirs, files in os.walk(src, followlinks=True, onerror=failed):
-        try:
-            stat = os.stat(folder)
-        except OSError:
-            dirs[:] = []
-            continue
-        if (stat.st_dev, stat.st_ino) in visited:
-            dirs[:] = []
-            continue
-        visited.add((stat.st_dev, stat.st_ino))
-        dirs.sort()
-        out.append((Path(folder).relative_to(src), files))
-    return out, sorted(unlisted)
 
 
 def _records_file(path: Path) -> list[str]:

@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from ecgpos.cli import main
@@ -68,3 +69,13 @@ def set_rate(text: str, rate: str) -> str:
     fields = lines[0].split(" ")
     fields[2] = rate
     return " ".join(fields) + "".join(lines[1:])
+
+
+def unprivileged() -> list[str]:
+    """A command prefix under which folder permissions apply (root reads any folder unless it drops
+    the capabilities that let it)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: folder permissions cannot be tested")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]

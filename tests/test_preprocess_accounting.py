@@ -15,12 +15,11 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import pytest
 from code15_fixtures import FS as CODE15_FS
 from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from refusal_helpers import ROOT, read_rows, run
+from refusal_helpers import ROOT, read_rows, run, unprivileged
 
 from ecgpos.cli import main
 
@@ -84,16 +83,6 @@ def test_a_header_of_another_record_is_header_mismatch(capsys, tmp_path, shared_
     assert rc == 0 and "stored 2 + skipped 3 = found 5" in out, out + err
 
 
-def _unprivileged() -> list[str]:
-    """A command prefix under which folder permissions apply (root reads any folder unless it drops
-    the capabilities that let it)."""
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: folder permissions cannot be tested")
-    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
-
-
 def test_a_folder_that_cannot_be_listed_is_a_counted_skip(tmp_path, shared_data):
     """os.walk left an unreadable folder out without a word: its records vanished from the count."""
     real = shared_data / "ecg-arrhythmia" / "WFDBRecords"
@@ -108,7 +97,7 @@ def test_a_folder_that_cannot_be_listed_is_a_counted_skip(tmp_path, shared_data)
     )
     try:
         proc = subprocess.run(
-            [*_unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2"],
+            [*unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2"],
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},

@@ -1,8 +1,9 @@
 """`ecgpos embed --encoder DIR --input PATH --out FILE`: features of many records with an export.
 
 PATH is one of
-- a WFDB record (`.../JS00001`, with or without `.hea`) or a folder searched recursively for `*.hea`;
-  record ids are the record name (single record) or the path relative to the folder, no suffix;
+- a WFDB record (`.../JS00001`, with or without `.hea`) or a folder searched recursively for `*.hea`
+  (symlinked folders followed, each real folder once); record ids are the record name (single
+  record) or the path relative to the folder, no suffix;
 - an HDF5 shard folder written by `ecgpos preprocess` (`shard-*.h5`), or one shard file: its
   stored signals are already preprocessed, so only the spec is checked against the encoder's and
   windows are cut exactly as in evaluation (centre window, or `--num-windows` spread windows;

@@ -3,7 +3,8 @@
 Checks, each printed as PASS/FAIL: the weights load and match config.json's sha256 and
 architecture; forward_features of the stored inputs; `embed` of the stored raw record (preprocessing
 and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime);
-decoders.safetensors when present (`--with-decoders`: hash, settings, strict load).
+decoders.safetensors when present (`--with-decoders`: hash, settings, strict load); the model card
+README.md, and encoder.onnx when config.json lists it, must be present.
 Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
 """
 

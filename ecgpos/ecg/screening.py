@@ -76,11 +76,17 @@ class Screened:
 
 def as_samples(signal: Any) -> np.ndarray:
     """`signal` (an array, a list of leads, a CPU tensor) as an array; SignalError('shape') for
-    leads of unequal lengths, which numpy cannot stack."""
+    leads of unequal lengths, which numpy cannot stack, and SignalError('dtype') for what numpy
+    cannot read at all (a GPU tensor, a bfloat16 tensor)."""
     try:
         return np.asarray(signal)
     except ValueError:  # numpy: "inhomogeneous shape", rows of different lengths
         raise SignalError("shape", "leads of unequal lengths cannot form a (leads, time) array") from None
+    except TypeError as err:  # torch: "can't convert cuda:0 device type tensor to numpy", "unsupported ScalarType"
+        detail = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SignalError(
+            "dtype", f"samples cannot be read as a numpy array ({detail}); pass a CPU float array"
+        ) from None
 
 
 def screen_record(

@@ -183,7 +183,12 @@ class ExportedEncoder(nn.Module):
         averages their features. Raises SignalError for records that cannot be preprocessed.
         """
         if isinstance(leads, str) or not isinstance(leads, Sequence):
-            raise EcgposError(f"leads must be a list of lead names, one per row of signal, got {leads!r}")
+            # one line: the repr of an array of names (a numpy array, a pandas Index) spans several
+            shown = " ".join(repr(leads).split())
+            raise EcgposError(
+                f"leads must be a list of lead names, one per row of signal, got {type(leads).__name__} "
+                f"{shown[:80]}{'...' if len(shown) > 80 else ''}; pass list(names)"
+            )
         if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
         signal = as_samples(signal)

@@ -3,7 +3,8 @@
 Checks, each printed as PASS/FAIL: the weights load and match config.json's sha256 and
 architecture; forward_features of the stored inputs; `embed` of the stored raw record (preprocessing
 and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime);
-decoders.safetensors when present (`--with-decoders`: hash, settings, strict load).
+decoders.safetensors when present (`--with-decoders`: hash, settings, strict load); the model card
+README.md, and encoder.onnx when config.json lists it, must be present.
 Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.format import ONNX_FILE, VECTORS_FILE
+from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import export_folder, load_encoder, read_export_config
 from ecgpos.export.vectors import compare, load_vectors, run_vectors
 from ecgpos.models.features import resolve_device
@@ -71,6 +72,12 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
         except EcgposError as err:
             lines.append(_line(False, DECODERS_FILE, str(err)))
             passed = False
+    if not (folder / CARD_FILE).is_file():  # the card holds the intended use and limitations: it travels along
+        lines.append(_line(False, CARD_FILE, f"the model card is missing from {folder}; copy the whole export folder"))
+        passed = False
+    if "onnx" in config and not (folder / ONNX_FILE).is_file():  # exported with --onnx, the file since lost
+        lines.append(_line(False, ONNX_FILE, f"{CONFIG_FILE} lists it but {folder / ONNX_FILE} is missing"))
+        passed = False
     if (folder / ONNX_FILE).is_file():
         try:
             from ecgpos.export.onnx_export import onnx_features

@@ -24,11 +24,11 @@ import numpy as np
 from ecgpos.ecg.rates import check_fs
 from ecgpos.ecg.screening import DEFAULT_POLICY, ScreenPolicy
 from ecgpos.ecg.shards import SHARD_GLOB
-from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch
+from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch, resample_factors
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_paths, remove_abandoned_temporaries, write_test
+from ecgpos.files import atomic_paths, remove_abandoned_temporaries, walk_folders, write_test
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
@@ -77,13 +77,20 @@ def raw_thunk(
 def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
     from ecgpos.ecg.wfdb_io import read_wfdb_record, record_path
 
+    unlisted: list[tuple[Path, str]] = []
     if path.is_dir():
-        bases = sorted({p.with_suffix("") for p in path.rglob("*.hea")})
+        # symlinked folders are followed, as preprocessing follows them (rglob would skip their records)
+        walked, unlisted = walk_folders(path)
+        if unlisted and unlisted[0][0] == Path("."):
+            raise EcgposError(f"{path} cannot be listed: {unlisted[0][1]}")
+        bases = sorted(
+            {path / rel / name[: -len(".hea")] for rel, files in walked for name in files if name.endswith(".hea")}
+        )
         ids = [b.relative_to(path).as_posix() for b in bases]
     else:
         bases = [record_path(path)]
         ids = [bases[0].name]
-    if not bases:
+    if not bases and not unlisted:
         raise EcgposError(f"{path}: no WFDB records (*.hea) found")
 
     def records() -> Iterator[Record]:
@@ -94,8 +101,15 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
                 return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy)()
 
             yield record_id, run
+        # a folder that cannot be listed is one skipped entry, named by its path: its records cannot be counted
+        for rel, why in unlisted:
 
-    return Source("WFDB records", len(bases), records())
+            def fail(why: str = why) -> np.ndarray:
+                raise SignalError("unreadable", f"folder cannot be listed ({why})")
+
+            yield rel.as_posix(), fail
+
+    return Source("WFDB records", len(bases) + len(unlisted), records())
 
 
 def shard_source(path: Path, spec: PreprocessSpec) -> Source:
@@ -141,6 +155,10 @@ def npy_source(
         fs = check_fs(fs, spec, "--fs")
     except SignalError as err:  # one rate for every row: a bad one is the run's error, not a per-record skip
         raise EcgposError(f"{err.detail}") from None
+    try:
+        resample_factors(fs, spec.fs)  # e.g. 499.9 Hz: in range, but no exact resampling to the spec's rate
+    except SignalError as err:
+        raise EcgposError(f"--fs: {err.detail}") from None
     names = [name.strip() for name in leads.split(",") if name.strip()]
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
