@@ -1,3 +1,5 @@
+"""`python -m ecgpos <command>`: the same as `ecgpos <command>` (ecgpos.cli)."""
+
 import sys
 
 from ecgpos.cli import main

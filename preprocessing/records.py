@@ -1,13 +1,15 @@
 """What every corpus reader hands to shard building, and the checks every record goes through.
 
 A reader lists `RecordRef`s (cheap, picklable, sorted: the order fixes shard contents) and loads
-one into a `LoadedRecord` (raw mV, source rate, lead names as written, index metadata). `prepare`
-turns a loaded record into the stored signal or raises `SignalError(reason)`; the reason becomes the
-`skipped.csv` row. Skip reasons (one word each, documented in preprocessing/README.md):
+one into a `LoadedRecord` (raw mV, source rate, lead names as written, index metadata). `validate`
+screens a loaded record or raises `SignalError(reason)` (the reason becomes the `skipped.csv` row),
+and `prepare_many` turns validated records into the stored signals. Skip reasons (one word each,
+documented in preprocessing/README.md):
 
 unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, duplicate_lead,
 unknown_lead, units, sampling_rate, unexpected_fs, empty, non_finite, all_zero, flat, dead_leads,
-too_short, missing_metadata, unreadable_part, duplicate_record (and `shape` for arrays given to `embed`).
+too_short, missing_metadata, unreadable_part, duplicate_record (and `dtype`, `shape`, `bad_record_id` for
+what `embed` and `score` are given).
 """
 
 from __future__ import annotations

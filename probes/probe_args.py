@@ -45,7 +45,7 @@ folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders wit
 scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
 As a probe run, it deletes an earlier probe's or compare's files in --out first and writes
 probe.json last; into one of its input folders it writes only differences.csv and the summary.
---reference paper adds the seed paper's published full-label rows, marked (published), and our
+--reference paper adds the preprint's published full-label rows, marked (published), and our
 difference to them."""
 
 

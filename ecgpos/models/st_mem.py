@@ -12,7 +12,7 @@ All L * (N + 2) tokens attend to each other jointly (timm Blocks, which use
 F.scaled_dot_product_attention).
 
 `TokenEncoder` holds everything except the input embedding, so the Stage-1 `LatentEncoder`
-(latent_mae.py) is a network "of the same form" over Stage-0 tokens instead of raw patches.
+(latent_encoder.py) is a network "of the same form" over Stage-0 tokens instead of raw patches.
 """
 
 from __future__ import annotations

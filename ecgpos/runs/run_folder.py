@@ -8,6 +8,7 @@ RUN/tb/                TensorBoard events
 RUN/figures/           reconstructions and the training curve (ecgpos.pretrain.figures)
 RUN/checkpoints/step-0001000/   model.safetensors, optimizer.bin, random_states_*.pkl,
                                 trainer_state.json (ecgpos.pretrain.checkpoint)
+RUN/.lock              held by the running trainer (ecgpos.pretrain.run_lock)
 """
 
 from __future__ import annotations
