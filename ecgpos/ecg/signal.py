@@ -1,8 +1,10 @@
 """Pure signal transforms: float32 (leads, time) in, float32 (leads, time) out.
 
 The order is the paper's: band-limit at the source rate (high-pass, then low-pass), standardise,
-resample to the target rate, then cut a window. `preprocess_signal` is the single entry point
-that pretraining shards, probes and `embed` all call.
+resample to the target rate, then cut a window. `preprocess_batch` is what pretraining shards,
+probes and `embed` all call (after `ecgpos.ecg.screening.screen_record`); `preprocess_signal`, its
+one-record form, is what `ecgpos.models.features` (the API's `encoder.embed`) calls. Both give a
+record the same bytes.
 """
 
 from __future__ import annotations
