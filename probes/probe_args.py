@@ -75,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", type=user_path, help="output folder (required to probe; --compare without it prints the table)"
     )
-    p.add_argument("--cache-dir", type=user_path, help="feature cache folder")
+    p.add_argument(
+        "--cache-dir",
+        type=user_path,
+        help="feature cache folder (default $ECGPOS_CACHE/probe-features, else ~/.cache/ecgpos/probe-features)",
+    )
     p.add_argument(
         "--random-baseline", action="store_true", help="also probe a random-init encoder of the same architecture"
     )
