@@ -11,6 +11,9 @@ PATH is one of
   ids from `record_id`;
 - a `.npy` array (leads, time) or (N, leads, time) in mV with `--fs` and `--leads`; ids are the file
   stem (2-D) or the row index (3-D).
+A raw record longer than 300 s at its own rate (a Holter recording) is read, screened, filtered and
+z-scored on its centre 300 s span alone, and `--num-windows` spreads its windows over that span:
+memory stays bounded whatever the record's length (`ecgpos.ecg.signal.record_span`).
 FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
 suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and `.h5` need h5py
@@ -59,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--num-windows",
         type=int,
         default=DEFAULT_NUM_WINDOWS,
-        help="windows per record, spread evenly and averaged (default 1: the centre window)",
+        help="windows per record, spread evenly and averaged (default 1: the centre window); "
+        "over the centre 300 s of a longer record",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")

@@ -84,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--fs", type=float, help="sampling rate of a .npy input (Hz)")
     p.add_argument("--leads", help="comma-separated lead names of a .npy input's rows")
-    p.add_argument("--num-windows", type=int, default=1, help="windows per record, averaged (default 1: centre)")
+    p.add_argument(
+        "--num-windows",
+        type=int,
+        default=1,
+        help="windows per record, averaged (default 1: centre; over the centre 300 s of a longer record)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -4,6 +4,10 @@ Preprocessing (shards), `embed` and probes all call `screen_record` before `prep
 so a recording that preprocessing skips is never embedded or probed with a made-up feature
 vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
 
+A record longer than `ecgpos.ecg.signal.MAX_WHOLE_SECONDS` (300 s) at its own rate is cut to its
+centre span (`record_span`) before any check: the checks, the dead leads and the standardisation
+that follows all cover that span, never the rest of the record.
+
 Checks, in order: real-number samples (dtype: not complex, text, booleans or objects), lead
 names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate outside the spec's
 supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), shorter
@@ -23,7 +27,7 @@ import numpy as np
 
 from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.rates import check_fs
-from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, resampled_length, screen_ptp
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, record_span, resampled_length, screen_ptp
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, SignalError
 
@@ -92,7 +96,11 @@ def as_samples(signal: Any) -> np.ndarray:
 def screen_record(
     signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
 ) -> Screened:
-    """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason)."""
+    """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason).
+
+    The returned signal is the record's `record_span`: the whole record up to 300 s, else its
+    centre 300 s (a record already read on its span is returned whole: the span of a span is itself).
+    """
     x = as_samples(signal)
     if x.dtype.kind not in "iuf":  # complex would lose its imaginary part, text and booleans are no mV
         raise SignalError("dtype", f"samples must be real numbers in mV, got dtype {x.dtype}")
@@ -102,7 +110,10 @@ def screen_record(
         # (time, leads), e.g. a DataFrame's values or a CSV read row by row: say so, never guess
         hint = "; it looks like (time, leads): pass its transpose, signal.T" if x.shape[1] == len(leads) else ""
         raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names{hint}")
-    x = to_canonical_order(x, leads)  # raises missing/duplicate/unknown lead
+    # a record longer than MAX_WHOLE_SECONDS is screened and preprocessed on its centre span alone:
+    # cropped first (a view), so lead reordering and every check below touch the span only
+    start, stop = record_span(x.shape[-1], fs)
+    x = to_canonical_order(x[:, start:stop], leads)  # raises missing/duplicate/unknown lead
     fs = check_fs(fs, spec)  # unsupported rates first: unexpected_fs is a supported rate of another corpus
     if policy.expected_fs is not None and abs(fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")

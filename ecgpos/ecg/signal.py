@@ -23,6 +23,13 @@ from ecgpos.errors import ConfigError, SignalError
 
 _EPS = 1e-6  # below this std a lead is treated as flat and set to zero, never divided by
 
+MAX_WHOLE_SECONDS = 300.0
+"""Records up to this long (at their own rate) are preprocessed whole; longer ones (Holter
+recordings) on their centre span of this length (`record_span`). Five minutes keeps every record of
+the supported corpora whole (10 s PTB-XL / ecg-arrhythmia / CODE-15, CPSC2018 up to 144 s) and the
+standard 5-minute short-term HRV recordings too, while bounding the memory of one record: the span
+holds 300 s x fs samples per lead whatever the record's length (150,000 at 500 Hz)."""
+
 
 @lru_cache(maxsize=64)
 def bandpass_sos(fs: float, highpass_hz: float, lowpass_hz: float, order: int) -> np.ndarray:
@@ -143,6 +150,24 @@ def window_starts(length: int, window: int, count: int) -> list[int]:
     if count <= 1 or length == window:
         return [(length - window) // 2]
     return [int(round(s)) for s in np.linspace(0, length - window, count)]
+
+
+def record_span(length: int, fs: float) -> tuple[int, int]:
+    """[start, stop) of the raw samples used of a record of `length` samples at `fs` Hz.
+
+    The whole record when it lasts at most MAX_WHOLE_SECONDS (length <= floor(300 * fs)), else the
+    centred span of that many samples, (length - span) // 2 on: the one rule every reader and
+    screening apply, so a long record is read, screened, filtered and standardised on this span
+    alone. A rate that is not a positive number leaves the record whole (screening refuses it).
+    """
+    try:
+        keep = int(np.floor(MAX_WHOLE_SECONDS * float(fs)))
+    except (TypeError, ValueError, OverflowError):
+        return 0, length
+    if not 0 < keep < length:
+        return 0, length
+    start = (length - keep) // 2
+    return start, start + keep
 
 
 def pad_to(x: np.ndarray, length: int) -> np.ndarray:

@@ -16,13 +16,16 @@ match, so truncated, corrupt and mismatched files become specific skip reasons.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from wfdb.io.header import rx_record, rx_signal
 
 from ecgpos.ecg.rates import wfdb_header_fs
+from ecgpos.ecg.signal import record_span
 from ecgpos.ecg.wfdb_io import RawRecord, check_checksums, check_mat_header
 from ecgpos.errors import SignalError
 
@@ -107,7 +110,10 @@ def parse_header(text: str) -> FastHeader | None:
 def read_fast(base: Path) -> RawRecord | None:
     """Read record `base` (path without extension) in mV, or None when outside the fast path.
 
-    Raises SignalError: unreadable, truncated_signal, corrupt_signal, header_mismatch, sampling_rate.
+    A record longer than 300 s is read on its centre span (`ecgpos.ecg.signal.record_span`): only
+    that span is converted, and the checksums over the whole file are summed a block at a time, so
+    memory does not grow with the record's length. Raises SignalError: unreadable,
+    truncated_signal, corrupt_signal, header_mismatch, sampling_rate.
     """
     try:
         text = base.with_suffix(".hea").read_text(errors="replace")
@@ -119,25 +125,27 @@ def read_fast(base: Path) -> RawRecord | None:
         return None
     n_sig = len(header.leads)
     data_path = base.parent / header.file_name
+    start, stop = record_span(header.sig_len, fs)
     try:
-        raw = data_path.read_bytes()
+        with data_path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if data_path.suffix == ".mat":
+                check_mat_header(handle.read(20), header.file_name, header.byte_offset, n_sig, header.sig_len)
+            expected = header.byte_offset + 2 * n_sig * header.sig_len
+            if size < expected:
+                raise SignalError("truncated_signal", f"{header.file_name}: {size} bytes, header needs {expected}")
+            if size > expected:
+                raise SignalError("header_mismatch", f"{header.file_name}: {size} bytes, header describes {expected}")
+            if (start, stop) == (0, header.sig_len):
+                digital = _frames(handle, header.byte_offset, 0, header.sig_len, n_sig)
+                values = _as_float64(digital)
+                _check_checksums(values.sum(axis=1).astype(np.int64), digital, header)
+            else:
+                _check_blocks(handle, header, n_sig)
+                values = _as_float64(_frames(handle, header.byte_offset, start, stop, n_sig))
     except OSError as err:
         raise SignalError("unreadable", f"{header.file_name}: {err.strerror or err}") from None
-    if data_path.suffix == ".mat":
-        check_mat_header(raw[:20], header.file_name, header.byte_offset, n_sig, header.sig_len)
-    expected = header.byte_offset + 2 * n_sig * header.sig_len
-    if len(raw) < expected:
-        raise SignalError("truncated_signal", f"{header.file_name}: {len(raw)} bytes, header needs {expected}")
-    if len(raw) > expected:
-        raise SignalError("header_mismatch", f"{header.file_name}: {len(raw)} bytes, header describes {expected}")
-    digital = np.frombuffer(raw, "<i2", count=n_sig * header.sig_len, offset=header.byte_offset)
-    digital = digital.reshape(header.sig_len, n_sig).T  # (leads, time) view of the interleaved frames
-    # One transposing pass into C order (a plain astype keeps the view's column-major layout, and
-    # every later per-lead pass would then stride across the interleaved frames).
-    values = np.empty(digital.shape, dtype=np.float64)
-    values[...] = digital
-    _check_checksums(values, digital, header)
-    invalid = values == _INVALID_FMT16 if header.sig_len and values.min() == _INVALID_FMT16 else None
+    invalid = values == _INVALID_FMT16 if values.size and values.min() == _INVALID_FMT16 else None
     values -= header.baselines[:, None]
     signal = np.empty(values.shape, dtype=np.float32)
     # wfdb's (digital - baseline) / gain, computed in float64 and rounded once to float32
@@ -152,12 +160,45 @@ def read_fast(base: Path) -> RawRecord | None:
         comments=header.comments,
         record_name=header.record_name,
         signal_files=(header.file_name,),
+        start=start,
+        total=header.sig_len,
     )
 
 
-def _check_checksums(values: np.ndarray, digital: np.ndarray, header: FastHeader) -> None:
-    """values: the samples as float64 (leads, time), whose sums are exact integers (< 2**53)."""
+def _frames(handle: BinaryIO, byte_offset: int, start: int, stop: int, n_sig: int) -> np.ndarray:
+    """Frames [start, stop) of the file as an int16 (leads, time) view of the interleaved samples."""
+    handle.seek(byte_offset + 2 * n_sig * start)
+    count = n_sig * (stop - start)
+    digital = np.frombuffer(handle.read(2 * count), "<i2", count=count)
+    return digital.reshape(stop - start, n_sig).T
+
+
+def _as_float64(digital: np.ndarray) -> np.ndarray:
+    # One transposing pass into C order (a plain astype keeps the view's column-major layout, and
+    # every later per-lead pass would then stride across the interleaved frames).
+    values = np.empty(digital.shape, dtype=np.float64)
+    values[...] = digital
+    return values
+
+
+_CHECK_BLOCK = 1 << 18  # frames summed at a time: 6 MB of int16 for 12 leads
+
+
+def _check_blocks(handle: BinaryIO, header: FastHeader, n_sig: int) -> None:
+    """`_check_checksums` over every frame of the file, read a block at a time."""
     if header.sig_len == 0:
         return
-    sums = values.sum(axis=1).astype(np.int64)
+    sums = np.zeros(n_sig, dtype=np.int64)
+    first = None
+    for begin in range(0, header.sig_len, _CHECK_BLOCK):
+        block = _frames(handle, header.byte_offset, begin, min(header.sig_len, begin + _CHECK_BLOCK), n_sig)
+        sums += block.sum(axis=1, dtype=np.int64)
+        first = block if first is None else first
+    check_checksums(sums, first[:, 0], header.leads, header.checksums, header.init_values)
+
+
+def _check_checksums(sums: np.ndarray, digital: np.ndarray, header: FastHeader) -> None:
+    """sums: each lead's exact integer sum; digital: the samples as stored (leads, time)."""
+    if header.sig_len == 0:
+        return
     check_checksums(sums, digital[:, 0], header.leads, header.checksums, header.init_values)

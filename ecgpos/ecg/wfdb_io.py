@@ -10,6 +10,7 @@ import numpy as np
 import wfdb
 
 from ecgpos.ecg.rates import wfdb_header_fs
+from ecgpos.ecg.signal import record_span
 from ecgpos.errors import SignalError
 
 
@@ -24,6 +25,8 @@ class RawRecord:
     comments: list[str] = field(default_factory=list)
     record_name: str = ""  # the header's record line names the record ("" when not read from a header)
     signal_files: tuple[str, ...] = ()  # the signal files its header names (none for a multi-segment record)
+    start: int = 0  # first sample read: a record longer than 300 s is read on its centre span (`record_span`)
+    total: int = -1  # samples in the whole record (-1: as many as `signal` holds)
 
     def header_fields(self) -> dict[str, str]:
         """'#Key: value' header comments as a dict (Age, Sex, Dx, ...)."""
@@ -182,6 +185,11 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     checksums and initial values (segment by segment for a multi-segment record). Raises SignalError('unreadable' |
     'truncated_signal' | 'corrupt_signal' | 'header_mismatch' | 'units' | 'sampling_rate') with the
     record name, never a raw wfdb/numpy traceback.
+
+    Only the samples screening uses are read: a record longer than 300 s (`record_span`) is read
+    on its centre span (`RawRecord.start` and `.total` say where), so memory does not grow with
+    the record's length. A single-segment record's checksums still cover every sample, summed a
+    block at a time; a long multi-segment record's segments are not checksummed (their sizes are).
     """
     base = record_path(path)
     header_file = base.with_suffix(".hea")
@@ -206,25 +214,33 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     # A single-segment record is read as stored, its checksums checked, then converted as
     # wfdb.rdrecord(physical=True) converts it; a multi-segment one has each segment checked first.
     multi = isinstance(header, wfdb.MultiRecord)
-    if multi:
+    total = header.sig_len
+    start, stop = record_span(int(total), fs) if total else (0, total)
+    whole = (start, stop) == (0, total)
+    if multi and whole:
         try:
             _check_segments(base, header)
         except SignalError as err:
             raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
     try:
-        rec = wfdb.rdrecord(str(base), physical=multi)
+        if not multi and not whole:
+            _check_blocks(base, header)
+        rec = wfdb.rdrecord(str(base), physical=multi, **({} if whole else {"sampfrom": start, "sampto": stop}))
+    except SignalError as err:
+        raise SignalError(err.reason, f"{base.name}: {err.detail}") from None
     except Exception as err:  # wfdb raises many types for corrupt/truncated files
         kind = "header_mismatch" if "length" in str(err).lower() or "shape" in str(err).lower() else "unreadable"
         raise SignalError(kind, f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
     if not multi and rec.d_signal is not None:
-        _check_digital(rec, base.name)
+        if whole:  # a span's checksums were checked block by block above
+            _check_digital(rec, base.name)
         try:
             rec.dac(expanded=False, return_res=64, inplace=True)
         except Exception as err:  # wfdb raises many types for fields it cannot convert with
             raise SignalError("unreadable", f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
     if rec.p_signal is None or rec.p_signal.ndim != 2:
         raise SignalError("unreadable", f"{base.name}: no signal")
-    if rec.p_signal.shape != (rec.sig_len, rec.n_sig):
+    if rec.p_signal.shape != (rec.sig_len, rec.n_sig) or (not whole and rec.sig_len != stop - start):
         raise SignalError(
             "header_mismatch", f"{base.name}: header says {rec.n_sig} x {rec.sig_len}, signal is {rec.p_signal.shape}"
         )
@@ -242,4 +258,28 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
         comments=list(rec.comments or []),
         record_name=str(header.record_name or ""),
         signal_files=() if multi else tuple(dict.fromkeys(str(name) for name in header.file_name or [])),
+        start=start,
+        total=rec.sig_len if whole else int(total),
     )
+
+
+_CHECK_BLOCK = 1 << 18  # frames summed at a time: a few tens of MB of int64 for 12 leads
+
+
+def _check_blocks(base: Path, header: Any) -> None:
+    """`_check_digital` over every frame of a single-segment record, read as stored a block at a
+    time, so checking a long record's checksums needs no more memory than one block. The header's
+    checksums are compared (wfdb recomputes a partial read's own)."""
+    total = int(header.sig_len)
+    sums = firsts = None
+    for first in range(0, total, _CHECK_BLOCK):
+        block = wfdb.rdrecord(str(base), physical=False, sampfrom=first, sampto=min(total, first + _CHECK_BLOCK))
+        digital = block.d_signal
+        if digital is None or digital.ndim != 2 or not digital.shape[0]:
+            return
+        if any(int(n or 1) != 1 for n in block.samps_per_frame or []) or any(int(k or 0) for k in block.skew or []):
+            return  # as `_check_digital`: frames averaged or skewed signals are not the stored samples
+        part = digital.sum(axis=0, dtype=np.int64)
+        sums, firsts = (part, digital[0].copy()) if sums is None else (sums + part, firsts)
+    if sums is not None:
+        check_checksums(sums, firsts, list(header.sig_name or []), header.checksum, header.init_value)

@@ -158,8 +158,12 @@ RECORDS --out feats.csv`, and `ecgpos verify DIR` checks an installation against
   the source rate, per-{spec["standardise"]} z-score, resampling to {spec["fs"]} Hz.
 - Lead order: {", ".join(spec["leads"])}.
 - Window: {spec["window"]} samples ({spec["window"] / spec["fs"]:g} s); `embed` uses the centre window
-  (or `num_windows` windows spread over a long record, averaged). Records shorter than the window are refused
+  (or `num_windows` windows spread over the record, averaged). Records shorter than the window are refused
   (`too_short`; `ecgpos embed --pad-short` zero-pads them).
+- Records longer than 300 s at their own rate (Holter recordings) are read, screened, filtered and
+  z-scored on their centre 300 s span alone (`ecgpos.ecg.signal.record_span`), and their windows are
+  spread over that span: the standardisation covers the span, not the whole recording. Shorter
+  records are processed whole.
 
 ## Training
 {chr(10).join(_training_lines(training))}

@@ -178,9 +178,13 @@ class ExportedEncoder(nn.Module):
     ) -> np.ndarray:
         """Raw (leads, time) mV at any rate, any lead order/naming -> (width,) float32 features.
 
-        Applies the exported preprocessing (filter, standardise, resample, canonical lead order),
-        cuts up to `num_windows` windows spread over the record (1 = the centre window) and
-        averages their features. Raises SignalError for records that cannot be preprocessed.
+        Screens the record as preprocessing does (`check_raw_record`), applies the exported
+        preprocessing (filter, standardise, resample, canonical lead order), cuts up to
+        `num_windows` windows spread over the record (1 = the centre window) and averages their
+        features. A record longer than 300 s at its own rate (a Holter recording) is screened,
+        filtered and standardised on its centre 300 s span alone (`ecgpos.ecg.signal.record_span`)
+        and its windows are spread over that span, so memory stays bounded; records up to 300 s are
+        processed whole. Raises SignalError for records that cannot be preprocessed.
         """
         if isinstance(leads, str) or not isinstance(leads, Sequence):
             # one line: the repr of an array of names (a numpy array, a pandas Index) spans several
@@ -192,7 +196,6 @@ class ExportedEncoder(nn.Module):
         if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
         signal = as_samples(signal)
-        check_raw_record(signal, fs, list(leads), self.spec)
         return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
 
 

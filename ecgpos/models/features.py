@@ -1,7 +1,8 @@
 """Features of whole records: preprocess, cut windows, run the encoder, average over windows.
 
 Used by probes (several windows per CPSC record) and by exported encoders' `embed`, so a
-record gets the same features whichever path it takes.
+record gets the same features whichever path it takes. A record longer than 300 s is preprocessed
+on its centre 300 s span (`ecgpos.ecg.signal.record_span`), and its windows spread over that span.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ecgpos.ecg.signal import preprocess_signal, window_starts
+from ecgpos.ecg.screening import screen_record
+from ecgpos.ecg.signal import preprocess_batch, window_starts
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 
@@ -100,6 +102,12 @@ def embed_signal(
     num_windows: int = DEFAULT_NUM_WINDOWS,
     device: str | torch.device = "cpu",
 ) -> np.ndarray:
-    """Raw (leads, time) mV record -> (D,) feature: mean of forward_features over its windows."""
-    x = preprocess_signal(signal, fs, leads, spec)
+    """Raw (leads, time) mV record -> (D,) feature: mean of forward_features over its windows.
+
+    The record goes through preprocessing's screening (`screen_record`, raising SignalError), so a
+    record longer than 300 s is preprocessed on its centre span (`ecgpos.ecg.signal.record_span`)
+    and its windows are spread over that span; shorter records are processed whole.
+    """
+    ok = screen_record(signal, fs, leads, spec)
+    x = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
     return window_features(module, record_windows(x, spec.window, num_windows), device=device).mean(axis=0)
