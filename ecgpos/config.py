@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ecgpos.errors import ConfigError
+from ecgpos.files import atomic_write_text
 
 T = TypeVar("T")
 
@@ -228,5 +229,6 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequenc
 
 
 def save_config(obj: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (the file a run can be reproduced from)."""
-    Path(path).write_text(yaml.safe_dump(to_dict(obj), sort_keys=False))
+    """Write the resolved config as YAML (the file a run can be reproduced from), atomically: a run
+    rewrites it at every start, and a full disk must not leave a run whose config no longer reads."""
+    atomic_write_text(path, yaml.safe_dump(to_dict(obj), sort_keys=False))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
+from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
 from ecgpos.demo.demo import _pretrain
@@ -23,6 +26,7 @@ from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import Interrupted
 from ecgpos.export.load import load_encoder
+from ecgpos.pretrain.data import StepBatchSampler
 from ecgpos.runs.run_folder import list_checkpoints
 from probes.datasets import RecordLocator
 from probes.features import extract_features, raw_source
@@ -67,6 +71,48 @@ def test_pretrain_killed_after_a_checkpoint_off_the_log_cadence_logs_every_step(
     assert [r["step"] for r in resumed] == [r["step"] for r in straight] == [3, 5, 6, 9, 10, 12]
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], abs=1e-6)
     assert max_diff(weights(run), weights(tmp_path / "straight")) <= 1e-6
+
+
+def test_pretrain_restarted_before_its_first_checkpoint_keeps_no_curve_of_the_attempt_before(tmp_path: Path) -> None:
+    """A run that stopped before any checkpoint (here a non-finite loss at step 3) starts afresh on
+    --resume auto: metrics.jsonl and TensorBoard hold the new attempt's steps once each."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    bad = int(StepBatchSampler(48, 8, 1, 1, 0, seed=0).global_batch_indices(2)[0])
+    shards = write_tiny_shards(tmp_path / "nan", n_records=48, records_per_shard=48, nan_records={bad})
+    run = tmp_path / "run"
+    flags = ["--set", "optim.steps=6", "--set", "train.checkpoint_every=100", "--set", "train.figure_every=100"]
+    assert pretrain(0, shards, run, *flags) == 1
+    assert pretrain(0, shards, run, *flags, "--resume", "auto") == 1
+    assert list_checkpoints(run) == [] and [r["step"] for r in metrics(run)] == [1, 2]
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2]
+
+
+def _file_size_limit() -> None:
+    """In the child: writes past 600 bytes of a file fail (EFBIG), as on a full disk or quota."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (600, resource.RLIM_INFINITY))
+
+
+def test_pretrain_resume_that_cannot_write_keeps_the_run_config(tiny_run: Path, tiny_shards: Path, tmp_path) -> None:
+    """Each start rewrites config.yaml: a write that fails there (here a file size limit, as a full
+    disk) leaves the run's config as it was, so the next resume goes on."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    shutil.rmtree(run / "checkpoints" / "step-0000004")
+    before = (run / "config.yaml").read_bytes()
+    assert len(before) > 600
+    sets = ["optim.steps=4", "train.batch_size=4", "train.num_workers=0", "train.checkpoint_every=2"]
+    args = ["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", tiny_shards, "--run-dir", run]
+    args += [*(a for s in sets for a in ("--set", s)), "--resume", "auto"]
+    command = [sys.executable, "-m", "ecgpos.cli", *map(str, args)]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, preexec_fn=_file_size_limit, timeout=120)
+    assert done.returncode != 0 and "File too large" in done.stderr, done.stderr[-2000:]
+    assert (run / "config.yaml").read_bytes() == before and [p.name for p in run.glob(".config.yaml*")] == []
+    assert main([str(a) for a in args]) == 0
+    assert [s for s, _ in list_checkpoints(run)] == [2, 4]
 
 
 def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data: Path, tmp_path: Path) -> None:

@@ -256,6 +256,33 @@ def test_resume_refuses_other_records_but_not_moved_shards(capsys, tmp_path, tin
     assert all(torch.equal(want[k], got[k]) for k in want)
 
 
+@pytest.mark.parametrize("recorded", [True, False], ids=["grad_accum-in-checkpoint", "older-checkpoint"])
+def test_resume_with_another_grad_accum_on_as_many_processes_is_refused(
+    capsys, tmp_path, tiny_run, tiny_shards, recorded
+):
+    """train.grad_accum may change on resume only where the processes make up for it (same slices
+    per step, same masks); on one process another accumulation is one line, before anything is
+    written. A checkpoint that does not record grad_accum is read with the run's config.yaml."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / checkpoint_name(4))
+    state_file = run_dir / "checkpoints" / checkpoint_name(2) / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["grad_accum"] == 1
+    if not recorded:
+        state_file.write_text(json.dumps({k: v for k, v in state.items() if k != "grad_accum"}))
+    before = (run_dir / "metrics.jsonl").read_text()
+    args = [*PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", "optim.steps=4"]
+    args += ["--set", "train.checkpoint_every=2", "--resume", "auto"]
+    rc, _, err = run(capsys, *args, "--set", "train.grad_accum=2")
+    one_line_error(rc, err, "pretrain", "processes x train.grad_accum = 1 x 1, this run has 1 x 2")
+    assert "resume with --set train.grad_accum=1" in err
+    assert (run_dir / "metrics.jsonl").read_text() == before and newest_checkpoint(run_dir).name == checkpoint_name(2)
+    rc, _, err = run(capsys, *args)
+    assert rc == 0, err
+    assert json.loads((run_dir / "run_info.json").read_text())["finished"]
+
+
 def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, export):
     # e.g. Stage 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
     copy = tmp_path / "enc"

@@ -164,10 +164,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_path: Path) -> None:
+def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_path: Path, capsys) -> None:
     """2 processes (gloo) x accum 1 and 1 process x accum 2 see the same global batches, masks and lr:
-    same losses and parameters."""
+    same losses, validation losses and parameters. So a 2-process run resumes exactly on 1 process
+    with accum 2, and on 1 process with accum 1 (other masks) it is refused in one line."""
     common = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), *FAST, "--set", "optim.steps=4"]
+    common += ["--set", "train.checkpoint_every=2", "--set", "train.val_fraction=0.25", "--set", "train.val_every=2"]
     # CPU and gloo for both, also on a machine with one GPU (where --multi_gpu would start two ranks on it)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT), "CUDA_VISIBLE_DEVICES": ""}
     # `accelerate launch --cpu` runs one process (multi-CPU needs mpirun there); --multi_gpu starts torchrun,
@@ -199,9 +201,24 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     assert (two["num_processes"], two["per_process_batch"], two["global_batch"]) == (2, 4, 8)
     assert (one["num_processes"], one["per_process_batch"], one["global_batch"]) == (1, 4, 8)
     m2, m1 = metrics(tmp_path / "two"), metrics(tmp_path / "one")
-    assert [r["lr"] for r in m2] == [r["lr"] for r in m1]
-    assert [r["loss"] for r in m2] == pytest.approx([r["loss"] for r in m1], abs=1e-5)
+    assert [r["step"] for r in m2] == [r["step"] for r in m1] == [1, 2, 2, 3, 4, 4]
+    assert [r.get("lr") for r in m2] == [r.get("lr") for r in m1]
+    assert [r.get("loss") for r in m2] == pytest.approx([r.get("loss") for r in m1], abs=1e-5)
+    assert [r.get("val_loss") for r in m2] == pytest.approx([r.get("val_loss") for r in m1], abs=1e-6)
     assert max_diff(weights(tmp_path / "two"), weights(tmp_path / "one")) <= 1e-5
+    resumed = tmp_path / "two-resumed"
+    shutil.copytree(tmp_path / "two", resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step-0000004")
+    capsys.readouterr()
+    assert main(["pretrain", *common, "--run-dir", str(resumed), "--resume", "auto"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "processes x train.grad_accum = 2 x 1" in err and "train.grad_accum=2" in err, err
+    assert (
+        main(["pretrain", *common, "--run-dir", str(resumed), "--resume", "auto", "--set", "train.grad_accum=2"]) == 0
+    )
+    assert [r.get("loss") for r in metrics(resumed)] == pytest.approx([r.get("loss") for r in m2], abs=1e-5)
+    assert [r.get("val_loss") for r in metrics(resumed)] == pytest.approx([r.get("val_loss") for r in m2], abs=1e-6)
+    assert max_diff(weights(resumed), weights(tmp_path / "two")) <= 1e-5
 
 
 @pytest.mark.parametrize(

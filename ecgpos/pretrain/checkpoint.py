@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ecgpos.errors import EcgposError
+from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_json, recover_replaced, replace_folder
 from ecgpos.runs.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints, read_trainer_state
 
@@ -178,6 +178,31 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
             f"(newest: {skipped[0]['reason']}); start a new --run-dir"
         )
     return Resumed()
+
+
+def check_resumed_slices(state: dict[str, Any], run_dir: Path, num_processes: int, grad_accum: int) -> None:
+    """ConfigError unless this run cuts each step's global batch into as many slices (processes x
+    train.grad_accum) as the run that wrote the checkpoint: each slice draws its own masks, so another
+    cut trains on other masks than the uninterrupted run. Checkpoints that do not record grad_accum
+    were written when it could not change within a run: the run's config.yaml has it."""
+    if "grad_accum" in state:
+        accum = int(state["grad_accum"])
+    else:
+        from ecgpos.config import load_config
+        from ecgpos.runs.run_config import RunConfig
+        from ecgpos.runs.run_folder import RUN_CONFIG
+
+        accum = load_config(RunConfig, run_dir / RUN_CONFIG).train.grad_accum
+    processes = int(state.get("num_processes", num_processes))
+    then = processes * accum
+    if then == num_processes * grad_accum:
+        return
+    fix = f"--set train.grad_accum={then // num_processes}" if then % num_processes == 0 else f"{then} slices"
+    raise ConfigError(
+        f"checkpoint step {state['step']} was trained with processes x train.grad_accum = {processes} x {accum}, "
+        f"this run has {num_processes} x {grad_accum}: each of the {then} slices of a step draws its own masks, "
+        f"so it would not continue the same run; resume with {fix}"
+    )
 
 
 def _aside(path: Path) -> Path:

@@ -373,11 +373,15 @@ def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: 
 
 def eval_batches(
     dataset: ShardDataset, batch_size: int, max_batches: int, process_index: int = 0, num_processes: int = 1
-) -> list[list[int]]:
-    """Fixed evaluation batches (the first max_batches * batch_size records, split over processes)."""
+) -> list[tuple[int, list[int]]]:
+    """This process's fixed evaluation batches as (k, records): the first max_batches * batch_size
+    records in batches of batch_size, batch k evaluated by process k % num_processes. Batch k (and
+    the masks drawn for it from k) is the same for any number of processes."""
     n = min(len(dataset), batch_size * max_batches)
-    mine = list(range(process_index, n, num_processes))
-    return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+    starts = range(0, n, batch_size)
+    return [
+        (k, list(range(s, min(s + batch_size, n)))) for k, s in enumerate(starts) if k % num_processes == process_index
+    ]
 
 
 def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_workers: int) -> DataLoader:

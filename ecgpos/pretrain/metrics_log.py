@@ -7,7 +7,8 @@ processes), lr (of the last update), grad_norm (global, before clipping, of the 
 samples_per_s (global; wall time of the interval's steps, read after the device finished them,
 periodic work excluded), time; plus every scalar the objective reports in its "log" (Stage 1:
 recon_loss, pp_loss, push_active, sp_loss). Validation records hold step and val_loss. On resume,
-records after the checkpoint's step are dropped, so the file reads as one uninterrupted run.
+records after the checkpoint's step are dropped (TensorBoard: purged), so the file reads as one
+uninterrupted run; a start without a checkpoint removes both logs of the attempt before.
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ class MetricsLog:
         run_dir.mkdir(parents=True, exist_ok=True)
         if resume and start_step > 0:
             truncate_metrics(self.path, start_step)
-        elif self.path.exists():
-            self.path.unlink()  # a fresh start: nothing of an earlier attempt remains
+        else:  # a fresh start: nothing of an earlier attempt remains, in either log
+            self.path.unlink(missing_ok=True)
+            for events in (run_dir / TB_DIR).glob("events.out.tfevents.*"):
+                events.unlink()
         try:
             from torch.utils.tensorboard import SummaryWriter
 

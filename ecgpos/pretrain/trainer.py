@@ -35,7 +35,7 @@ from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
 from ecgpos.files import atomic_write_json, atomic_write_text, remove_abandoned_temporaries
-from ecgpos.pretrain.checkpoint import Resumed, remove_partial, resume_checkpoint, save_checkpoint
+from ecgpos.pretrain.checkpoint import Resumed, check_resumed_slices, remove_partial, resume_checkpoint, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
@@ -127,6 +127,8 @@ class Trainer:
         if state is not None:
             check_resumed_records(state, len(train_index), self.records_sha256)
             self.start_step = int(state["step"])
+            if self.start_step < cfg.optim.steps:  # a finished run is only checked, nothing is trained
+                check_resumed_slices(state, self.run_dir, p, cfg.train.grad_accum)
         self.sampler.start_step = self.start_step
         self.metrics = MetricsLog(self.run_dir, self.acc.is_main_process, self.start_step, self.plan.resume)
 
@@ -245,6 +247,7 @@ class Trainer:
                 "train_records_sha256": self.records_sha256,
                 "seed": self.cfg.train.seed,
                 "num_processes": self.acc.num_processes,
+                "grad_accum": self.cfg.train.grad_accum,
                 "stage": self.cfg.stage,
             },
             self.cfg.train.keep_checkpoints,
@@ -256,9 +259,10 @@ class Trainer:
     def _validate(self, step: int) -> None:
         if self.val_set is None:
             return
-        model = self.model
+        # the bare module: a process may have no batch, and DDP's forward would wait for the others
+        model = self.acc.unwrap_model(self.model)
         model.eval()
-        batches = eval_batches(
+        numbered = eval_batches(
             self.val_set,
             self.sampler.per_process,
             self.cfg.train.val_batches,
@@ -266,8 +270,9 @@ class Trainer:
             self.acc.num_processes,
         )
         total = torch.zeros(3, device=self.acc.device)
-        carving = getattr(self.acc.unwrap_model(model), "push_violations", None)  # Stage 1 only
-        for k, x in enumerate(eval_loader(self.val_set, batches, 0)):
+        carving = getattr(model, "push_violations", None)  # Stage 1 only
+        batches = eval_loader(self.val_set, [b for _, b in numbered], 0)
+        for (k, _), x in zip(numbered, batches):
             x = model_input(x, self.acc.device)
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)

@@ -160,8 +160,10 @@ def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stag
 
 
 # Keys that only change how a run is operated, not what it computes: they may differ between
-# the run's saved config.yaml and the command line on --resume.
+# the run's saved config.yaml and the command line on --resume. grad_accum only with the number of
+# processes, so that each step's global batch is cut into the same slices (the trainer checks that).
 OPERATIONAL_KEYS = (
+    "train.grad_accum",
     "train.num_workers",
     "train.log_every",
     "train.checkpoint_every",
