@@ -3,20 +3,19 @@
 - Global batch = per-process batch x processes x grad_accum (train.batch_size is the global one).
   Accumulation is explicit (no_sync on all but the last micro-batch), the data sampler is ours
   (not Accelerate's), and the lr is set from `lr_at(step)` before each update.
-- Randomness that decides what a step computes is a pure function of (seed, step, slice): the
-  windows come from the sampler, and the masks (and Stage-1 perturbations) from a generator
-  seeded with (seed, step, global micro-batch slice). A resumed run therefore repeats the
-  uninterrupted one exactly, and N processes x accum a equals 1 process x accum N*a.
-- Steady-state steps never wait for the device: batches arrive pinned, in the shards' float16,
-  are copied with non_blocking and widened on the device; the masks' random numbers are drawn on
-  the device, the stats stay device tensors (MetricsLog) and a non-finite loss or grad norm on any
-  process is decided on the device (NonFiniteGuard: the fused AdamW skips that update and every
-  later one). The host reads flags and stats at log, validation, figure and checkpoint steps; a
-  non-finite step found there stops every process with the last good checkpoint named (exit 1)
-  and nothing is saved after it.
-- SIGUSR1/SIGTERM/Ctrl-C set a flag (ecgpos.pretrain.stop); one process acts on it at the next
-  step boundary, several agree (all-reduce) at the next log step; then a checkpoint is saved and
-  the run exits 0 (130 after Ctrl-C). Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
+- Randomness that decides what a step computes is a pure function of (seed, step, slice): the windows
+  come from the sampler, the masks (and Stage-1 perturbations) from a generator seeded with (seed,
+  step, global micro-batch slice). A resumed run repeats the uninterrupted one exactly, and N
+  processes x accum a equals 1 process x accum N*a.
+- Steady-state steps never wait for the device: batches arrive pinned, in the shards' float16, are
+  copied with non_blocking and widened on the device; the masks' random numbers are drawn on the
+  device, the stats stay device tensors (MetricsLog), and a non-finite loss or grad norm on any process
+  is decided on the device (NonFiniteGuard: the fused AdamW skips that update and every later one).
+  The host reads flags and stats at log, validation, figure and checkpoint steps; a non-finite step
+  found there stops every process with the last good checkpoint named (exit 1), nothing saved after.
+- SIGUSR1/SIGTERM/Ctrl-C set a flag (ecgpos.pretrain.stop); one process acts on it at the next step
+  boundary, several agree (all-reduce) at the next log step; then a checkpoint is saved and the run
+  exits 0 (130 after Ctrl-C). Under `accelerate launch`, SIGTERM to the launcher reaches the workers.
 - The main process holds the run folder's lock (ecgpos.pretrain.run_lock) from the end of the input
   checks to the end of the run: a second trainer into the same folder is refused.
 """
@@ -349,13 +348,8 @@ class Trainer:
             f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
             f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
         )
-        bar = tqdm(
-            total=total,
-            initial=self.step,
-            disable=not (acc.is_main_process and sys.stderr.isatty()),
-            dynamic_ncols=True,
-            desc=f"stage {cfg.stage}",
-        )
+        shown = acc.is_main_process and sys.stderr.isatty()
+        bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"stage {cfg.stage}")
         self.metrics.restart()
         while self.step < total:
             self._train_step(batches, self.step)
