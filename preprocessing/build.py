@@ -22,8 +22,9 @@ from types import ModuleType
 from typing import TextIO
 
 from ecgpos.ecg.fingerprint import fingerprint
+from ecgpos.ecg.screening import long_records_note
 from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, shard_paths, write_shard
-from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter
+from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter, seconds_text
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
@@ -83,9 +84,11 @@ class Summary:
     found: int
     complete: bool
     message: str
+    long_records: int = 0  # stored records longer than 300 s, stored as their centre 300 s
 
     def line(self) -> str:
-        return f"stored {self.stored} + skipped {self.skipped} = found {self.found}{self.message}"
+        long = long_records_note(self.long_records, "stored as", "index.csv duration_s: the whole record")
+        return f"stored {self.stored} + skipped {self.skipped} = found {self.found}{self.message}{long}"
 
 
 # --- per-record work (runs in worker processes: module-level state set by the initializer) -----
@@ -105,7 +108,7 @@ def _skip(ref: RecordRef, err: Exception) -> tuple:
 
 
 def _process_batch(refs: list[RecordRef]) -> list[tuple]:
-    """Per ref, in order: ('ok', ref, signal in spec.dtype, dead, meta) or ('skip', ref, reason, detail)."""
+    """Per ref, in order: ('ok', ref, signal, dead, meta, (duration_s, cut)) or ('skip', ref, reason, detail)."""
     spec, out, valid = _state["spec"], [], []
     for ref in refs:
         try:
@@ -123,11 +126,11 @@ def _process_batch(refs: list[RecordRef]) -> list[tuple]:
                 prepared.extend(prepare_many([v], spec))
             except Exception as err:
                 prepared.append(err)
-    for (i, _, meta), p in zip(valid, prepared):
+    for (i, v, meta), p in zip(valid, prepared):
         out[i] = (
             _skip(refs[i], p)
             if isinstance(p, Exception)
-            else ("ok", refs[i], p.signal.astype(spec.dtype), p.dead, meta)
+            else ("ok", refs[i], p.signal.astype(spec.dtype), p.dead, meta, (seconds_text(v.total, v.fs), v.cut))
         )
     return out
 
@@ -213,9 +216,9 @@ def _chunks(refs: list[RecordRef], size: int) -> list[list[RecordRef]]:
 
 def _write_chunk(
     req: BuildRequest, chunk: int, results: Iterable[tuple], index_columns: tuple[str, ...]
-) -> tuple[int, int]:
-    """Write chunk `chunk`'s shard (if any record was stored), then its sidecar; returns (stored, skipped)."""
-    signals, ids, index_rows, skipped_rows, found = [], [], [], [], 0
+) -> tuple[int, int, int]:
+    """Write chunk `chunk`'s shard (if any record was stored), then its sidecar; returns (stored, skipped, long)."""
+    signals, ids, index_rows, skipped_rows, found, long_records = [], [], [], [], 0, 0
     name = shard_name(chunk)
     sidecar = manifest.sidecar_path(req.out, chunk)
     # Temporary files a killed run left for this chunk (only this part ever writes them).
@@ -224,7 +227,8 @@ def _write_chunk(
     for result in results:
         found += 1
         if result[0] == "ok":
-            _, ref, signal, dead, meta = result
+            _, ref, signal, dead, meta, (duration, cut) = result
+            long_records += cut
             index_rows.append(
                 {
                     "shard": name,
@@ -237,6 +241,7 @@ def _write_chunk(
                     "length": int(signal.shape[-1]),
                     "dead_leads": " ".join(dead),
                     "fingerprint": fingerprint(signal, req.spec.fs, req.spec.window, req.spec.dtype),
+                    "duration_s": duration,
                     **{c: meta.get(c, "") for c in index_columns},
                 }
             )
@@ -256,10 +261,11 @@ def _write_chunk(
             "found": found,
             "index": index_rows,
             "skipped": skipped_rows,
+            "long_records": long_records,
         },
         compact=True,
     )
-    return len(index_rows), len(skipped_rows)
+    return len(index_rows), len(skipped_rows), long_records
 
 
 def _finished(req: BuildRequest) -> Summary | None:
@@ -269,8 +275,8 @@ def _finished(req: BuildRequest) -> Summary | None:
     done = manifest.read_json(final)
     manifest.check_settings(done.get("settings", {}), req.settings(), req.out)
     manifest.check_sources(done.get("sources"), req.sources(), req.out)
-    c = done["counts"]
-    return Summary(c["stored"], c["skipped"], c["found"], True, f" (already complete in {req.out}; left untouched)")
+    c, message = done["counts"], f" (already complete in {req.out}; left untouched)"
+    return Summary(c["stored"], c["skipped"], c["found"], True, message, c.get("long_records", 0))
 
 
 def _remove_abandoned(out: Path, stream: TextIO) -> None:
@@ -342,12 +348,12 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         file=stream,
         flush=True,
     )
-    stored = skipped = 0
+    stored = skipped = long_records = 0
     results = _results(req, [ref for k in todo for ref in chunks[k]])
     try:
         for k in todo:
-            s, sk = _write_chunk(req, k, _counted(islice(results, len(chunks[k])), progress), source.INDEX_COLUMNS)
-            stored, skipped = stored + s, skipped + sk
+            s, sk, lr = _write_chunk(req, k, _counted(islice(results, len(chunks[k])), progress), source.INDEX_COLUMNS)
+            stored, skipped, long_records = stored + s, skipped + sk, long_records + lr
             progress.chunk_done(k, s, sk)
     except KeyboardInterrupt:
         done = len(chunks) - len(manifest.missing_chunks(req.out, len(chunks)))
@@ -365,11 +371,11 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
             stored + skipped,
             False,
             f" in part {req.part}/{req.num_parts} ({len(todo)} chunks); {pending} chunks of other parts pending",
+            long_records,
         )
     counts = manifest.merge(req.out, plan, source.INDEX_COLUMNS)
-    return Summary(
-        counts["stored"], counts["skipped"], counts["found"], True, f" ({counts['shards']} shards in {req.out})"
-    )
+    message = f" ({counts['shards']} shards in {req.out})"
+    return Summary(counts["stored"], counts["skipped"], counts["found"], True, message, counts.get("long_records", 0))
 
 
 def check(out: Path) -> Summary:
@@ -390,6 +396,5 @@ def check(out: Path) -> Summary:
         check_shard_contents(path)
     if not done:  # a finished set is only read
         manifest.merge(out, plan, source.INDEX_COLUMNS, write=True)
-    return Summary(
-        counts["stored"], counts["skipped"], counts["found"], True, f" ({counts['shards']} shards in {out}; complete)"
-    )
+    message = f" ({counts['shards']} shards in {out}; complete)"
+    return Summary(counts["stored"], counts["skipped"], counts["found"], True, message, counts.get("long_records", 0))

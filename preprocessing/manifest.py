@@ -27,8 +27,22 @@ from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1
-# fingerprint: ecgpos.ecg.fingerprint of the stored window (what the probes' pretraining-leakage guard compares)
-INDEX_BASE = ("shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "dead_leads", "fingerprint")
+# length: samples stored (at spec.fs); fingerprint: ecgpos.ecg.fingerprint of the stored window (what the
+# probes' pretraining-leakage guard compares); duration_s: the whole source record's duration, which is
+# longer than what `length` covers for a record longer than 300 s (stored as its centre 300 s)
+INDEX_BASE = (
+    "shard",
+    "row",
+    "source",
+    "record_id",
+    "patient_id",
+    "age",
+    "sex",
+    "length",
+    "dead_leads",
+    "fingerprint",
+    "duration_s",
+)
 SKIPPED_COLUMNS = ("source", "record_id", "reason", "detail")
 
 
@@ -155,7 +169,7 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
             f"{len(missing)} of {plan['num_chunks']} chunks not done yet (chunk {shown}); "
             "rerun the command (or the --part that owns them: part = chunk % num-parts)"
         )
-    index_rows, skipped_rows, shards = [], [], []
+    index_rows, skipped_rows, shards, long_records = [], [], [], 0
     for k in range(plan["num_chunks"]):
         side = read_json(sidecar_path(out, k))
         if side.get("found") != len(side["index"]) + len(side["skipped"]):
@@ -177,6 +191,7 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
             shards.append(shard.name)
         index_rows += side["index"]
         skipped_rows += side["skipped"]
+        long_records += side.get("long_records", 0)  # absent from sets written before it was counted
     extra = [p.name for p in shard_paths(out) if p.name not in shards]
     if extra:  # readers take every shard-*.h5 of the folder: one no chunk wrote would be pooled silently
         raise EcgposError(
@@ -190,6 +205,8 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
         "shards": len(shards),
         "skipped_by_reason": dict(sorted(Counter(r["reason"] for r in skipped_rows).items())),
         **plan.get("notes", {}),
+        # only when any: a set finished before long records were counted still passes --check
+        **({"long_records": long_records} if long_records else {}),
     }
     if counts["found"] != plan["found"]:
         raise EcgposError(f"chunks account for {counts['found']} records, the plan found {plan['found']}")

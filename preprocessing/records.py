@@ -42,6 +42,7 @@ class LoadedRecord:
     fs: float
     leads: list[str]
     meta: dict[str, str] = field(default_factory=dict)
+    total: int = -1  # samples of the whole record when `signal` is the span a reader read (`RawRecord.total`)
 
 
 RecordPolicy = ScreenPolicy
@@ -63,7 +64,7 @@ Validated = Screened
 def validate(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Validated:
     """Every skip check of a record (raises SignalError(reason)), without the signal processing:
     `ecgpos.ecg.screening.screen_record`, the same function `embed` and probes call."""
-    return screen_record(record.signal, record.fs, record.leads, spec, policy)
+    return screen_record(record.signal, record.fs, record.leads, spec, policy, record.total)
 
 
 def prepare_many(records: list[Validated], spec: PreprocessSpec) -> list[Prepared]:

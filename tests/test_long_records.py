@@ -1,9 +1,13 @@
 """Records longer than 300 s (Holter recordings): read, screened and preprocessed on their centre
-span alone, in bounded memory, by `embed`, the API and `preprocess`; records up to 300 s unchanged."""
+span alone, in bounded memory, by `embed`, the API and `preprocess`; records up to 300 s unchanged.
+Every output says which records were so cut and how long they were."""
 
 from __future__ import annotations
 
+import csv
+import json
 import tracemalloc
+import warnings
 from pathlib import Path
 
 import h5py
@@ -111,11 +115,18 @@ def test_api_and_npy_inputs_use_the_same_span(
     _, digital = hour_record
     long = _mv(digital[:, : 20 * 60 * FS + 11])  # 20 min
     start = (long.shape[1] - SPAN) // 2
-    by_hand = encoder.embed(np.ascontiguousarray(long[:, start : start + SPAN]), FS, PTBXL_LEADS)
-    np.testing.assert_array_equal(encoder.embed(long, FS, PTBXL_LEADS), by_hand)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the span itself is a record of 300 s: used whole, no warning
+        by_hand = encoder.embed(np.ascontiguousarray(long[:, start : start + SPAN]), FS, PTBXL_LEADS)
+    with pytest.warns(UserWarning, match="longer than 300 s is embedded on its centre 300 s only") as caught:
+        np.testing.assert_array_equal(encoder.embed(long, FS, PTBXL_LEADS), by_hand)
+    assert [w.filename for w in caught] == [__file__]  # names the caller's line, as the default filter keys it
     np.save(tmp_path / "long.npy", long)
     source = open_source(tmp_path / "long.npy", FS, ",".join(PTBXL_LEADS), encoder.spec)
-    np.testing.assert_array_equal(embed_records(encoder, source, progress=False).features[0], by_hand)
+    result = embed_records(encoder, source, progress=False)
+    np.testing.assert_array_equal(result.features[0], by_hand)
+    # 600,011 samples at 500 Hz; the span [225,005, 375,005)
+    assert result.long == [("long", "1200.022", "450.01", "750.01")]
 
 
 def test_record_at_the_bound_gives_the_whole_record_features(export0: Path, shared_data: Path) -> None:
@@ -148,15 +159,74 @@ def test_readers_read_the_span_and_still_check_every_checksum(hour_record: tuple
         assert err.value.reason == "corrupt_signal", err.value
 
 
-def test_preprocess_stores_the_span_of_a_long_record(hour_record: tuple[Path, np.ndarray], tmp_path: Path) -> None:
+def test_preprocess_stores_the_span_of_a_long_record(
+    hour_record: tuple[Path, np.ndarray], real_record: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`ecgpos preprocess` shares the reading and screening: a long ecg-arrhythmia record is stored
-    as its centre 300 s (75,000 samples at 250 Hz), exactly what `embed` preprocesses."""
+    as its centre 300 s (75,000 samples at 250 Hz), exactly what `embed` preprocesses; the closing
+    line counts it and index.csv `duration_s` gives every record's whole duration."""
     base, digital = hour_record
     src = tmp_path / "src"
     src.mkdir()
     header = base.with_suffix(".hea").read_text().replace("holter", "JS99999")
     (src / "JS99999.hea").write_text(header)
     (src / "JS99999.dat").symlink_to(base.with_suffix(".dat"))
-    assert cli("preprocess", "ecg-arrhythmia", "--src", src, "--subset", "all", "--out", tmp_path / "out") == 0
-    with h5py.File(next((tmp_path / "out").glob("shard-*.h5")), "r") as handle:
-        assert int(handle["lengths"][0]) == SPAN // 2 and handle["signals"].shape[-1] == SPAN // 2
+    for suffix in (".hea", ".mat"):  # a 10 s record, stored whole
+        (src / real_record.with_suffix(suffix).name).symlink_to(real_record.with_suffix(suffix))
+    out = tmp_path / "out"
+    assert cli("preprocess", "ecg-arrhythmia", "--src", src, "--subset", "all", "--out", out) == 0
+    note = "; 1 record longer than 300 s stored as its centre 300 s (index.csv duration_s: the whole record)"
+    assert f"stored 2 + skipped 0 = found 2 (1 shards in {out}){note}" in capsys.readouterr().out
+    with h5py.File(next(out.glob("shard-*.h5")), "r") as handle:
+        assert int(handle["lengths"][1]) == SPAN // 2 and handle["signals"].shape[-1] == SPAN // 2
+    with (out / "index.csv").open(newline="") as handle:
+        index = [(r["record_id"], r["length"], r["duration_s"]) for r in csv.DictReader(handle)]
+    assert index == [("JS00001", "2500", "10"), ("JS99999", str(SPAN // 2), "3600.002")]
+    assert json.loads((out / "preprocess.json").read_text())["counts"]["long_records"] == 1
+    # a rerun into the finished set and --check say the same
+    assert cli("preprocess", "ecg-arrhythmia", "--src", src, "--subset", "all", "--out", out) == 0
+    assert note in capsys.readouterr().out
+    assert cli("preprocess", "--check", "--out", out) == 0
+    assert note in capsys.readouterr().out
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with path.open(newline="") as handle:
+        return list(csv.reader(handle))
+
+
+def test_embed_and_score_list_the_records_used_on_their_span(
+    export0: Path,
+    stage0_run: Path,
+    hour_record: tuple[Path, np.ndarray],
+    shared_data: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The closing line counts the records longer than 300 s and FILE.long.csv lists them with their
+    whole duration and the span used; a record up to 300 s is in neither."""
+    base, _ = hour_record
+    folder = tmp_path / "in"
+    folder.mkdir()
+    short = shared_data / "ptbxl" / "records500" / "00000" / "00001_hr"
+    for source in (base, short):
+        for suffix in (".hea", ".dat"):
+            (folder / source.with_suffix(suffix).name).symlink_to(source.with_suffix(suffix))
+    # 1,800,001 samples at 500 Hz; the span [825,000, 975,000)
+    listed = [["record_id", "duration_s", "used_from_s", "used_to_s"], ["holter", "3600.002", "1650", "1950"]]
+    out = tmp_path / "f.npy"
+    assert cli("embed", "--encoder", export0, "--input", folder, "--out", out, "--no-progress") == 0
+    printed = capsys.readouterr().out
+    assert f"; 1 record longer than 300 s used on its centre 300 s (listed in {tmp_path / 'f.long.csv'})" in printed
+    assert _rows(tmp_path / "f.long.csv") == listed
+    assert (tmp_path / "f.ids.txt").read_text().split() == ["00001_hr", "holter"]
+    scores = tmp_path / "s.csv"
+    args = ("score", "--run", stage0_run, "--input", folder, "--masks", 1, "--no-progress")
+    assert cli(*args, "--out", scores) == 0
+    assert "; 1 record longer than 300 s used on its centre 300 s" in capsys.readouterr().out
+    assert _rows(tmp_path / "s.long.csv") == listed
+    # a later run without a long record leaves no earlier list beside its files
+    assert cli("embed", "--encoder", export0, "--input", folder / "00001_hr", "--out", out, "--no-progress") == 0
+    assert "longer than" not in capsys.readouterr().out and not (tmp_path / "f.long.csv").exists()
+    assert cli(*args[:4], short, *args[5:], "--out", scores) == 0
+    assert not (tmp_path / "s.long.csv").exists()

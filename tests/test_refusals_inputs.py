@@ -159,7 +159,7 @@ def test_interrupted_feature_write_keeps_the_previous_file(tmp_path, export):
     """Feature files are written under a temporary name and renamed: Ctrl-C mid-write used to leave
     a half CSV under the final name."""
     from ecgpos.export.load import load_encoder
-    from ecgpos.inference.inputs import write_features
+    from ecgpos.inference.outputs import write_features
 
     enc = load_encoder(export)
     features = np.ones((3, enc.width), np.float32)

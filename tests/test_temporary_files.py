@@ -40,10 +40,10 @@ def test_a_preprocess_write_test_that_a_kill_left_is_removed_by_the_cleanup(tmp_
 
 
 def test_embed_and_score_remove_only_their_own_abandoned_temporaries_beside_the_output(tmp_path):
-    from ecgpos.inference.inputs import check_writable
+    from ecgpos.inference.outputs import check_writable
 
     out = tmp_path / "features.npy"
-    _killed_during(f"from ecgpos.inference.inputs import check_writable\ncheck_writable(pathlib.Path({str(out)!r}))")
+    _killed_during(f"from ecgpos.inference.outputs import check_writable\ncheck_writable(pathlib.Path({str(out)!r}))")
     (probe,) = list(tmp_path.iterdir())
     dead = _dead_pid()
     ours = [

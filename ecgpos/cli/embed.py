@@ -13,7 +13,9 @@ PATH is one of
   stem (2-D) or the row index (3-D).
 A raw record longer than 300 s at its own rate (a Holter recording) is read, screened, filtered and
 z-scored on its centre 300 s span alone, and `--num-windows` spreads its windows over that span:
-memory stays bounded whatever the record's length (`ecgpos.ecg.signal.record_span`).
+memory stays bounded whatever the record's length (`ecgpos.ecg.signal.record_span`). The closing
+line counts such records and FILE's `.long.csv` (e.g. feats.long.csv; written only when there is
+one) lists them: record_id, duration_s (the whole record), used_from_s, used_to_s (the span used).
 FILE by suffix: `.csv` (record_id, f0..f{D-1}), `.h5` (datasets `features`, `record_id`),
 `.npz` (arrays `features`, `record_id`) or `.npy` (features only, ids one per line in FILE with
 suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and `.h5` need h5py
@@ -22,7 +24,8 @@ suffix `.ids.txt` beside it, since .npy holds a single array); shard inputs and 
 `bad_record_id`: bad records are reported on stderr with their id and reason, listed in
 FILE's `.skipped.csv` (record_id, reason, detail; e.g. feats.skipped.csv) and the others are still
 embedded; exit 0 if any record was embedded (1 with --strict when any was skipped), 2 if none was
-(then FILE.skipped.csv is written and an earlier run's FILE and FILE.ids.txt are deleted).
+(then FILE.skipped.csv is written and an earlier run's FILE, FILE.ids.txt and FILE.long.csv are
+deleted; a run with no record longer than 300 s deletes an earlier FILE.long.csv too).
 """
 
 from __future__ import annotations
@@ -37,11 +40,12 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.load import load_encoder
 from ecgpos.extras import require
 from ecgpos.files import user_path
-from ecgpos.inference.inputs import (
+from ecgpos.inference.inputs import embed_records, open_source
+from ecgpos.inference.outputs import (
     OUTPUT_SUFFIXES,
     check_writable,
-    embed_records,
-    open_source,
+    long_note,
+    long_path,
     skipped_note,
     write_features,
     write_skipped,
@@ -107,9 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({len(result.skipped)} skipped, reasons above and in {listed})"
         )
     features = np.stack(result.features).astype(np.float32)
-    written = write_features(args.out, result.ids, features, encoder, result.skipped)
+    written = write_features(args.out, result.ids, features, encoder, result.skipped, result.long)
     print(
         f"embedded {len(result.ids)} of {source.count} {source.kind} ({features.shape[1]} features) -> "
-        f"{', '.join(map(str, written))}{skipped_note(result.skipped)}"
+        f"{', '.join(map(str, written))}{skipped_note(result.skipped)}{long_note(result.long, long_path(args.out))}"
     )
     return 1 if args.strict and result.skipped else 0

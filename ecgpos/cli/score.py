@@ -5,7 +5,9 @@ a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RE
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
 Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
-Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does.
+Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does; a record
+longer than 300 s is scored on its centre 300 s, counted in the closing line and listed in FILE's
+`.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
 With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
@@ -15,8 +17,9 @@ The summary gains q*, both thresholds, the realised rates on D_fit and on the no
 nominal and anomalous label Pr(A), Pr(B), A and not B, not A and B, neither, and r_latent; FILE's
 `.flags.csv` gets record_id,label,A,B,flag (0/1) for every scored record.
 These files are replaced together: a run without --labels deletes an earlier run's FILE.summary.md,
-a run without --calibration its FILE.flags.csv, and a run that scored no record writes the skipped
-list and deletes the earlier scores, summary and flags.
+a run without --calibration its FILE.flags.csv, a run without a record longer than 300 s its
+FILE.long.csv, and a run that scored no record writes the skipped list and deletes the earlier
+scores, long list, summary and flags.
 """
 
 from __future__ import annotations
@@ -29,11 +32,14 @@ from pathlib import Path
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target
-from ecgpos.inference.inputs import (
+from ecgpos.inference.inputs import open_source
+from ecgpos.inference.outputs import (
     check_writable,
-    open_source,
+    long_note,
+    long_path,
     skipped_note,
     skipped_path,
+    write_long_rows,
     write_skipped,
     write_skipped_rows,
 )
@@ -197,15 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         except EcgposError as err:  # the scores are written all the same, without an earlier run's summary
             refusal = err
     levels = list(result.scores)
-    listed = skipped_path(args.out)
-    # replaced together: never another run's skipped list, summary or flags beside these scores
-    with atomic_paths([args.out, listed, summary, flags]) as (tmp, skipped_tmp, summary_tmp, flags_tmp):
+    listed, long = skipped_path(args.out), long_path(args.out)
+    # replaced together: never another run's skipped or long list, summary or flags beside these scores
+    paths = [args.out, listed, long, summary, flags]
+    with atomic_paths(paths) as (tmp, skipped_tmp, long_tmp, summary_tmp, flags_tmp):
         with tmp.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
             for row, record_id in enumerate(result.ids):
                 writer.writerow([record_id] + [f"{result.scores[level][row]:.9g}" for level in levels])
         write_skipped_rows(skipped_tmp, result.skipped)
+        if result.long:
+            write_long_rows(long_tmp, result.long)
         if text is not None:
             summary_tmp.write_text(text)
         if report is not None:
@@ -214,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"note: {note}")
     print(
         f"scored {len(result.ids)} of {source.count} {source.kind} at {', '.join(levels)} "
-        f"({args.masks} masks) -> {args.out}, {listed}{skipped_note(result.skipped)}"
+        f"({args.masks} masks) -> {args.out}, {listed}{skipped_note(result.skipped)}{long_note(result.long, long)}"
     )
     if refusal is not None:
         raise refusal

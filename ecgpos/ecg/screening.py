@@ -6,7 +6,8 @@ vector: each refusal is a SignalError whose reason is the skip reason of preproc
 
 A record longer than `ecgpos.ecg.signal.MAX_WHOLE_SECONDS` (300 s) at its own rate is cut to its
 centre span (`record_span`) before any check: the checks, the dead leads and the standardisation
-that follows all cover that span, never the rest of the record.
+that follows all cover that span, never the rest of the record. `Screened.total` keeps the whole
+record's length, so every output can say which records were used on their span (`Screened.cut`).
 
 Checks, in order: real-number samples (dtype: not complex, text, booleans or objects), lead
 names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate outside the spec's
@@ -27,7 +28,14 @@ import numpy as np
 
 from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.rates import check_fs
-from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, record_span, resampled_length, screen_ptp
+from ecgpos.ecg.signal import (
+    DEAD_LEAD_PTP_MV,
+    MAX_WHOLE_SECONDS,
+    record_span,
+    resampled_length,
+    screen_ptp,
+    seconds_text,
+)
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, SignalError
 
@@ -67,15 +75,38 @@ DEFAULT_POLICY = ScreenPolicy()
 
 @dataclass
 class Screened:
-    """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads."""
+    """A record that passed every check: canonical-order raw (12, time) mV, its rate and dead leads,
+    and the samples of the whole record (`signal` holds its `record_span`)."""
 
     signal: np.ndarray
     fs: float
     dead: np.ndarray  # (12,) bool
+    total: int = -1  # samples of the whole record at fs (-1: as many as `signal` holds)
 
     @property
     def dead_names(self) -> list[str]:
         return [CANONICAL_LEADS[i] for i in np.flatnonzero(self.dead)]
+
+    @property
+    def cut(self) -> bool:
+        """Whether the record is longer than 300 s, so `signal` is its centre span only."""
+        return self.total > self.signal.shape[-1]
+
+    def span_seconds(self) -> tuple[str, str, str]:
+        """(the whole record's duration, start and end of the span used) in seconds, as the outputs write them."""
+        whole = max(self.total, self.signal.shape[-1])
+        start, stop = record_span(whole, self.fs)
+        return seconds_text(whole, self.fs), seconds_text(start, self.fs), seconds_text(stop, self.fs)
+
+
+def long_records_note(count: int, verb: str, where: str) -> str:
+    """`; N records longer than 300 s <verb> their centre 300 s (<where>)` for a command's closing line
+    ('' when every record was used whole), e.g. verb 'used on', where 'listed in feats.long.csv'."""
+    if not count:
+        return ""
+    span, many = f"{MAX_WHOLE_SECONDS:g} s", count > 1
+    records, their = ("records", "their") if many else ("record", "its")
+    return f"; {count} {records} longer than {span} {verb} {their} centre {span} ({where})"
 
 
 def as_samples(signal: Any) -> np.ndarray:
@@ -94,12 +125,19 @@ def as_samples(signal: Any) -> np.ndarray:
 
 
 def screen_record(
-    signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+    signal: np.ndarray,
+    fs: float,
+    leads: Sequence[str],
+    spec: PreprocessSpec,
+    policy: ScreenPolicy = DEFAULT_POLICY,
+    total: int = -1,
 ) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason).
 
     The returned signal is the record's `record_span`: the whole record up to 300 s, else its
-    centre 300 s (a record already read on its span is returned whole: the span of a span is itself).
+    centre 300 s (a record already read on its span is returned whole: the span of a span is itself;
+    `total`, the whole record's samples as the readers give them in `RawRecord.total`, then says
+    how long the record was).
     """
     x = as_samples(signal)
     if x.dtype.kind not in "iuf":  # complex would lose its imaginary part, text and booleans are no mV
@@ -112,6 +150,7 @@ def screen_record(
         raise SignalError("shape", f"{x.shape[0]} signal rows but {len(leads)} lead names{hint}")
     # a record longer than MAX_WHOLE_SECONDS is screened and preprocessed on its centre span alone:
     # cropped first (a view), so lead reordering and every check below touch the span only
+    total = max(int(total), x.shape[-1])
     start, stop = record_span(x.shape[-1], fs)
     x = to_canonical_order(x[:, start:stop], leads)  # raises missing/duplicate/unknown lead
     fs = check_fs(fs, spec)  # unsupported rates first: unexpected_fs is a supported rate of another corpus
@@ -145,4 +184,4 @@ def screen_record(
     if count > policy.max_dead_leads:
         names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))
         raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
-    return Screened(signal=x, fs=fs, dead=dead)
+    return Screened(signal=x, fs=fs, dead=dead, total=total)

@@ -170,6 +170,12 @@ def record_span(length: int, fs: float) -> tuple[int, int]:
     return start, start + keep
 
 
+def seconds_text(samples: int, fs: float) -> str:
+    """`samples` at `fs` Hz in seconds as the outputs that list record durations write it (index.csv
+    `duration_s`, `ecgpos embed`'s FILE.long.csv): to the microsecond, without trailing zeros."""
+    return format(round(samples / float(fs), 6), ".15g")
+
+
 def pad_to(x: np.ndarray, length: int) -> np.ndarray:
     """Zero-pad at the end along time to `length` samples (no-op if already long enough)."""
     missing = length - x.shape[-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from numbers import Integral
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, as_samples, screen_record
+from ecgpos.ecg.signal import MAX_WHOLE_SECONDS, record_span
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import (
@@ -109,14 +111,19 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
 
 
 def check_raw_record(
-    signal: np.ndarray, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
+    signal: np.ndarray,
+    fs: float,
+    leads: Sequence[str],
+    spec: PreprocessSpec,
+    policy: ScreenPolicy = DEFAULT_POLICY,
+    total: int = -1,
 ) -> Screened:
     """The record screening of preprocessing (`ecgpos.ecg.screening.screen_record`), before filtering.
 
     Every bad record gets its own reason (SignalError): lead names, rate, empty, NaN/inf, all-zero,
-    flat, too many dead leads, shorter than one window.
+    flat, too many dead leads, shorter than one window. `total`: as in `screen_record`.
     """
-    return screen_record(signal, fs, leads, spec, policy)
+    return screen_record(signal, fs, leads, spec, policy, total)
 
 
 class ExportedEncoder(nn.Module):
@@ -172,8 +179,7 @@ class ExportedEncoder(nn.Module):
             )
         return x
 
-    @torch.no_grad()
-    def embed(
+    def embed(  # no torch.no_grad (window_features has it), so the warning below names the caller's line
         self, signal: np.ndarray, fs: float, leads: Sequence[str], num_windows: int = DEFAULT_NUM_WINDOWS
     ) -> np.ndarray:
         """Raw (leads, time) mV at any rate, any lead order/naming -> (width,) float32 features.
@@ -184,7 +190,9 @@ class ExportedEncoder(nn.Module):
         features. A record longer than 300 s at its own rate (a Holter recording) is screened,
         filtered and standardised on its centre 300 s span alone (`ecgpos.ecg.signal.record_span`)
         and its windows are spread over that span, so memory stays bounded; records up to 300 s are
-        processed whole. Raises SignalError for records that cannot be preprocessed.
+        processed whole. Such a record warns (a UserWarning, which Python shows once per calling line
+        unless the warnings filters say otherwise). Raises SignalError for records that cannot
+        be preprocessed.
         """
         if isinstance(leads, str) or not isinstance(leads, Sequence):
             # one line: the repr of an array of names (a numpy array, a pandas Index) spans several
@@ -196,7 +204,16 @@ class ExportedEncoder(nn.Module):
         if isinstance(num_windows, bool) or not isinstance(num_windows, Integral) or num_windows < 1:
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
         signal = as_samples(signal)
-        return embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
+        features = embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
+        if record_span(signal.shape[-1], fs) != (0, signal.shape[-1]):  # screening passed: a (leads, time) array
+            # one message for every record, so the default filter shows it once per calling line
+            warnings.warn(
+                f"a record longer than {MAX_WHOLE_SECONDS:g} s is embedded on its centre {MAX_WHOLE_SECONDS:g} s "
+                "only (ecgpos.ecg.signal.record_span); to describe all of it, cut it into segments and embed each",
+                UserWarning,
+                stacklevel=2,
+            )
+        return features
 
 
 _warned_unbound: set[str] = set()

@@ -1,19 +1,17 @@
-"""What `ecgpos embed` and `ecgpos score` read and write: records in, feature files out.
+"""What `ecgpos embed` and `ecgpos score` read: records in, features of each good record out.
 
 Inputs (`open_source`): WFDB records or folders of them, HDF5 shard folders or files (already
 preprocessed: only the spec is checked), and `.npy` arrays with their rate and lead names. Raw
 records go through preprocessing's record screening (`ecgpos.ecg.screening`); a refused record is
-reported with its reason and the others go on. Outputs (`write_features`): .csv, .h5, .npz or .npy,
-and FILE's `.skipped.csv` listing the refused records. The command's help (ecgpos/cli/embed.py)
-spells out ids and formats.
+reported with its reason and the others go on, and a record longer than 300 s is noted with its
+duration (`EmbedResult.long`). The files written are `ecgpos.inference.outputs`'; the command's
+help (ecgpos/cli/embed.py) spells out ids and formats.
 """
 
 from __future__ import annotations
 
-import csv
 import sys
 import unicodedata
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,17 +26,19 @@ from ecgpos.ecg.signal import check_finite, pad_to, preprocess_batch, resample_f
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.load import ExportedEncoder, check_raw_record
-from ecgpos.files import atomic_paths, remove_abandoned_temporaries, walk_folders, write_test
+from ecgpos.files import walk_folders
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, record_means, record_windows, window_features
 
-OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
 # Unicode categories of what no single line can hold as it is: control characters (line breaks, tab,
 # NUL) and the line and paragraph separators, which str.splitlines also splits on.
 _LINE_BREAKING = {"Cc", "Zl", "Zp"}
 
-# One record of a source: its id and a thunk giving its preprocessed (12, T) float32 signal;
+# (duration_s, used_from_s, used_to_s) of a raw record longer than 300 s (`Screened.span_seconds`),
+# None for a record used whole
+Span = tuple[str, str, str] | None
+# One record of a source: its id and a thunk giving its preprocessed (12, T) float32 signal and span;
 # the thunk raises SignalError for a bad record, which is reported and skipped.
-Record = tuple[str, Callable[[], np.ndarray]]
+Record = tuple[str, Callable[[], tuple[np.ndarray, Span]]]
 
 
 @dataclass
@@ -53,23 +53,30 @@ class EmbedResult:
     ids: list[str] = field(default_factory=list)
     features: list[np.ndarray] = field(default_factory=list)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
+    long: list[tuple[str, str, str, str]] = field(default_factory=list)  # (id, duration_s, used_from_s, used_to_s)
 
 
 def raw_thunk(
-    signal: Any, fs: float, leads: Sequence[str], spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY
-) -> Callable[[], np.ndarray]:
-    """Deferred screening + preprocessing of one raw record (signal may be a memory-mapped array).
+    signal: Any,
+    fs: float,
+    leads: Sequence[str],
+    spec: PreprocessSpec,
+    policy: ScreenPolicy = DEFAULT_POLICY,
+    total: int = -1,
+) -> Callable[[], tuple[np.ndarray, Span]]:
+    """Deferred screening + preprocessing of one raw record (signal may be a memory-mapped array, or
+    the span a reader read of a record of `total` samples).
 
     The screening is preprocessing's own (`screen_record`): a record preprocessing would skip
     (all-zero, flat, too many dead leads, too short, bad rate) is skipped with the same reason.
     """
 
-    def run() -> np.ndarray:
+    def run() -> tuple[np.ndarray, Span]:
         # screened as stored, as `encoder.embed` screens: a float32 copy first would turn float64
         # samples beyond float32's range into inf, refused as non_finite instead of units
-        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy)
+        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy, total)
         y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
-        return pad_to(y, spec.window) if policy.pad_short else y
+        return (pad_to(y, spec.window) if policy.pad_short else y), (ok.span_seconds() if ok.cut else None)
 
     return run
 
@@ -96,15 +103,15 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
     def records() -> Iterator[Record]:
         for record_id, base in zip(ids, bases):
 
-            def run(base: Path = base) -> np.ndarray:
+            def run(base: Path = base) -> tuple[np.ndarray, Span]:
                 raw = read_wfdb_record(base)
-                return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy)()
+                return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy, raw.total)()
 
             yield record_id, run
         # a folder that cannot be listed is one skipped entry, named by its path: its records cannot be counted
         for rel, why in unlisted:
 
-            def fail(why: str = why) -> np.ndarray:
+            def fail(why: str = why) -> tuple[np.ndarray, Span]:
                 raise SignalError("unreadable", f"folder cannot be listed ({why})")
 
             yield rel.as_posix(), fail
@@ -133,13 +140,13 @@ def shard_source(path: Path, spec: PreprocessSpec) -> Source:
 
                     def run(
                         row: int = row, signals: h5py.Dataset = signals, lengths: np.ndarray = lengths
-                    ) -> np.ndarray:
+                    ) -> tuple[np.ndarray, Span]:
                         # a --pad-short record (length < window) is used zero-padded as stored,
                         # exactly the input pretraining saw; stored T is always >= window
                         stop = max(int(lengths[row]), min(spec.window, signals.shape[-1]))
                         x = np.asarray(signals[row, :, :stop], dtype=np.float32)
                         check_finite(x)
-                        return x
+                        return x, None  # stored by `ecgpos preprocess`, whose index.csv has duration_s
 
                     yield record_id, run
 
@@ -202,11 +209,17 @@ def check_record_id(record_id: str) -> None:
 
 
 def source_windows(
-    source: Source, window: int, num_windows: int, skipped: list[tuple[str, str, str]], prog: str, progress: bool = True
+    source: Source,
+    window: int,
+    num_windows: int,
+    skipped: list[tuple[str, str, str]],
+    prog: str,
+    progress: bool = True,
+    long: list[tuple[str, str, str, str]] | None = None,
 ) -> Iterator[tuple[str, np.ndarray]]:
     """(record id, windows) of every good record of `source`; each bad one (a bad id included, see
     `check_record_id`) is appended to `skipped` as (id, reason, detail) and reported on stderr, and
-    the others go on."""
+    the others go on. A good record longer than 300 s is appended to `long` (`outputs.LONG_COLUMNS`)."""
     from tqdm import tqdm
 
     bar = tqdm(
@@ -215,7 +228,8 @@ def source_windows(
     for record_id, load in bar:
         try:
             check_record_id(record_id)
-            windows = record_windows(load(), window, num_windows)
+            signal, span = load()
+            windows = record_windows(signal, window, num_windows)
         except (SignalError, EcgposError, OSError) as err:  # OSError: a damaged shard row or file
             reason = getattr(err, "reason", "unreadable")
             detail = getattr(err, "detail", (str(err).splitlines() or [type(err).__name__])[0])
@@ -223,6 +237,8 @@ def source_windows(
             shown = record_id if reason != "bad_record_id" else ascii(record_id)  # one line on stderr
             bar.write(f"{prog}: skipped {shown}: {reason}: {detail}", file=sys.stderr)
             continue
+        if span is not None and long is not None:
+            long.append((record_id, *span))
         yield record_id, windows
     bar.close()
 
@@ -236,7 +252,9 @@ def embed_records(
 ) -> EmbedResult:
     """Features (mean over each record's windows) of every good record; bad ones listed with reasons."""
     result = EmbedResult()
-    records = source_windows(source, encoder.spec.window, num_windows, result.skipped, "ecgpos embed", progress)
+    records = source_windows(
+        source, encoder.spec.window, num_windows, result.skipped, "ecgpos embed", progress, result.long
+    )
 
     def features(windows: np.ndarray) -> dict[str, np.ndarray]:
         return {"features": window_features(encoder, windows, batch_size, encoder.device)}
@@ -245,117 +263,3 @@ def embed_records(
         result.ids.append(record_id)
         result.features.append(means["features"])
     return result
-
-
-def skipped_path(out: Path) -> Path:
-    """Where the refused records of `out` are listed: FILE's name with `.skipped.csv` (feats.skipped.csv)."""
-    return out.with_name(f"{out.stem}.skipped.csv")
-
-
-def output_paths(out: Path) -> list[Path]:
-    """Every file written for --out FILE: FILE, its `.skipped.csv` and, for .npy, its `.ids.txt`."""
-    return [out, skipped_path(out)] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
-
-
-def check_writable(
-    out: Path, input_path: Path | None = None, also: Sequence[Path] = (), suffixes: Sequence[str] = ()
-) -> None:
-    """--out must be a file this process can create, with one of `suffixes` when given, and none of its
-    files (`output_paths`, plus `also`) may be a folder or be (or join) the input: one line otherwise,
-    before any record is read and before the write test makes --out's folder.
-    A folder in a file's place would fail only after every record was processed; an output over the
-    input would destroy it after it was read, and a `shard-*.h5` beside the input shards would join them.
-    Abandoned temporaries of all these files (a killed run's) are removed."""
-    if out.is_dir():
-        raise EcgposError(f"--out {out} is a folder; give a file name")
-    for path in [*output_paths(out), *also]:
-        if path.is_dir():
-            raise EcgposError(f"--out {out}: {path} is a folder where a file of the output goes; move it aside")
-    if input_path is not None:
-        source = input_path.resolve()
-        for path in [*output_paths(out), *also]:
-            target = path.resolve()
-            beside = target.match(SHARD_GLOB) and target.parent in (source, source.parent)
-            if target == source or beside:
-                raise EcgposError(
-                    f"--out {out}: {path} would overwrite or join the input {input_path}; write elsewhere"
-                )
-    if suffixes and out.suffix not in suffixes:
-        raise EcgposError(f"--out {out}: give a file name ending in {' or '.join(suffixes)}")
-    write_test(out, f"--out {out}")
-    # what a killed run of this command left beside these files (the folder is the user's: only ours)
-    remove_abandoned_temporaries(out.parent, {path.name for path in [*output_paths(out), *also]})
-
-
-def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]], also: Sequence[Path] = ()) -> Path:
-    """The skipped list of a run that wrote nothing else: `record_id,reason,detail` of every refused
-    record, replacing FILE's whole set (`output_paths` and `also`) at once, so an earlier run's
-    FILE, `.ids.txt` or summary is deleted with it and never read as this run's."""
-    paths = [*output_paths(out), *also]
-    with atomic_paths(paths) as tmps:
-        write_skipped_rows(tmps[1], skipped)
-    return paths[1]
-
-
-def write_skipped_rows(path: Path, skipped: Sequence[tuple[str, str, str]]) -> None:
-    """The `.skipped.csv` text of `skipped` into `path` (a temporary name of `atomic_path(s)`)."""
-    with path.open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(["record_id", "reason", "detail"])
-        writer.writerows(skipped)
-
-
-def skipped_note(skipped: Sequence[tuple[str, str, str]]) -> str:
-    """`; skipped N (reason count, ...)` for a command's closing line ('' when none was skipped)."""
-    if not skipped:
-        return ""
-    reasons = Counter(reason for _, reason, _ in skipped)
-    return f"; skipped {len(skipped)} ({', '.join(f'{k} {v}' for k, v in sorted(reasons.items()))})"
-
-
-def write_features(
-    out: Path,
-    ids: list[str],
-    features: np.ndarray,
-    encoder: ExportedEncoder,
-    skipped: Sequence[tuple[str, str, str]] | None = None,
-) -> list[Path]:
-    """Write features (N, D) float32 with their record ids (and, when given, the `skipped` records in
-    `.skipped.csv`); returns the files written. They replace an earlier run's files together (`atomic_paths`)."""
-    try:
-        return _write_features(out, ids, features, encoder, skipped)
-    except OSError as err:
-        raise EcgposError(f"cannot write {out}: {err.strerror or err}") from None
-
-
-def _write_features(
-    out: Path, ids: list[str], features: np.ndarray, encoder: ExportedEncoder, skipped: Sequence | None
-) -> list[Path]:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [out] + ([out.with_suffix(".ids.txt")] if out.suffix == ".npy" else [])
-    paths += [skipped_path(out)] if skipped is not None else []
-    # the suffix keeps np.save from appending its own
-    with atomic_paths(paths, [out.suffix]) as (tmp, *companions):
-        if out.suffix == ".csv":
-            with tmp.open("w", newline="") as handle:
-                writer = csv.writer(handle)
-                writer.writerow(["record_id"] + [f"f{i}" for i in range(features.shape[1])])
-                for record_id, row in zip(ids, features):
-                    writer.writerow([record_id] + [f"{v:.9g}" for v in row])
-        elif out.suffix == ".h5":
-            import h5py
-
-            with h5py.File(tmp, "w") as handle:
-                handle.create_dataset("features", data=features)
-                handle.create_dataset("record_id", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
-                handle.attrs["encoder"] = encoder.source
-                handle.attrs["weights_sha256"] = encoder.config["weights_sha256"]
-                handle.attrs["spec"] = encoder.spec.to_json()
-        elif out.suffix == ".npz":
-            np.savez(tmp, features=features, record_id=np.array(ids, dtype=str))
-        else:
-            np.save(tmp, features)
-            companions[0].write_text("".join(f"{record_id}\n" for record_id in ids))
-        if skipped is not None:
-            write_skipped_rows(companions[-1], skipped)
-    return paths

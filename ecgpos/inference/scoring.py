@@ -138,6 +138,7 @@ class ScoreResult:
     ids: list[str] = field(default_factory=list)
     scores: dict[str, list[float]] = field(default_factory=dict)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (record id, reason, detail)
+    long: list[tuple[str, str, str, str]] = field(default_factory=list)  # (id, duration_s, used_from_s, used_to_s)
 
 
 def score_records(
@@ -153,7 +154,7 @@ def score_records(
     """Scores of every good record of an `ecgpos embed` source; bad records are reported on stderr
     with their reason and skipped."""
     result = ScoreResult(scores={level: [] for level in models.levels})
-    records = source_windows(source, models.spec.window, num_windows, result.skipped, prog, progress)
+    records = source_windows(source, models.spec.window, num_windows, result.skipped, prog, progress, result.long)
 
     def scores(windows: np.ndarray) -> dict[str, np.ndarray]:
         return window_scores(models, windows, masks, device, batch_size)
