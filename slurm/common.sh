@@ -48,8 +48,9 @@ ecgpos_require_config() {
 }
 
 # ecgpos_words NAME ARRAY: the words of the list setting $NAME (ECGPOS_PRETRAIN_SET, ECGPOS_*_ARGS,
-# ECGPOS_SBATCH_ARGS, ECGPOS_PROBE_TASKS) into the array ARRAY, split as a shell splits a command line: blanks
-# separate words; quotes or a backslash keep a blank inside one ("--cache-dir '/scratch/my cache'").
+# ECGPOS_SBATCH_ARGS, ECGPOS_PROBE_TASKS, ECGPOS_CORPORA, ECGPOS_PROBE_ENCODERS) into the array ARRAY, split
+# as a shell splits a command line: blanks separate words; quotes or a backslash keep a blank inside one
+# ("--cache-dir '/scratch/my cache'").
 # Nothing in the value is expanded or run ($HOME, *, $(...) stay as written). An unclosed quote is one line
 # naming $NAME, exit 2.
 ecgpos_words() {
@@ -89,6 +90,91 @@ ecgpos_require_probe_tasks() {
         fi
         ecgpos_die "ECGPOS_PROBE_TASKS: unknown task '$task' (known: $ECGPOS_KNOWN_PROBE_TASKS, custom:<dir>)"
     done
+}
+
+# Raw-corpus layouts `ecgpos preprocess` reads (preprocessing/build.py SOURCES) and its ecg-arrhythmia --subset.
+ECGPOS_KNOWN_DATASETS="code15 ecg-arrhythmia"
+ECGPOS_KNOWN_SUBSETS="all chapman ningbo"
+# ecgpos_corpora DATASETS SOURCES SHARDS: the corpora to preprocess and pretrain on, as three arrays of one
+# length: the dataset, its raw folder and its shard folder. ECGPOS_CORPORA ("ecg-arrhythmia=/data/ecg-arrhythmia
+# code15=/data/code15", the paper's pool) gives one corpus per word, each into $ECGPOS_SHARDS/<dataset>/;
+# without it, the one corpus ECGPOS_DATASET (ecg-arrhythmia) from ECGPOS_SRC goes into $ECGPOS_SHARDS itself.
+# Raw folders are not checked here (a chain that starts at stage0 needs none); pipeline.sh checks them.
+ecgpos_corpora() {
+    local -n _ecgpos_datasets=$1 _ecgpos_sources=$2 _ecgpos_shard_dirs=$3
+    local corpora word dataset
+    _ecgpos_datasets=() _ecgpos_sources=() _ecgpos_shard_dirs=()
+    ecgpos_words ECGPOS_CORPORA corpora
+    if [ "${#corpora[@]}" -eq 0 ]; then
+        ECGPOS_CORPORA=""   # a blank value is no list: callers test [ -n "$ECGPOS_CORPORA" ]
+        dataset=${ECGPOS_DATASET:-ecg-arrhythmia}
+        [[ " $ECGPOS_KNOWN_DATASETS " == *" $dataset "* ]] ||
+            ecgpos_die "ECGPOS_DATASET: unknown dataset '$dataset' (known: $ECGPOS_KNOWN_DATASETS)"
+        _ecgpos_datasets=("$dataset") _ecgpos_sources=("${ECGPOS_SRC:-}") _ecgpos_shard_dirs=("$ECGPOS_SHARDS")
+        ecgpos_require_subset "$dataset"
+        return 0
+    fi
+    for word in ECGPOS_SRC ECGPOS_DATASET; do   # two answers to "which corpus": refuse rather than pick one
+        [ -z "${!word:-}" ] || ecgpos_die "ECGPOS_CORPORA and $word are both set: ECGPOS_CORPORA lists every" \
+            "corpus as dataset=path; unset $word"
+    done
+    for word in "${corpora[@]}"; do
+        dataset=${word%%=*}
+        [[ $word == *=* && -n $dataset && -n ${word#*=} ]] ||
+            ecgpos_die "ECGPOS_CORPORA: '$word' is not dataset=path (e.g. code15=/data/code15)"
+        [[ " $ECGPOS_KNOWN_DATASETS " == *" $dataset "* ]] ||
+            ecgpos_die "ECGPOS_CORPORA: unknown dataset '$dataset' in '$word' (known: $ECGPOS_KNOWN_DATASETS)"
+        [[ " ${_ecgpos_datasets[*]} " != *" $dataset "* ]] ||
+            ecgpos_die "ECGPOS_CORPORA: $dataset is given twice (its shards go to $ECGPOS_SHARDS/$dataset)"
+        _ecgpos_datasets+=("$dataset") _ecgpos_sources+=("${word#*=}") _ecgpos_shard_dirs+=("$ECGPOS_SHARDS/$dataset")
+    done
+    ecgpos_require_subset "${_ecgpos_datasets[@]}"
+}
+# ecgpos_require_subset DATASET...: ECGPOS_SUBSET, when set, is a subset of an ecg-arrhythmia corpus among them.
+ecgpos_require_subset() {
+    [ -n "${ECGPOS_SUBSET:-}" ] || return 0
+    [[ " $ECGPOS_KNOWN_SUBSETS " == *" $ECGPOS_SUBSET "* ]] ||
+        ecgpos_die "ECGPOS_SUBSET: unknown subset '$ECGPOS_SUBSET' (known: $ECGPOS_KNOWN_SUBSETS)"
+    [[ " $* " == *" ecg-arrhythmia "* ]] ||
+        ecgpos_die "ECGPOS_SUBSET=$ECGPOS_SUBSET is an ecg-arrhythmia id range, and no corpus is ecg-arrhythmia ($*)"
+}
+
+# ecgpos_probe_encoders ARRAY: the encoders to probe. ECGPOS_PROBE_ENCODER alone when set (one encoder, its
+# probes in $ECGPOS_PROBES/<task>/), else the words of ECGPOS_PROBE_ENCODERS, by default Stage 1's Stage-0
+# encoder and the Stage-1 run (the paper's comparison), each encoder's probes in $ECGPOS_PROBES/<name>/<task>/.
+ecgpos_probe_encoders() {
+    local -n _ecgpos_encoders=$1
+    if [ -n "${ECGPOS_PROBE_ENCODER:-}" ]; then
+        [ -z "${ECGPOS_PROBE_ENCODERS:-}" ] || ecgpos_die "ECGPOS_PROBE_ENCODER and ECGPOS_PROBE_ENCODERS are" \
+            "both set: set ECGPOS_PROBE_ENCODER for one encoder or ECGPOS_PROBE_ENCODERS for several"
+        _ecgpos_encoders=("$ECGPOS_PROBE_ENCODER")
+        return 0
+    fi
+    ecgpos_words ECGPOS_PROBE_ENCODERS _ecgpos_encoders
+    [ "${#_ecgpos_encoders[@]}" -gt 0 ] ||
+        _ecgpos_encoders=("${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}" "$ECGPOS_RUNS/stage1")
+}
+# ecgpos_probe_name ENCODER: the folder name of an encoder's probes: the run or export folder's name
+# (runs/stage1 -> stage1, the label `ecgpos probe` gives it), random-<config name> for random:<config>.
+ecgpos_probe_name() {
+    local encoder=$1 name
+    if [[ $encoder == random:* ]]; then
+        name=${encoder#random:}
+        name=${name%/}
+        name=${name##*/}
+        echo "random-${name%.yaml}"
+        return
+    fi
+    while [[ $encoder == */ && $encoder != / ]]; do encoder=${encoder%/}; done
+    echo "${encoder##*/}"
+}
+# ecgpos_probe_out ENCODER TASK: where `ecgpos probe` writes ENCODER's results on TASK.
+ecgpos_probe_out() {
+    if [ -n "${ECGPOS_PROBE_ENCODER:-}" ]; then
+        echo "$ECGPOS_PROBES/$2"
+    else
+        echo "$ECGPOS_PROBES/$(ecgpos_probe_name "$1")/$2"
+    fi
 }
 
 # ecgpos_require_setup: ECGPOS_SETUP must be valid shell code (`bash -n`), or every job would fail at once.

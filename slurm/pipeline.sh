@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Submit the whole chain with --dependency=afterok and print one "STEP JOBID" line per job:
 #
-#   preprocess (array) -> check -> stage0 -> stage1 -> probe (array) -> merge -> export
+#   preprocess-<corpus> (array) -> check-<corpus>  (one pair per corpus of ECGPOS_CORPORA) -> stage0 -> stage1
+#   -> probe-<encoder> (array over probe tasks; one per encoder of ECGPOS_PROBE_ENCODERS, each after the stage
+#      that makes its encoder) -> merge (Stage 1 vs Stage 0) -> export
+# With the one-corpus ECGPOS_SRC and the one-encoder ECGPOS_PROBE_ENCODER the steps are plain "preprocess",
+# "check" and "probe".
 #
-# Usage:  ECGPOS_SRC=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh          (or: set -a; . my.env; slurm/pipeline.sh)
+# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh      (or: set -a; . my.env; slurm/pipeline.sh)
 # Every setting is an environment variable with a default; see slurm/env.example. ECGPOS_STEPS picks a
 # contiguous part of the chain (e.g. "stage1 probe merge export" when the shards and Stage 0 exist).
 # Settings are checked before anything is submitted (one line naming the variable, exit 2); a submission
@@ -46,13 +50,28 @@ done
 [ -z "${ECGPOS_MAX_REQUEUES:-}" ] || ecgpos_require_int ECGPOS_MAX_REQUEUES 0
 # the lists the jobs split (an unclosed quote would fail each job in turn, hours later in the queue)
 for _v in ECGPOS_SBATCH_ARGS ECGPOS_PRETRAIN_SET ECGPOS_PROBE_TASKS ECGPOS_PREPROCESS_ARGS ECGPOS_PROBE_ARGS \
-          ECGPOS_EXPORT_ARGS; do
+          ECGPOS_EXPORT_ARGS ECGPOS_CORPORA ECGPOS_PROBE_ENCODERS; do
     ecgpos_words "$_v" _words
 done
 ecgpos_require_setup
-if wants preprocess; then ecgpos_require_dir ECGPOS_SRC "raw pretraining corpus"; fi
-if { wants stage0 || wants stage1; } && ! wants preprocess && [ ! -f "$ECGPOS_SHARDS/index.csv" ]; then
-    ecgpos_die "ECGPOS_SHARDS=$ECGPOS_SHARDS has no index.csv: add preprocess to ECGPOS_STEPS or set ECGPOS_SHARDS"
+datasets=() sources=() shard_dirs=()
+ecgpos_corpora datasets sources shard_dirs
+if wants preprocess; then
+    if [ -z "${ECGPOS_CORPORA:-}" ]; then
+        [ -n "${ECGPOS_SRC:-}" ] || ecgpos_die "set ECGPOS_CORPORA (the corpora to pretrain on, as dataset=path) or" \
+            "ECGPOS_SRC (one corpus)"
+        ecgpos_require_dir ECGPOS_SRC "raw pretraining corpus"
+    fi
+    for _i in "${!datasets[@]}"; do
+        [ -d "${sources[$_i]}" ] ||
+            ecgpos_die "ECGPOS_CORPORA: ${sources[$_i]} is not a folder (the raw ${datasets[$_i]} corpus)"
+    done
+fi
+if { wants stage0 || wants stage1; } && ! wants preprocess; then
+    for _d in "${shard_dirs[@]}"; do
+        [ -f "$_d/index.csv" ] ||
+            ecgpos_die "ECGPOS_SHARDS: $_d has no index.csv: add preprocess to ECGPOS_STEPS or set ECGPOS_SHARDS"
+    done
 fi
 if wants stage0; then ecgpos_require_config ECGPOS_STAGE0_CONFIG; fi
 if wants stage1; then
@@ -67,10 +86,34 @@ if wants probe; then
     ECGPOS_SPLITS=${ECGPOS_SPLITS:-$ECGPOS_DATA_ROOT/merl_splits}
     ecgpos_require_dir ECGPOS_SPLITS "MERL's split folders"
     ecgpos_require_probe_tasks
-    if ! wants stage1 && [[ ${ECGPOS_PROBE_ENCODER:-} != random:* ]]; then
-        ECGPOS_PROBE_ENCODER=${ECGPOS_PROBE_ENCODER:-$ECGPOS_RUNS/stage1}
-        ecgpos_require_dir ECGPOS_PROBE_ENCODER "the encoder to probe; add stage1 to ECGPOS_STEPS"
+fi
+# The encoders to probe, with the stage (0 or 1) whose run each one is, or "-": a probe of a run this chain
+# trains waits for that stage only (the Stage-0 probes run while Stage 1 trains); any other encoder must exist.
+encoders=() made_by=()
+wants probe || wants merge && ecgpos_probe_encoders encoders
+_encoder_var=ECGPOS_PROBE_ENCODERS
+[ -z "${ECGPOS_PROBE_ENCODER:-}" ] || _encoder_var=ECGPOS_PROBE_ENCODER
+_names=" summary "   # the merged summary's folder is beside the encoders' folders
+for _e in "${encoders[@]}"; do
+    _by=-
+    for _stage in 0 1; do
+        [ "$(realpath -m -- "$_e")" != "$(realpath -m -- "$ECGPOS_RUNS/stage$_stage")" ] || _by=$_stage
+    done
+    made_by+=("$_by")
+    if wants probe && [[ $_e != random:* ]] && { [ "$_by" = - ] || ! wants "stage$_by"; }; then
+        [ -d "$_e" ] || ecgpos_die "$_encoder_var: $_e is not a folder (an encoder to probe; add the stage that" \
+            "makes it to ECGPOS_STEPS)"
     fi
+    if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # each encoder's probes go to $ECGPOS_PROBES/<name>/
+        _name=$(ecgpos_probe_name "$_e")
+        [[ $_names != *" $_name "* ]] || ecgpos_die "ECGPOS_PROBE_ENCODERS: $_e would write its probes into" \
+            "$ECGPOS_PROBES/$_name, which another encoder or the summary uses (folder names must differ)"
+        _names+="$_name "
+    fi
+done
+if wants merge && [ -n "${ECGPOS_PROBE_REFERENCE:-}" ] && [ "$ECGPOS_PROBE_REFERENCE" != paper ] &&
+    [ ! -f "$ECGPOS_PROBE_REFERENCE" ]; then
+    ecgpos_die "ECGPOS_PROBE_REFERENCE=$ECGPOS_PROBE_REFERENCE is neither paper nor a file (empty: no published rows)"
 fi
 if wants export && ! wants stage1; then
     ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage1}
@@ -109,12 +152,13 @@ gres() { if [ "$1" -gt 0 ]; then echo "--gres=gpu:$1"; fi; }
 
 # A submission that sbatch refuses (e.g. a gres or time limit the partition does not allow) cancels the jobs
 # submitted before it: no half chain is left in the queue.
-prev=""
 submitted=()
-submit() {  # submit STEP SBATCH-ARGS... ; chains on the previous job and prints "STEP JOBID"
-    local step=$1 id dep=()
-    shift
-    [ -n "$prev" ] && dep=(--dependency="afterok:$prev")
+after=()   # the jobs of the latest step(s): the next step waits for all of them
+submit() {  # submit STEP "DEPENDENCY IDS" SBATCH-ARGS... ; prints "STEP JOBID" and sets $id
+    local step=$1 deps dep=()
+    read -r -a deps <<< "$2"
+    shift 2
+    [ "${#deps[@]}" -gt 0 ] && dep=(--dependency="afterok:$(IFS=:; echo "${deps[*]}")")
     if [ "$ECGPOS_DRY_RUN" = 1 ]; then   # print what would be submitted; fake ids keep the chain readable
         echo "# $(printf '%q ' sbatch "${common[@]}" "${dep[@]}" "$@")"
         id="<$step>"
@@ -126,38 +170,66 @@ submit() {  # submit STEP SBATCH-ARGS... ; chains on the previous job and prints
         submitted+=("$id")
     fi
     echo "$step $id"
-    prev=$id
 }
 
-if wants preprocess; then
-    submit preprocess --job-name=ecgpos-preprocess "${log_array[@]}" --array="0-$(( ECGPOS_PREPROCESS_PARTS - 1 ))" \
-        --cpus-per-task="$ECGPOS_PREPROCESS_CPUS" --time="$ECGPOS_PREPROCESS_TIME" "$HERE/preprocess.sbatch"
-fi
-if wants check; then
-    submit check --job-name=ecgpos-preprocess-check "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
-        "$HERE/preprocess.sbatch" check
-fi
+# one preprocess array and one check per corpus; the corpora are preprocessed side by side
+corpus_jobs=()
+for _i in "${!datasets[@]}"; do
+    # the one-corpus form keeps its step names and its preprocess.sbatch command line
+    suffix="-${datasets[$_i]}" arg=("${datasets[$_i]}")
+    [ -n "${ECGPOS_CORPORA:-}" ] || suffix="" arg=()
+    last="${after[*]}"
+    if wants preprocess; then
+        submit "preprocess$suffix" "$last" --job-name="ecgpos-preprocess$suffix" "${log_array[@]}" \
+            --array="0-$(( ECGPOS_PREPROCESS_PARTS - 1 ))" --cpus-per-task="$ECGPOS_PREPROCESS_CPUS" \
+            --time="$ECGPOS_PREPROCESS_TIME" "$HERE/preprocess.sbatch" "${arg[@]}"
+        last=$id
+    fi
+    if wants check; then
+        submit "check$suffix" "$last" --job-name="ecgpos-preprocess-check$suffix" "${log_single[@]}" \
+            --cpus-per-task=1 --time=01:00:00 "$HERE/preprocess.sbatch" check "${arg[@]}"
+        last=$id
+    fi
+    [ "$last" = "${after[*]}" ] || corpus_jobs+=("$last")
+done
+[ "${#corpus_jobs[@]}" -eq 0 ] || after=("${corpus_jobs[@]}")
+stage_job=(- -)   # the job of each stage submitted here
 for stage in 0 1; do
     if wants "stage$stage"; then
         # shellcheck disable=SC2046  # gres() prints nothing or one word
-        submit "stage$stage" --job-name="ecgpos-stage$stage" "${log_single[@]}" --nodes="$ECGPOS_NODES" \
-            --ntasks-per-node=1 --cpus-per-task="$ECGPOS_PRETRAIN_CPUS" --time="$ECGPOS_PRETRAIN_TIME" \
-            --signal="B:USR1@$ECGPOS_SIGNAL_SECONDS" --requeue $(gres "$ECGPOS_GPUS_PER_NODE") \
-            "$HERE/pretrain.sbatch" "$stage"
+        submit "stage$stage" "${after[*]}" --job-name="ecgpos-stage$stage" "${log_single[@]}" \
+            --nodes="$ECGPOS_NODES" --ntasks-per-node=1 --cpus-per-task="$ECGPOS_PRETRAIN_CPUS" \
+            --time="$ECGPOS_PRETRAIN_TIME" --signal="B:USR1@$ECGPOS_SIGNAL_SECONDS" --requeue \
+            $(gres "$ECGPOS_GPUS_PER_NODE") "$HERE/pretrain.sbatch" "$stage"
+        stage_job[$stage]=$id after=("$id")
     fi
 done
+_tasks=()
 ecgpos_words ECGPOS_PROBE_TASKS _tasks
 if wants probe; then
-    # shellcheck disable=SC2046
-    submit probe --job-name=ecgpos-probe "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \
-        --cpus-per-task="$ECGPOS_PROBE_CPUS" --time="$ECGPOS_PROBE_TIME" $(gres "$ECGPOS_PROBE_GPUS") \
-        "$HERE/probe.sbatch"
+    probe_jobs=()
+    for _i in "${!encoders[@]}"; do
+        # one array per encoder, after the stage that makes it (when submitted here), else after the latest step
+        waits="${after[*]}" step=probe arg=()
+        [ "${made_by[$_i]}" = - ] || [ "${stage_job[${made_by[$_i]}]}" = - ] || waits=${stage_job[${made_by[$_i]}]}
+        if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # the step and job name: one word of the folder name
+            step=$(ecgpos_probe_name "${encoders[$_i]}") arg=("${encoders[$_i]}")
+            step="probe-${step//[^A-Za-z0-9._-]/_}"
+        fi
+        # shellcheck disable=SC2046
+        submit "$step" "$waits" --job-name="ecgpos-$step" "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \
+            --cpus-per-task="$ECGPOS_PROBE_CPUS" --time="$ECGPOS_PROBE_TIME" $(gres "$ECGPOS_PROBE_GPUS") \
+            "$HERE/probe.sbatch" "${arg[@]}"
+        probe_jobs+=("$id")
+    done
+    after=("${probe_jobs[@]}")
 fi
 if wants merge; then
-    submit merge --job-name=ecgpos-probe-merge "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
+    submit merge "${after[*]}" --job-name=ecgpos-probe-merge "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
         "$HERE/probe.sbatch" merge
+    after=("$id")
 fi
 if wants export; then
-    submit export --job-name=ecgpos-export "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
+    submit export "${after[*]}" --job-name=ecgpos-export "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
         "$HERE/export.sbatch"
 fi

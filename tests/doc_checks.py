@@ -56,7 +56,10 @@ OVERRIDE_TARGETS["preprocess"] = PreprocessSpec
 
 
 def is_placeholder(token: str) -> bool:
-    """DIR, FILE.yaml, RUN_OR_EXPORT, DATA/ptbxl, N, <id>, $VAR, …/shards, KEY=VALUE: any value fits."""
+    """DIR, FILE.yaml, RUN_OR_EXPORT, DATA/ptbxl, N, <id>, $VAR, …/shards, KEY=VALUE, [DATASET] (one that may
+    be left out): any value fits."""
+    if len(token) > 2 and token[0] == "[" and token[-1] == "]":
+        token = token[1:-1]
     return bool(re.match(r"[A-Z][A-Z0-9_]*(?![a-z])", token)) or any(c in token for c in "<$…*")
 
 
@@ -224,6 +227,9 @@ def sbatch_modes(script: Path) -> set[str]:
     modes = set(re.findall(r'"\$\{1:-\}" = (\w+)', text))
     for pattern in re.findall(r"^\s*([\d|]+)\) ;;", text, re.M):
         modes |= set(pattern.split("|"))
+    if "ecgpos_corpora DATASETS" in text:  # it takes a corpus by its dataset name (`preprocess.sbatch code15`)
+        known = re.search(r'^ECGPOS_KNOWN_DATASETS="([^"]*)"', (script.parent / "common.sh").read_text(), re.M)
+        modes |= set(known.group(1).split()) if known else set()
     return modes
 
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from code15_fixtures import FS as CODE15_FS
+from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
 from slurm_cluster import ClusterError, SlurmCluster, missing_binaries, probe_data_stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,17 +149,30 @@ def _checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit())
 
 
+def _tiny_code15(root: Path, exams: int = 80) -> Path:
+    """A one-part CODE-15 corpus of `exams` 10 s exams (ids 2000001...), written as the published layout."""
+    ids = list(range(2_000_001, 2_000_001 + exams))
+    traces = [padded_trace(ecg_like(int(10 * CODE15_FS), CODE15_FS, seed=i)) for i in range(exams)]
+    write_part(root, 0, ids, traces)
+    write_exams_csv(root, [exam_row(i, 0) for i in ids])
+    return root
+
+
 # -- the whole chain -------------------------------------------------------------------------------------------
 @pytest.mark.slurm
 def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
+    """The paper's workflow: Ningbo-style ecg-arrhythmia + CODE-15 preprocessed side by side and pooled for
+    both stages, both stages probed, and the merged summary comparing Stage 1 with Stage 0."""
     work = tmp_path / "work"
     probe_tasks = "ptbxl-super cpsc2018"
     steps = 50  # the tiny configs with fewer steps (200 each would add minutes to CI)
+    code15 = _tiny_code15(tmp_path / "code15")
     env = _job_env(
         slurm_cluster,
         work,
         ECGPOS_PRETRAIN_SET=f"optim.steps={steps} train.checkpoint_every={steps // 2} train.figure_every={steps}",
-        ECGPOS_SRC=str(shared_data / "ecg-arrhythmia"),
+        # the samples are Chapman records: --subset all (the default, ningbo, is the paper's pool)
+        ECGPOS_CORPORA=f"ecg-arrhythmia={shared_data / 'ecg-arrhythmia'} code15={code15}",
         ECGPOS_SUBSET="all",
         ECGPOS_PREPROCESS_PARTS="2",
         ECGPOS_PREPROCESS_ARGS="--records-per-shard 64",
@@ -167,31 +182,57 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     )
     started = time.monotonic()
     jobs = _submit(slurm_cluster, env, tmp_path)
-    assert list(jobs) == ["preprocess", "check", "stage0", "stage1", "probe", "merge", "export"]
-    # the chain really is a chain: each job waits on the one before
-    for prev, step in zip(jobs, list(jobs)[1:]):
+    assert list(jobs) == [
+        "preprocess-ecg-arrhythmia",
+        "check-ecg-arrhythmia",
+        "preprocess-code15",
+        "check-code15",
+        "stage0",
+        "stage1",
+        "probe-stage0",
+        "probe-stage1",
+        "merge",
+        "export",
+    ]
+    # each job waits on the ones it reads from: a corpus's check on its parts, Stage 0 on both checks, each
+    # encoder's probes on the stage that makes it, the merge on all probes
+    waits_on = {
+        "check-ecg-arrhythmia": ["preprocess-ecg-arrhythmia"],
+        "check-code15": ["preprocess-code15"],
+        "stage0": ["check-ecg-arrhythmia", "check-code15"],
+        "stage1": ["stage0"],
+        "probe-stage0": ["stage0"],
+        "probe-stage1": ["stage1"],
+        "merge": ["probe-stage0", "probe-stage1"],
+        "export": ["merge"],
+    }
+    for step, before in waits_on.items():
         dep = _job_records(slurm_cluster, jobs[step])[0].get("Dependency", "")
-        assert dep == "(null)" or f"afterok:{jobs[prev]}" in dep, (step, dep)
+        # a dependency already satisfied is dropped from the record
+        assert dep == "(null)" or all(jobs[b] in dep for b in before), (step, dep)
     _wait_all(slurm_cluster, jobs, work, timeout=900)
     print(f"chain finished in {time.monotonic() - started:.0f}s")
 
-    # shards: every one of the 200 records stored or skipped, both array parts did work
+    # shards: every record of each corpus stored or skipped, in its own folder, both array parts did work
     import pandas as pd
 
-    shards = work / "shards"
-    index = pd.read_csv(shards / "index.csv")
-    skipped = pd.read_csv(shards / "skipped.csv")
-    assert len(index) + len(skipped) == 200 and len(index) > 150
-    assert index["record_id"].is_unique
-    assert len(list(shards.glob("shard-*.h5"))) >= 2
-    logs = "\n".join(p.read_text() for p in (work / "logs").glob("ecgpos-preprocess-*"))
-    assert "--part 0 --num-parts 2" in logs and "--part 1 --num-parts 2" in logs
+    for corpus, found in (("ecg-arrhythmia", 200), ("code15", 80)):  # 64 records a shard
+        shards = work / "shards" / corpus
+        index = pd.read_csv(shards / "index.csv")
+        skipped = pd.read_csv(shards / "skipped.csv")
+        assert len(index) + len(skipped) == found and len(index) > 0.75 * found, (corpus, skipped)
+        assert index["record_id"].is_unique
+        assert len(list(shards.glob("shard-*.h5"))) >= 2
+        logs = "\n".join(p.read_text() for p in (work / "logs").glob(f"ecgpos-preprocess-{corpus}-*"))
+        assert "--part 0 --num-parts 2" in logs and "--part 1 --num-parts 2" in logs, corpus
+    pooled = [str((work / "shards" / corpus).resolve()) for corpus in ("ecg-arrhythmia", "code15")]
 
-    # both stages finished at their configured step counts, with checkpoints
+    # both stages finished at their configured step counts, with checkpoints, on the pool of both corpora
     for stage in (0, 1):
         run = work / "runs" / f"stage{stage}"
         info = json.loads((run / "run_info.json").read_text())
         assert info["finished"] is True and info["step"] == steps, info
+        assert info["shards"] == pooled, info["shards"]
         assert _checkpoint_steps(run) == [steps // 2, steps]
         assert (
             yaml.safe_load((run / "config.yaml").read_text())["encoder"]["width"]
@@ -199,11 +240,24 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
         )
         assert (run / "metrics.jsonl").stat().st_size > 0
 
-    # probes: one row per task in the merged summary, each a real AUROC
-    results = pd.read_csv(work / "probes" / "summary" / "results.csv")
-    assert set(results["task"]) == set(probe_tasks.split())
+    # probes: each encoder's folder per task, one row per encoder and task in the merged summary, each a real
+    # AUROC, and Stage 1 minus Stage 0 on every task with its paired interval
+    probes = work / "probes"
+    for encoder in ("stage0", "stage1"):
+        for task in probe_tasks.split():
+            assert (probes / encoder / task / "results.csv").is_file(), (encoder, task)
+    results = pd.read_csv(probes / "summary" / "results.csv")
+    assert set(zip(results["encoder"], results["task"])) == {
+        (e, t) for e in ("stage0", "stage1") for t in probe_tasks.split()
+    }
     assert all(0.0 <= v <= 1.0 for v in results["test_auroc"]) and not any(math.isnan(v) for v in results["test_auroc"])
-    assert (work / "probes" / "summary" / "summary.md").is_file()
+    diffs = pd.read_csv(probes / "summary" / "differences.csv")
+    assert set(zip(diffs["encoder"], diffs["baseline"], diffs["task"])) == {
+        ("stage1", "stage0", t) for t in probe_tasks.split()
+    }
+    assert all(low <= d <= high for d, low, high in zip(diffs["difference"], diffs["low"], diffs["high"]))
+    summary = (probes / "summary" / "summary.md").read_text()
+    assert "Paired differences" in summary and "(published)" in summary  # the merge's --reference paper
 
     # export: a loadable nested encoder that embeds a signal
     import torch

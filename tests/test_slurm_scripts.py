@@ -41,6 +41,12 @@ def _flag(argv: list[str], name: str) -> str:
     return argv[argv.index(name) + 1]
 
 
+def _dependency(sbatch: list[str]) -> list[str]:
+    """The steps a dry-run sbatch line waits on (its fake ids are "<step>")."""
+    deps = [a.split(":", 1)[1] for a in sbatch if a.startswith("--dependency=afterok:")]
+    return [d.strip("<>") for d in deps[0].split(":")] if deps else []
+
+
 def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     srun = _render("1", FAKE_2x4)
     assert srun[0] == "srun" and "--nodes=2" in srun and "--ntasks-per-node=1" in srun
@@ -98,17 +104,23 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
         return [shlex.split(l[2:]) for l in proc.stdout.splitlines() if l.startswith("# sbatch")]
 
     gpu, cpu = pipeline("4"), pipeline("0")
-    assert len(gpu) == 7 and all("--account=proj42" in cmd for cmd in gpu)
+    assert len(gpu) == 8 and all("--account=proj42" in cmd for cmd in gpu)
     stage_cmds = [c for c in gpu if "pretrain.sbatch" in c[-2]]
     assert len(stage_cmds) == 2 and all(
         "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in stage_cmds
     )
     assert not any(a.startswith("--gres") for c in cpu for a in c)
-    # each job depends on the one before it
-    assert all(
-        any(a == f"--dependency=afterok:<{step}>" for a in c)
-        for c, step in zip(gpu[1:], ["preprocess", "check", "stage0", "stage1", "probe", "merge"])
-    )
+    # each job depends on the one it reads from: both stages are probed, each after its own stage
+    assert [_dependency(c) for c in gpu] == [
+        [],
+        ["preprocess"],
+        ["check"],
+        ["stage0"],
+        ["stage0"],  # the Stage-0 probes run while Stage 1 trains
+        ["stage1"],
+        ["probe-stage0", "probe-stage1"],
+        ["merge"],
+    ]
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
 
 
@@ -161,10 +173,29 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_PRETRAIN_SET": "train.batch_size=many"}, "ECGPOS_PRETRAIN_SET"),
         # a list setting the jobs would fail to split, hours later in the queue
         ({"ECGPOS_PROBE_ARGS": "--cache-dir '/scratch/my cache"}, "ECGPOS_PROBE_ARGS"),
+        # the corpora to pool: dataset=path words, each a known layout given once, each folder there
+        ({"ECGPOS_SRC": "", "ECGPOS_CORPORA": "code15 '{tmp}/data/raw'"}, "ECGPOS_CORPORA"),
+        ({"ECGPOS_SRC": "", "ECGPOS_CORPORA": "ptbxl={tmp}/data/raw"}, "ECGPOS_CORPORA"),
+        ({"ECGPOS_SRC": "", "ECGPOS_CORPORA": "code15={tmp}/data/raw code15={tmp}/data"}, "ECGPOS_CORPORA"),
+        ({"ECGPOS_SRC": "", "ECGPOS_CORPORA": "code15={tmp}/no such code15"}, "ECGPOS_CORPORA"),
+        ({"ECGPOS_SRC": "", "ECGPOS_CORPORA": "'code15={tmp}/data/raw"}, "ECGPOS_CORPORA"),
+        ({"ECGPOS_CORPORA": "code15={tmp}/data/raw"}, "ECGPOS_SRC"),  # two answers to "which corpus"
+        ({"ECGPOS_DATASET": "code-15"}, "ECGPOS_DATASET"),
+        ({"ECGPOS_SUBSET": "nigbo"}, "ECGPOS_SUBSET"),
+        ({"ECGPOS_DATASET": "code15", "ECGPOS_SUBSET": "ningbo"}, "ECGPOS_SUBSET"),  # code15 refuses --subset
+        # the encoders to probe: one setting or the other, folders that exist or that the chain trains,
+        # folder names that keep their probes apart
+        ({"ECGPOS_PROBE_ENCODER": "random:tiny/stage1", "ECGPOS_PROBE_ENCODERS": "{tmp}"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_STEPS": "probe merge"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_STEPS": "probe merge", "ECGPOS_PROBE_ENCODER": "{tmp}/run"}, "ECGPOS_PROBE_ENCODER"),
+        ({"ECGPOS_PROBE_ENCODERS": "{tmp}/data/raw {tmp}/work/runs/stage0 {tmp}/data/raw/"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_PROBE_ENCODERS": "{tmp}/summary"}, "ECGPOS_PROBE_ENCODERS"),  # probes/summary is the merge's
+        ({"ECGPOS_PROBE_REFERENCE": "papr"}, "ECGPOS_PROBE_REFERENCE"),
     ],
 )
 def test_pipeline_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
     data = probe_data_stand_ins(tmp_path)
+    (tmp_path / "summary").mkdir()
     settings = {"ECGPOS_SRC": str(data / "raw"), "ECGPOS_DATA_ROOT": str(data), "ECGPOS_WORK": str(tmp_path / "work")}
     settings.update({k: v.replace("{tmp}", str(tmp_path)) for k, v in setting.items()})
     env = _clean_env(tmp_path, **settings)
@@ -256,12 +287,14 @@ def test_list_settings_keep_quoted_blanks_inside_one_word(tmp_path: Path) -> Non
         "ECGPOS_PROBE_TASKS": f"ptbxl-super 'custom:{custom}'",
         "ECGPOS_PROBE_ARGS": f"--seeds 1 --cache-dir \"{tmp_path}/my cache\" --fractions '*'",
     }
-    env = _clean_env(tmp_path, ECGPOS_DRY_RUN="1", ECGPOS_DATA_ROOT=str(data), **lists)
+    encoders = f"'{tmp_path}/my run'"
+    env = _clean_env(tmp_path, ECGPOS_DRY_RUN="1", ECGPOS_DATA_ROOT=str(data), ECGPOS_PROBE_ENCODERS=encoders, **lists)
     proc = subprocess.run(
         ["bash", str(SLURM / "probe.sbatch")], env=env, cwd=tmp_path, capture_output=True, text=True, check=True
     )
     probes = [shlex.split(line) for line in proc.stdout.splitlines()]
     assert [_flag(argv, "--task") for argv in probes] == ["ptbxl-super", f"custom:{custom}"]
+    assert all(_flag(argv, "--encoder") == f"{tmp_path}/my run" for argv in probes)
     assert all(_flag(argv, "--cache-dir") == f"{tmp_path}/my cache" for argv in probes)
     assert all(_flag(argv, "--fractions") == "*" for argv in probes)  # nothing is expanded
 
