@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ecgpos.workers import mapped_in_workers
+from ecgpos.workers import DeferredStops, mapped_in_workers
 
 POOL_UNDER_A_JOB_WIDE_SIGTERM = """
 import multiprocessing, os, subprocess
@@ -47,3 +47,18 @@ def test_mapped_in_workers_starts_workers_with_ctrl_c_and_sigterm_blocked_and_le
     with mapped_in_workers(masks, [[], []], 2) as results:
         assert [{signal.SIGINT, signal.SIGTERM} <= mask for mask in results] == [True, True]
     assert (signal.pthread_sigmask(signal.SIG_BLOCK, []), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_deferred_stops_hand_the_signal_to_the_handler_they_replaced_when_the_block_ends() -> None:
+    """Inside the block Ctrl-C is only noted (a KeyboardInterrupt raised inside an import or a pool's
+    bookkeeping can hang it or lose the stop); check() leaves the block, and leaving it raises Ctrl-C's
+    own KeyboardInterrupt, with the handler back in place."""
+    steps = []
+    with pytest.raises(KeyboardInterrupt), DeferredStops() as deferred:
+        deferred.check()
+        signal.raise_signal(signal.SIGINT)
+        steps.append("went on after the signal")
+        deferred.check()
+        steps.append("went on after check()")
+    assert steps == ["went on after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
