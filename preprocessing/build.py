@@ -9,10 +9,7 @@ bytes written do not depend on --workers or --part (tests compare them).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -28,7 +25,7 @@ from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter, seconds_text
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
-from ecgpos.workers import max_workers, usable_cpus
+from ecgpos.workers import mapped_in_workers, max_workers, usable_cpus
 from preprocessing import code15, ecg_arrhythmia, manifest
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
@@ -136,35 +133,17 @@ def _process_batch(refs: list[RecordRef]) -> list[tuple]:
 
 
 @contextlib.contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """Processes started inside ignore Ctrl-C from their first instruction (an ignored signal stays
-    ignored across exec, and Python keeps it so): the parent alone handles it and stops them, so a
-    Ctrl-C to the terminal's process group prints no worker tracebacks."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[tuple]:
+def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[Iterator[tuple]]:
+    """The records' results in order, in this process or in --workers processes (ecgpos.workers: a
+    Ctrl-C or SIGTERM stops them cleanly and then raises KeyboardInterrupt here)."""
     args = (req.dataset, str(req.src), req.spec, req.policy())
     batches = [refs[i : i + BATCH] for i in range(0, len(refs), BATCH)]
     if req.workers <= 1:
         _init_worker(*args)
-        for batch in batches:
-            yield from _process_batch(batch)
+        yield (result for batch in batches for result in _process_batch(batch))
         return
-    # spawn: safe with h5py handles and threads, identical on Linux and macOS
-    ctx = multiprocessing.get_context("spawn")
-    with _sigint_ignored():
-        pool = ctx.Pool(req.workers, initializer=_init_worker, initargs=args)
-    with pool:
-        for done in pool.imap(_process_batch, batches):
-            yield from done
+    with mapped_in_workers(_process_batch, batches, req.workers, _init_worker, args) as done:
+        yield (result for batch in done for result in batch)
 
 
 # --- progress ---------------------------------------------------------------------------------
@@ -326,6 +305,20 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         )
         raise EcgposError(f"no {req.dataset} records found under {req.src}{hint}")
     chunks = _chunks(refs, req.records_per_shard)
+    try:
+        return _build(req, refs, chunks, notes, stream)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM by way of the CLI's handler
+        done = len(chunks) - len(manifest.missing_chunks(req.out, len(chunks)))
+        raise Interrupted(
+            f"{done} of {len(chunks)} chunks are saved in {req.out}; the same command continues with the others"
+        ) from None
+
+
+def _build(
+    req: BuildRequest, refs: list[RecordRef], chunks: list[list[RecordRef]], notes: dict, stream: TextIO
+) -> Summary:
+    """`run` once the records are listed: its part's unfinished chunks, then the merge if all are done."""
+    source = SOURCES[req.dataset]
     write_test(req.out / "write-test", f"--out {req.out}")  # a folder this process can create and write into
     plan = manifest.write_or_check_plan(req.out, req.settings(), refs, len(chunks), notes, req.sources())
     if notes.get("not_a_record"):
@@ -349,19 +342,14 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
         flush=True,
     )
     stored = skipped = long_records = 0
-    results = _results(req, [ref for k in todo for ref in chunks[k]])
     try:
-        for k in todo:
-            s, sk, lr = _write_chunk(req, k, _counted(islice(results, len(chunks[k])), progress), source.INDEX_COLUMNS)
-            stored, skipped, long_records = stored + s, skipped + sk, long_records + lr
-            progress.chunk_done(k, s, sk)
-    except KeyboardInterrupt:
-        done = len(chunks) - len(manifest.missing_chunks(req.out, len(chunks)))
-        raise Interrupted(
-            f"{done} of {len(chunks)} chunks are saved in {req.out}; the same command continues with the others"
-        ) from None
+        with _results(req, [ref for k in todo for ref in chunks[k]]) as results:
+            for k in todo:
+                counted = _counted(islice(results, len(chunks[k])), progress)
+                s, sk, lr = _write_chunk(req, k, counted, source.INDEX_COLUMNS)
+                stored, skipped, long_records = stored + s, skipped + sk, long_records + lr
+                progress.chunk_done(k, s, sk)
     finally:
-        results.close()  # stops the worker pool
         progress.close()
     if manifest.missing_chunks(req.out, len(chunks)):
         pending = len(manifest.missing_chunks(req.out, len(chunks)))

@@ -15,6 +15,7 @@ from types import FrameType
 from ecgpos import __version__
 from ecgpos.errors import EcgposError
 from ecgpos.extras import from_import_error, require
+from ecgpos.workers import DeferredStops
 
 # command -> (module with main(argv) -> int, one-line help). Imported lazily so that
 # `ecgpos --help` and light commands do not pay for torch.
@@ -46,10 +47,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-# commands that keep SIGTERM's own handling: pretrain checkpoints at the next step and exits 0
-# (ecgpos.pretrain.stop); preprocess, whose spawned pool workers may still be starting up when it comes,
-# dies of it at once, as a kill -9 would, and resumes from its saved chunks
-OWN_SIGTERM = frozenset({"pretrain", "preprocess"})
+# commands that handle SIGTERM themselves: pretrain checkpoints at the next step and exits 0
+# (ecgpos.pretrain.stop). preprocess takes this handler; its --workers pool defers the signal until its
+# workers are stopped (ecgpos.workers.mapped_in_workers), then raises it here.
+OWN_SIGTERM = frozenset({"pretrain"})
 
 
 class _Sigterm:
@@ -113,8 +114,9 @@ def run_command(name: str, argv: Sequence[str]) -> int:
 def _run(name: str, argv: Sequence[str]) -> int:
     module_name, _ = COMMANDS[name]
     try:
-        require(*NEEDS.get(name, ()))
-        module = importlib.import_module(module_name)
+        with DeferredStops():  # a signal lands after the imports, never inside one
+            require(*NEEDS.get(name, ()))
+            module = importlib.import_module(module_name)
         return int(module.main(list(argv)) or 0)
     except EcgposError as err:
         print(f"ecgpos {name}: error: {err}", file=sys.stderr)
