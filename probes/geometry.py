@@ -13,6 +13,12 @@ of the nominal x samples (EPS added to the std), the same map for x and x_hat. I
     IC          median over anomalies of d(a) / (D_inter + EPS)
 and for every scalar Q the relative change Delta Q = 100 (Q_xhat - Q_x) / (Q_x + EPS) [%].
 PoS predicts Delta S > 0 and Delta rho, Delta IC, Delta d_samp, Delta d_pool < 0.
+
+Readings taken where the appendix leaves a choice: the std is the population one (divide by N); the
+nearest centre c* of an anomaly is found anew in each space; anomaly classes without records do not
+enter d_pool. Where EPS alone would carry a ratio (a nominal class of radius 0, coinciding nominal
+centres, a feature dimension constant over the nominal x on which other records differ, a Q_x of 0
+under Delta Q) the number would measure EPS, not the encoder: geometry() refuses those inputs.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ecgpos.files import atomic_path
 
 EPS = 1e-8
 ZERO_RADIUS = 1e-6  # a class radius below this, in standardised units, is a point: its ratios are undefined
+FLAT_LIMIT = 1e3  # |z| above this on a dimension constant over the nominal x comes from dividing by EPS
 METRICS = ("D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC")
 # metric -> (predicted sign of Delta, the prediction in words); D_inter and R are reported without one
 PREDICTIONS: dict[str, tuple[int, str]] = {
@@ -142,16 +149,19 @@ def check_spread(
     nominal: Sequence[str],
     names: tuple[str, str] = ("x", "x_hat"),
 ) -> str | None:
-    """Why the metrics would be meaningless (None when they are not): NaN/inf features, or a nominal
+    """Why the metrics would be meaningless (None when they are not): NaN/inf features; a nominal
     class whose records all have the same features in a level (radius 0, so S and rho divide by EPS
-    alone and come out near 1e8 or 0 whatever the encoder does)."""
+    alone and come out near 1e8 or 0 whatever the encoder does); a dimension constant over the
+    nominal x on which other records differ (the standardisation divides it by EPS alone, so it
+    swamps every distance); or nominal centres that coincide in a level (D_inter 0, IC divides by EPS)."""
     labels = np.asarray(labels, dtype=str)
     for name, v in zip(names, (x, x_hat)):
         bad = ~np.isfinite(np.asarray(v, np.float64)).all(axis=1)
         if bad.any():
             return f"{name} features of {int(bad.sum())} of {len(bad)} records are NaN or inf"
     present = [c for c in nominal if np.any(labels == c)]
-    z_x, z_x_hat = standardise(x, x_hat, np.isin(labels, present))
+    is_nominal = np.isin(labels, present)
+    z_x, z_x_hat = standardise(x, x_hat, is_nominal)
     for name, z in zip(names, (z_x, z_x_hat)):
         _, radii = centres_radii(z, labels, present)
         flat = [c for c, r in zip(present, radii) if r < ZERO_RADIUS]
@@ -160,6 +170,43 @@ def check_spread(
                 f"the records of nominal class {', '.join(flat)} have identical {name} features (radius 0), so "
                 "S and rho would divide by zero (duplicated records, or features that do not depend on the input)"
             )
+    constant = np.asarray(x, np.float64)[is_nominal].std(axis=0) < EPS
+    swamped = constant & (np.abs(np.concatenate([z_x, z_x_hat])) > FLAT_LIMIT).any(axis=0)
+    if swamped.any():
+        return (
+            f"{int(swamped.sum())} of {len(swamped)} feature dimensions are constant over the nominal records' "
+            f"{names[0]} features but differ in other records or in {names[1]}: the standardisation divides them "
+            "by 1e-8 alone and they would swamp every distance (features that do not depend on the input)"
+        )
+    for name, z in zip(names, (z_x, z_x_hat)):
+        mus, _ = centres_radii(z, labels, present)
+        if mean_pairwise_distance(mus) < ZERO_RADIUS:
+            return (
+                f"the nominal classes {', '.join(present)} have the same {name} centre (D_inter 0), so S is 0 "
+                "and IC would divide by zero whatever the encoder does"
+            )
+    return None
+
+
+def check_shapes(x: np.ndarray, x_hat: np.ndarray, labels: np.ndarray) -> str | None:
+    """Why x, x_hat and labels do not describe the same records (None when they do)."""
+    x, x_hat = np.asarray(x), np.asarray(x_hat)
+    if x.ndim != 2 or x.shape != x_hat.shape:
+        return f"x and x_hat must be (records, dimensions) arrays of one shape, got {x.shape} and {x_hat.shape}"
+    if len(labels) != len(x):
+        return f"{len(labels)} labels for {len(x)} records"
+    return None
+
+
+def check_relative(q_x: dict[str, float], name: str = "x") -> str | None:
+    """Why a relative change Delta Q would measure EPS alone (None when none would): a Q_x of 0."""
+    zero = [m for m in METRICS if abs(q_x[m]) < ZERO_RADIUS]
+    if zero:
+        return (
+            f"{', '.join(zero)} {'is' if len(zero) == 1 else 'are'} 0 in {name} (the median anomaly lies on a "
+            f"nominal centre), so {'its relative change' if len(zero) == 1 else 'their relative changes'} "
+            "would divide by zero"
+        )
     return None
 
 
@@ -178,18 +225,26 @@ def geometry(
     """Standardise both levels on nominal x, compute the metrics in each and their relative change.
 
     Nominal classes without records are dropped (their centre is undefined); raises UnmeasurableError
-    (a ValueError) when fewer than two nominal classes or no anomaly remain, a nominal class has a
-    single record or identical features (radius 0), or features are not finite; `names` name the two
-    levels in that message.
+    (a ValueError) when x, x_hat and labels disagree in shape, fewer than two nominal classes or no
+    anomaly remain, a nominal class has a single record or identical features (radius 0), the nominal
+    centres coincide (D_inter 0), a dimension constant over the nominal x varies elsewhere, features
+    are not finite, or a metric is 0 in x (its Delta undefined); `names` name the two levels in that message.
     """
     labels = np.asarray(labels, dtype=str)
-    problem = check_classes(labels, nominal, anomalous) or check_spread(x, x_hat, labels, nominal, names)
+    problem = (
+        check_shapes(x, x_hat, labels)
+        or check_classes(labels, nominal, anomalous)
+        or check_spread(x, x_hat, labels, nominal, names)
+    )
     if problem:
         raise UnmeasurableError(problem)
     nominal = [c for c in nominal if np.any(labels == c)]
     z_x, z_x_hat = standardise(x, x_hat, np.isin(labels, nominal))
     mx = level_metrics(z_x, labels, nominal, anomalous)
     mh = level_metrics(z_x_hat, labels, nominal, anomalous)
+    problem = check_relative(mx, names[0])
+    if problem:
+        raise UnmeasurableError(problem)
     return GeometryResult(mx, mh, {m: relative_change(mx[m], mh[m]) for m in METRICS}, z_x, z_x_hat)
 
 

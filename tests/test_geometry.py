@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import numpy as np
 import pytest
@@ -167,3 +168,71 @@ def test_figure(tmp_path) -> None:
     res = geometry(x, x * 0.9, labels, ["A", "B", "C"], ["X", "Y"])
     path = plot_geometry(res, labels, ["A", "B", "C"], tmp_path / "g.png")
     assert path.stat().st_size > 10_000
+
+
+def _degenerate(case: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Clouds where the appendix's epsilon alone would carry a ratio or a relative change."""
+    x, labels, _ = clouds(seed=4)
+    lab = np.array(labels)
+    x_hat = x * 0.9
+    if case == "same centres":  # B and C moved onto A's centre: D_inter 0, IC = d / 1e-8
+        for c in "BC":
+            x[lab == c] += x[lab == "A"].mean(axis=0) - x[lab == c].mean(axis=0)
+    elif case == "anomalies on a centre":  # d_samp, d_pool, rho and IC 0 in x: Delta = Q_xhat / 1e-8
+        x[np.isin(lab, ["X", "Y"])] = x[lab == "A"].mean(axis=0)
+    elif case == "dead dimension":  # constant over the nominal x, varying in x_hat: x_hat / 1e-8 there
+        x[:, 1] = 0.25
+        x_hat[:, 1] += np.linspace(0, 1, len(x))
+    return x, x_hat, labels
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("same centres", "the nominal classes A, B, C have the same x centre (D_inter 0)"),
+        ("anomalies on a centre", "rho, d_samp, d_pool, IC are 0 in x (the median anomaly lies on a nominal centre)"),
+        ("dead dimension", "1 of 5 feature dimensions are constant over the nominal records' x features"),
+    ],
+)
+def test_ratios_that_epsilon_alone_would_carry_are_refused(case: str, message: str) -> None:
+    """These gave IC 1.6e9, Delta d_samp 7e10 % or Delta R 8e9 % with no word of why."""
+    x, x_hat, labels = _degenerate(case)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        geometry(x, x_hat, labels, ["A", "B", "C"], ["X", "Y"])
+
+
+def test_a_dimension_constant_everywhere_is_harmless() -> None:
+    """A feature that is one value for every record in both levels adds 0 to every distance."""
+    x, labels, _ = clouds(seed=4)
+    x_hat = x * 0.9
+    x[:, 1] = x_hat[:, 1] = 0.25
+    want = reference(np.delete(x, 1, axis=1), np.delete(x_hat, 1, axis=1), labels, ["A", "B", "C"], ["X", "Y"])
+    res = geometry(x, x_hat, labels, ["A", "B", "C"], ["X", "Y"])
+    for m in METRICS:
+        assert res.delta_pct[m] == pytest.approx(want[m][2], rel=1e-9), m
+
+
+def test_mismatched_inputs_are_one_line() -> None:
+    """x and x_hat of different widths, a label list of another length, or 1-D features raised
+    numpy's broadcast, IndexError or AxisError tracebacks."""
+    x, labels, _ = clouds()
+    cases = [
+        ((x, x[:, :3], labels), "x and x_hat must be (records, dimensions) arrays of one shape"),
+        ((x, x, labels[:-1]), f"{len(labels) - 1} labels for {len(labels)} records"),
+        ((x[:, 0], x[:, 0], labels), "got (101,) and (101,)"),
+    ]
+    for (a, b, lab), message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            geometry(a, b, lab, ["A", "B", "C"], ["X", "Y"])
+
+
+def test_nan_features_and_single_records_are_refused_in_the_api() -> None:
+    x, labels, _ = clouds()
+    broken = x.copy()
+    broken[-1, 0] = np.nan
+    with pytest.raises(ValueError, match="x_hat features of 1 of 101 records are NaN or inf"):
+        geometry(x, broken, labels, ["A", "B", "C"], ["X", "Y"])
+    one = [lab if i != 0 else "A" for i, lab in enumerate(labels)]
+    keep = [i for i, lab in enumerate(one) if lab != "A" or i == 0]
+    with pytest.raises(ValueError, match="nominal class A has a single record"):
+        geometry(x[keep], x[keep], [one[i] for i in keep], ["A", "B", "C"], ["X", "Y"])
