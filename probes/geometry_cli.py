@@ -16,9 +16,10 @@ x = Stage-0 level, x_hat = the same records one level deeper:
     the patch tokens alike (the appendix's latent is one vector per sample; a record's is here the
     mean of its tokens, not their 360 x W concatenation). Needs the Stage-1 decoder: a Stage-1 run or
     an export --with-decoders.
-Also reports the carving criterion: the fraction of held-out nominal records (those of the chosen
-split) whose perturbed Stage-1 input still violates the Push margin, alpha d(x~, x) > d(x^, x~), with
-the run's push-pull perturbation (its defaults when the run trained without push-pull).
+Also reports the carving criterion: the fraction of perturbed Stage-1 inputs of held-out nominal
+records (those of the chosen split) that still violate the Push margin, alpha d(x~, x) > d(x^, x~)
+(a record's windows averaged, then records weighted equally), with the run's push-pull perturbation
+(its defaults when the run trained without push-pull).
 Writes OUT/metrics.csv, OUT/features.npz, OUT/summary.md, OUT/geometry.png.
 """
 
@@ -253,8 +254,9 @@ def carving_line(levels: Levels, violation: dict[str, float]) -> str:
 
     used = pp if pp.enabled else PushPullConfig()
     return (
-        f"Carving criterion (Stage-1 level): {np.mean(list(violation.values())):.3f} of {len(violation)} "
-        f"held-out nominal records violate the Push margin alpha d(x~, x) > d(x^, x~) "
+        f"Carving criterion (Stage-1 level): a fraction {np.mean(list(violation.values())):.3f} of the perturbed "
+        f"inputs of {len(violation)} held-out nominal records (each record's windows averaged, records weighted "
+        "equally) violate the Push margin alpha d(x~, x) > d(x^, x~) "
         f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
         "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
         "perturbation; a high fraction suggests the range needs further carving."
@@ -275,6 +277,9 @@ def summary_markdown(
         + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
         + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "")
         + ".",
+        "",
+        "D_inter, R, d_samp and d_pool are Euclidean distances in the standardised space (each dimension in "
+        "units of the nominal x std); S, rho and IC are ratios of them; Delta % is 100 (x_hat - x) / x.",
         "",
         "| metric | x | x_hat | Delta % |",
         "|---|---|---|---|",
