@@ -179,10 +179,12 @@ def recover_replaced(parent: str | Path, name: str | None = None) -> int:
 
 def walk_folders(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Path, str]]]:
     """(folder relative to src, sorted file names) of every folder under src, sorted, and (folder, why)
-    of the folders that cannot be listed, so that callers can report them (their records cannot even be
-    counted); `Path(".")` among those means src itself. Symlinked folders are followed (a tree assembled
-    from links holds records too), but each real folder is visited once: a link back up the tree would
-    otherwise list the same records again at every level."""
+    of the folders whose entries cannot be read, so that callers can report them (their records cannot
+    even be counted); `Path(".")` among those means src itself, and `why` completes "folder ...":
+    `cannot be listed (Permission denied)`, or `cannot be searched ...` for a folder that lists but
+    whose entries cannot be opened (read but no execute permission: mode 0444). Symlinked folders are
+    followed (a tree assembled from links holds records too), but each real folder is visited once: a
+    link back up the tree would otherwise list the same records again at every level."""
     out, visited, unlisted = [], set(), []
 
     def failed(err: OSError) -> None:  # os.walk would otherwise leave the folder out without a word
@@ -193,7 +195,7 @@ def walk_folders(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Pa
             key = err.filename
         if key not in visited:
             visited.add(key)
-            unlisted.append((Path(err.filename).relative_to(src), err.strerror or str(err)))
+            unlisted.append((Path(err.filename).relative_to(src), f"cannot be listed ({err.strerror or err})"))
 
     for folder, dirs, files in os.walk(src, followlinks=True, onerror=failed):
         try:
@@ -206,6 +208,16 @@ def walk_folders(src: Path) -> tuple[list[tuple[Path, list[str]]], list[tuple[Pa
             continue
         visited.add((stat.st_dev, stat.st_ino))
         dirs.sort()
+        # A listable folder without search permission names entries that cannot be opened or stat'ed:
+        # os.walk takes its symlinked (and, without d_type, all) subfolders for files and cannot enter
+        # the others, so its names say nothing reliable. Looking up "." inside it needs that permission.
+        try:
+            os.stat(os.path.join(folder, os.curdir))
+        except OSError as err:
+            dirs[:] = []
+            why = f"cannot be searched: its entries cannot be opened ({err.strerror or err})"
+            unlisted.append((Path(folder).relative_to(src), why))
+            continue
         out.append((Path(folder).relative_to(src), sorted(files)))
     return out, sorted(unlisted)
 

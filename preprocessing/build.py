@@ -329,6 +329,13 @@ def _build(
             file=stream,
             flush=True,
         )
+    if notes.get("repeated_exam_rows"):
+        print(
+            f"ecgpos preprocess: {notes['repeated_exam_rows']} exams.csv rows repeat an earlier row of their exam "
+            "exactly: each exam is counted once (preprocess.json counts.repeated_exam_rows)",
+            file=stream,
+            flush=True,
+        )
     todo = [
         k
         for k in range(len(chunks))

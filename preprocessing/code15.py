@@ -4,12 +4,15 @@ Lead order DI, DII, DIII, AVR, AVL, AVF, V1..V6. Exams shorter than 4096 samples
 10 s = 4000) are zero-padded symmetrically: `true_extent` recovers the recorded span so that
 filtering never sees the padding. The last row of every part is exam_id 0 with an all-zero trace:
 a padding row, not an exam, so it is not counted as found (preprocess.json reports how many).
-Records are ordered by (part number, row): each shard then reads one part sequentially.
+Records are ordered by (part number, row): each shard then reads one part sequentially. exams.csv
+rows of one exam that disagree make its metadata ambiguous (`duplicate_exam_rows`); exact repeats
+are one row (`read_exams`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
@@ -57,7 +60,17 @@ def _text(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-_tables: dict[str, pd.DataFrame] = {}  # per process: exams.csv indexed by exam_id, read once
+@dataclass(frozen=True)
+class Exams:
+    """exams.csv as the reader uses it: one row per exam, and what its repeated rows said."""
+
+    table: pd.DataFrame  # indexed by exam_id: an exam's first row
+    conflicts: dict[int, tuple[int, list[str]]]  # exam -> (its rows, the columns on which they disagree)
+    trace_files: dict[int, list[str]]  # exam with conflicting rows -> the parts its rows name
+    repeated: int  # rows identical to an earlier row of their exam: left out, counted
+
+
+_tables: dict[str, Exams] = {}  # per process: exams.csv read once
 
 
 def _file_key(path: Path) -> str:
@@ -69,8 +82,10 @@ def _file_key(path: Path) -> str:
     return f"{path}|{stat.st_mtime_ns}|{stat.st_size}"
 
 
-def _table(src: Path) -> pd.DataFrame:
-    """exams.csv indexed by exam_id (first row wins), read once per process and kept compact."""
+def read_exams(src: Path) -> Exams:
+    """exams.csv, read once per process and kept compact. An exam's rows that repeat one another exactly
+    are one row (counted in `repeated`); rows that disagree leave the exam's age, sex or labels
+    ambiguous, so the exam is listed in `conflicts` (and skipped as `duplicate_exam_rows`)."""
     path = src / "exams.csv"
     key = _file_key(path)
     if key not in _tables:
@@ -89,8 +104,19 @@ def _table(src: Path) -> pd.DataFrame:
             shown = "is blank" if pd.isna(value) else f"{str(value)!r} is not an integer"
             raise EcgposError(f"{path} line {first + 2}: exam_id {shown}; every row must name its exam")
         table["exam_id"] = ids.astype(np.int64)
-        table = table.drop_duplicates("exam_id").set_index("exam_id")
-        _tables[key] = table
+        copies = table.duplicated()  # whole rows, blanks equal to blanks
+        distinct = table[~copies]
+        several = distinct[distinct["exam_id"].duplicated(keep=False)]
+        conflicts, trace_files = {}, {}
+        if len(several):
+            rows_of = table["exam_id"].value_counts()
+        for exam_id, rows in several.groupby("exam_id", sort=True):
+            fields = [c for c in rows.columns if c != "exam_id" and rows[c].nunique(dropna=False) > 1]
+            conflicts[int(exam_id)] = (int(rows_of[exam_id]), fields)
+            if "trace_file" in rows.columns:
+                trace_files[int(exam_id)] = sorted(set(rows["trace_file"].astype(str)))
+        table = distinct.drop_duplicates("exam_id").set_index("exam_id")
+        _tables[key] = Exams(table, conflicts, trace_files, int(copies.sum()))
     return _tables[key]
 
 
@@ -123,9 +149,10 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
     parts = sorted((int(m.group(1)), p) for p in src.glob("exams_part*.hdf5") if (m := _PART.match(p.name)))
     if not parts:
         return [], {}
-    table = _table(src)
-    known = set(table.index.tolist())
-    trace_file = table["trace_file"].astype(str) if "trace_file" in table.columns else pd.Series(dtype=str)
+    exams = read_exams(src)
+    known = set(exams.table.index.tolist())
+    trace_file = exams.table["trace_file"].astype(str) if "trace_file" in exams.table.columns else pd.Series(dtype=str)
+    trace_file = trace_file[~trace_file.index.isin(list(exams.conflicts))]  # those have several: see below
     seen, padding, readable = set(), 0, set()
     per_part: list[list[RecordRef] | tuple[str, str]] = []  # a part's refs, or (name, why) of an unreadable part
     for _, path in parts:
@@ -151,6 +178,8 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
                 problem = ("duplicate_record", f"exam {exam_id} appears in more than one row")
             elif exam_id not in known:
                 problem = ("missing_metadata", f"exam {exam_id} has no exams.csv row")
+            elif exam_id in exams.conflicts:
+                problem = _conflict(exams, exam_id)
             seen.add(exam_id)
             part_refs.append(RecordRef(str(exam_id), path.name, row=row, problem=problem))
         per_part.append(part_refs)
@@ -168,12 +197,25 @@ def find_records(src: Path, subset: str | None = None) -> tuple[list[RecordRef],
         ]
     # exams.csv rows that name a readable part here which does not hold them: reported, not lost
     held = {str(e) for e in seen}
-    absent = sorted((part, str(eid)) for eid, part in trace_file.items() if part in readable and str(eid) not in held)
-    refs += [
-        RecordRef(eid, part, problem=("unreadable", f"exams.csv puts exam {eid} in {part}, which does not hold it"))
-        for part, eid in absent
+    tail = [
+        (part, str(eid), ("unreadable", f"exams.csv puts exam {eid} in {part}, which does not hold it"))
+        for eid, part in trace_file.items()
+        if part in readable and str(eid) not in held
     ]
-    return refs, {"padding_rows": padding}
+    # an exam whose rows disagree, held by no readable part: found once when a row names a part that is here
+    present = {path.name for _, path in parts}
+    for eid in exams.conflicts:
+        here = sorted(set(exams.trace_files.get(eid, [])) & present)
+        if eid not in seen and here:
+            tail.append((here[0], str(eid), _conflict(exams, eid)))
+    refs += [RecordRef(eid, part, problem=problem) for part, eid, problem in sorted(tail)]
+    return refs, {"padding_rows": padding, **({"repeated_exam_rows": exams.repeated} if exams.repeated else {})}
+
+
+def _conflict(exams: Exams, exam_id: int) -> tuple[str, str]:
+    """The skip of an exam whose exams.csv rows disagree, naming the columns."""
+    rows, fields = exams.conflicts[exam_id]
+    return ("duplicate_exam_rows", f"exams.csv has {rows} rows for exam {exam_id} that disagree on {', '.join(fields)}")
 
 
 def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
@@ -191,5 +233,5 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
     start, stop = true_extent(trace)
     if stop == start:  # zero padding only: reported as all_zero (what the file holds), not as empty
         start, stop = 0, trace.shape[0]
-    meta = _row_meta(_table(src).loc[int(ref.record_id)])
+    meta = _row_meta(read_exams(src).table.loc[int(ref.record_id)])
     return LoadedRecord(signal=np.ascontiguousarray(trace[start:stop].T), fs=check_fs(FS), leads=list(LEADS), meta=meta)

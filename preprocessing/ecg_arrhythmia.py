@@ -35,9 +35,10 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
 
     Returns (refs, notes): notes counts what was seen outside the subset and the names of `.hea`/`.mat`
     files that are not JSnnnnn (`not_a_record`: not ecg-arrhythmia records; a .hea and its .mat count
-    once). A record found twice keeps the first path (sorted) and the others become `duplicate_record`.
+    once). A record number found twice (`JS1` and `JS00001`, or one name in two folders) keeps the first
+    path in sorted order; the others become `duplicate_record` rows naming it.
     A record that a `RECORDS` file lists but that has no file in the tree is `unreadable`, and so is a
-    folder that cannot be listed (one ref named after it); EcgposError when src itself cannot be.
+    folder whose entries cannot be read (one ref named after it); EcgposError when src itself cannot be.
     """
     if subset not in SUBSETS:
         raise EcgposError(f"unknown subset {subset!r} (choose from {', '.join(SUBSETS)})")
@@ -47,7 +48,7 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
     listed: dict[str, str] = {}  # record id -> location, from the RECORDS files
     walked, unlisted = walk_folders(src)
     if unlisted and unlisted[0][0] == Path("."):
-        raise EcgposError(f"--src {src} cannot be listed: {unlisted[0][1]}")
+        raise EcgposError(f"--src {src} {unlisted[0][1]}")
     for rel, files in walked:
         for name in files:
             stem, ext = os.path.splitext(name)
@@ -59,12 +60,15 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
         if "RECORDS" in files:
             for entry in _records_file(src / rel / "RECORDS"):
                 listed.setdefault(Path(entry).name, (rel / entry).as_posix())
-    found = {Path(location).name for _, location in stems}
+    # a record is its number: JS1 and JS00001 (or one name in two folders) are one record found twice
+    found = {number for number, _ in stems}
     for record_id, location in listed.items():
         match = _ID.fullmatch(record_id)
-        if match and record_id not in found:
+        if match and int(match.group(1)) not in found:
+            found.add(int(match.group(1)))
             stems[(int(match.group(1)), location)] = set()
-    refs, seen, outside = [], set(), 0
+    refs, first, outside = [], {}, 0
+    # sorted by (number, path): which copy is kept does not depend on the order the tree was walked in
     for (number, location), exts in sorted(stems.items()):
         if not low <= number <= high:
             outside += 1
@@ -73,16 +77,15 @@ def find_records(src: Path, subset: str = DEFAULT_SUBSET) -> tuple[list[RecordRe
         problem = None
         if not exts:
             problem = ("unreadable", f"listed in {Path(location).parent / 'RECORDS'} but no .hea/.mat file found")
-        elif record_id in seen:
-            problem = ("duplicate_record", f"{record_id} also found earlier in the tree")
+        elif number in first:
+            problem = ("duplicate_record", f"the same record number ({number}) as {first[number]}, which is kept")
         elif ".hea" not in exts:
             problem = ("unreadable", "no .hea header beside the .mat")
-        seen.add(record_id)
+        first.setdefault(number, location)
         refs.append(RecordRef(record_id=record_id, location=location, problem=problem))
-    # one skipped row per folder that cannot be listed: its records cannot be counted, the report says where
+    # one skipped row per folder whose entries cannot be read: its records cannot be counted, the report says where
     refs += [
-        RecordRef(rel.as_posix(), rel.as_posix(), problem=("unreadable", f"folder cannot be listed ({why})"))
-        for rel, why in unlisted
+        RecordRef(rel.as_posix(), rel.as_posix(), problem=("unreadable", f"folder {why}")) for rel, why in unlisted
     ]
     return refs, {"outside_subset": outside, "not_a_record": len(foreign)}
 

@@ -93,14 +93,23 @@ def test_records_in_symlinked_folders_are_embedded(export, shared_data, tmp_path
     assert np.array_equal(features["local"], features["ward2/good"])
 
 
-def test_a_folder_that_cannot_be_listed_is_a_counted_skip(export, shared_data, tmp_path):
-    """os.walk leaves out a folder it cannot list without a word: its records vanished from the count."""
+def test_a_folder_that_cannot_be_listed_or_searched_is_a_counted_skip(export, shared_data, tmp_path):
+    """os.walk leaves out a folder it cannot list without a word: its records vanished from the count.
+    A folder of mode 0444 lists, but none of its entries can be opened: its records were skipped one by
+    one as unreadable, its subfolder as a folder of its own, and a folder it links to was lost."""
     x, leads = _ptbxl(shared_data, 10)
     clinic = tmp_path / "clinic"
     (clinic / "locked").mkdir(parents=True)
     write_mv_record(clinic, "local", x, 500, leads)
     write_mv_record(clinic / "locked", "hidden", x, 500, leads)
+    (clinic / "shelf" / "sub").mkdir(parents=True)
+    (tmp_path / "ward").mkdir()
+    write_mv_record(clinic / "shelf", "listed", x, 500, leads)
+    write_mv_record(clinic / "shelf" / "sub", "under", x, 500, leads)
+    write_mv_record(tmp_path / "ward", "far", x, 500, leads)
+    (clinic / "shelf" / "ward").symlink_to(tmp_path / "ward")
     (clinic / "locked").chmod(0)
+    (clinic / "shelf").chmod(0o444)
     command = [sys.executable, "-m", "ecgpos", "embed", "--encoder", str(export), "--no-progress", "--input"]
     try:
         runs = [
@@ -115,15 +124,18 @@ def test_a_folder_that_cannot_be_listed_is_a_counted_skip(export, shared_data, t
         ]
     finally:
         (clinic / "locked").chmod(0o755)
-    assert runs[0].returncode == 0 and "embedded 1 of 2" in runs[0].stdout, runs[0].stdout + runs[0].stderr
+        (clinic / "shelf").chmod(0o755)
+    assert runs[0].returncode == 0 and "embedded 1 of 3" in runs[0].stdout, runs[0].stdout + runs[0].stderr
     assert sorted(_features(tmp_path / "f.csv")) == ["local"]
     with (tmp_path / "f.skipped.csv").open(newline="") as handle:
         skipped = list(csv.DictReader(handle))
-    assert [(r["record_id"], r["reason"]) for r in skipped] == [("locked", "unreadable")]
-    assert "cannot be listed (Permission denied)" in skipped[0]["detail"]
+    assert [(r["record_id"], r["reason"], r["detail"]) for r in skipped] == [
+        ("locked", "unreadable", "folder cannot be listed (Permission denied)"),
+        ("shelf", "unreadable", "folder cannot be searched: its entries cannot be opened (Permission denied)"),
+    ]
     assert runs[1].returncode == 2 and "Traceback" not in runs[1].stderr
     assert runs[1].stderr.strip().splitlines() == [
-        f"ecgpos embed: error: {clinic / 'locked'} cannot be listed: Permission denied"
+        f"ecgpos embed: error: {clinic / 'locked'} cannot be listed (Permission denied)"
     ]
 
 

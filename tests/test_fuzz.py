@@ -58,6 +58,7 @@ REASONS = {
     "missing_metadata",
     "unreadable_part",
     "duplicate_record",
+    "duplicate_exam_rows",
     "shape",
 }
 TOKENS = [

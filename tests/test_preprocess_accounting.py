@@ -7,6 +7,7 @@ published layout, and checks the rows that account for every record.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from code15_fixtures import FS as CODE15_FS
 from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from refusal_helpers import ROOT, read_rows, run, unprivileged
+from refusal_helpers import ROOT, copy_record, read_rows, run, unprivileged
 
 from ecgpos.cli import main
 
@@ -118,7 +119,96 @@ def test_a_folder_that_cannot_be_listed_is_a_counted_skip(tmp_path, shared_data)
         }
     ]
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
-    assert errors == [f"ecgpos preprocess: error: --src {src}/WFDBRecords/02 cannot be listed: Permission denied"]
+    assert errors == [f"ecgpos preprocess: error: --src {src}/WFDBRecords/02 cannot be listed (Permission denied)"]
+
+
+def test_a_folder_without_search_permission_is_one_counted_skip(tmp_path, shared_data):
+    """A folder of mode 0444 lists its names but none can be opened: its records were skipped one by one
+    as 'signal file missing', its subfolder as a folder of its own, and a folder it links to (taken for a
+    file) was lost without a word."""
+    real = shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010"
+    src, shelf = tmp_path / "src", tmp_path / "src" / "shelf"
+    copy_record(real / "JS00001", src / "open", "JS00001")
+    copy_record(real / "JS00001", shelf, "JS00002")
+    copy_record(real / "JS00001", shelf / "sub", "JS00003")
+    copy_record(real / "JS00001", tmp_path / "elsewhere", "JS00004")
+    (shelf / "linked").symlink_to(tmp_path / "elsewhere")
+    shelf.chmod(0o444)
+    script = (
+        "import sys; from ecgpos.cli import main\n"
+        "for src, out in ((sys.argv[1], sys.argv[2]), (sys.argv[1] + '/shelf', sys.argv[3])):\n"
+        "    print('rc', main(['preprocess', 'ecg-arrhythmia', '--subset', 'all', '--src', src, '--out', out]))\n"
+    )
+    try:
+        proc = subprocess.run(
+            [*unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            timeout=300,
+        )
+    finally:
+        shelf.chmod(0o755)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    codes = [line for line in proc.stdout.splitlines() if line.startswith("rc ")]
+    assert codes == ["rc 0", "rc 2"], proc.stdout + proc.stderr
+    assert "stored 1 + skipped 1 = found 2" in proc.stdout, proc.stdout
+    why = "cannot be searched: its entries cannot be opened (Permission denied)"
+    assert read_rows(tmp_path / "o" / "skipped.csv") == [
+        {"source": "ecg-arrhythmia", "record_id": "shelf", "reason": "unreadable", "detail": f"folder {why}"}
+    ]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors == [f"ecgpos preprocess: error: --src {shelf} {why}"]
+
+
+def test_one_record_number_twice_is_a_duplicate_naming_the_copy_kept(capsys, tmp_path, shared_data):
+    """JS1 and JS00001 (one record number) were stored as two records; one name in two folders was a
+    duplicate_record that did not say which copy was kept."""
+    real = shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010" / "JS00001"
+    src = tmp_path / "src"
+    # made in the reverse of path order: the copy kept must not depend on the order the tree is walked in
+    copy_record(real, src / "b", "JS00001")
+    copy_record(real, src / "a", "JS1")
+    copy_record(real, src / "a", "JS00001")
+    copy_record(real.with_name("JS00002"), src / "b", "JS02")  # a short id alone is that record
+    rc, out, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", src, "--subset", "all", "--out", tmp_path / "o")
+    assert rc == 0 and "stored 2 + skipped 2 = found 4" in out, out + err
+    assert [r["record_id"] for r in read_rows(tmp_path / "o" / "index.csv")] == ["JS00001", "JS02"]
+    kept = "the same record number (1) as a/JS00001, which is kept"
+    assert [(r["record_id"], r["reason"], r["detail"]) for r in read_rows(tmp_path / "o" / "skipped.csv")] == [
+        ("JS1", "duplicate_record", kept),
+        ("JS00001", "duplicate_record", kept),
+    ]
+
+
+def test_code15_exams_csv_rows_of_one_exam(capsys, tmp_path):
+    """Several exams.csv rows for one exam: the first won without a word, whatever the others said."""
+    src = tmp_path / "c15"
+    write_part(src, 0, [1, 2, 3], [TEN] * 3)
+    write_exams_csv(
+        src,
+        [
+            *(exam_row(e, 0) for e in (1, 2, 3)),
+            exam_row(1, 0),  # exact repeats: one row
+            exam_row(1, 0),
+            exam_row(2, 0, age=71, AF=True),  # another age and label: which holds?
+            exam_row(2, 0),
+            exam_row(9, 0, age=40),  # part 0 does not hold exam 9, and part 5 is not here
+            exam_row(9, 5, age=41),
+            exam_row(8, 5, age=40),  # rows naming only a part that is not here: not downloaded
+            exam_row(8, 6, age=41),
+        ],
+    )
+    rc, out, err = run(capsys, "preprocess", "code15", "--src", src, "--out", tmp_path / "o")
+    assert rc == 0 and "stored 2 + skipped 2 = found 4" in out, out + err
+    assert "3 exams.csv rows repeat an earlier row of their exam exactly" in err
+    assert [r["record_id"] for r in read_rows(tmp_path / "o" / "index.csv")] == ["1", "3"]
+    assert [(r["record_id"], r["reason"], r["detail"]) for r in read_rows(tmp_path / "o" / "skipped.csv")] == [
+        ("2", "duplicate_exam_rows", "exams.csv has 3 rows for exam 2 that disagree on age, AF"),
+        ("9", "duplicate_exam_rows", "exams.csv has 2 rows for exam 9 that disagree on age, trace_file"),
+    ]
+    counts = json.loads((tmp_path / "o" / "preprocess.json").read_text())["counts"]
+    assert counts["repeated_exam_rows"] == 3 and counts["skipped_by_reason"] == {"duplicate_exam_rows": 2}
 
 
 # --- generated CODE-15 tables and parts that disagree -------------------------------------------
@@ -129,6 +219,10 @@ part_spec = st.tuples(
 )
 
 
+# exams.csv rows of one exam: (part its trace_file names, age); equal tuples are identical rows
+exam_rows = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([50, 61])), min_size=1, max_size=3)
+
+
 @settings(
     max_examples=12,
     deadline=None,
@@ -137,12 +231,15 @@ part_spec = st.tuples(
 )
 @given(
     parts=st.lists(part_spec, min_size=1, max_size=3),
-    placed=st.dictionaries(st.integers(1, 4), st.integers(0, 2), max_size=4),  # exams.csv: exam -> part
+    placed=st.dictionaries(st.integers(1, 4), exam_rows, max_size=4),  # exams.csv: exam -> its rows
 )
-@example(parts=[(False, []), (True, [2])], placed={2: 0})  # exams.csv places exam 2 in the unreadable part
+@example(parts=[(False, []), (True, [2])], placed={2: [(0, 50)]})  # exams.csv places exam 2 in the unreadable part
+@example(parts=[(True, [1, 2])], placed={1: [(0, 50), (0, 50)], 2: [(0, 50), (0, 61)]})  # repeated, disagreeing
+@example(parts=[(False, []), (True, [])], placed={3: [(2, 50), (0, 61), (1, 50)]})  # rows name three parts
 def test_generated_code15_sets_account_for_every_exam_once(parts, placed):
-    """Each exam a readable part holds or exams.csv places in a present part is in index.csv or
-    skipped.csv; beyond its first appearance only as duplicate_record rows; nothing else is."""
+    """Each exam a readable part holds or an exams.csv row places in a present part is in index.csv or
+    skipped.csv; beyond its first appearance only as duplicate_record rows; nothing else is. An exam
+    whose rows disagree is skipped as duplicate_exam_rows; rows repeated exactly are counted, once."""
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
@@ -154,16 +251,24 @@ def test_generated_code15_sets_account_for_every_exam_once(parts, placed):
                 held += ids
             else:
                 (src / f"exams_part{k}.hdf5").write_bytes(b"\x89HDF\r\n" + bytes(64))
-        write_exams_csv(src, [exam_row(e, k) for e, k in sorted(placed.items())])
+        # every exam's first row, then every second row, ...: an exam's rows are not side by side
+        rows = [(i, e, k, age) for e, exam in sorted(placed.items()) for i, (k, age) in enumerate(exam)]
+        write_exams_csv(src, [exam_row(e, k, age=age) for _, e, k, age in sorted(rows)])
         rc = main(["preprocess", "code15", "--src", str(src), "--out", str(Path(tmp) / "o")])
-        if not held and not any(k in present for k in placed.values()) and all(r for r, _ in parts):
+        placed_here = {str(e) for e, exam in placed.items() if any(k in present for k, _ in exam)}
+        if not held and not placed_here and all(r for r, _ in parts):
             assert rc == 2  # nothing at all to account for
             return
         assert rc == 0
         stored, skipped = _outcome(Path(tmp) / "o")
-        expected = {str(e) for e in held} | {str(e) for e, k in placed.items() if k in present}
+        expected = {str(e) for e in held} | placed_here
         unreadable_parts = {f"exams_part{k}.hdf5" for k, (r, _) in enumerate(parts) if not r}
         first = Counter(stored + [i for i, reason in skipped if reason != "duplicate_record"])
         assert set(first) - unreadable_parts == expected and set(first.values()) == {1}, (stored, skipped)
         repeats = Counter(map(str, held)) - Counter(set(map(str, held)))
         assert Counter(i for i, reason in skipped if reason == "duplicate_record") == repeats
+        disagree = {str(e) for e, exam in placed.items() if len(set(exam)) > 1}
+        assert {i for i, reason in skipped if reason == "duplicate_exam_rows"} == disagree & expected
+        repeated = sum(len(exam) - len(set(exam)) for exam in placed.values())
+        counts = json.loads((Path(tmp) / "o" / "preprocess.json").read_text())["counts"]
+        assert counts.get("repeated_exam_rows", 0) == repeated

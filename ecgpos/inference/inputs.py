@@ -89,7 +89,7 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
         # symlinked folders are followed, as preprocessing follows them (rglob would skip their records)
         walked, unlisted = walk_folders(path)
         if unlisted and unlisted[0][0] == Path("."):
-            raise EcgposError(f"{path} cannot be listed: {unlisted[0][1]}")
+            raise EcgposError(f"{path} {unlisted[0][1]}")
         bases = sorted(
             {path / rel / name[: -len(".hea")] for rel, files in walked for name in files if name.endswith(".hea")}
         )
@@ -108,11 +108,11 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
                 return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy, raw.total)()
 
             yield record_id, run
-        # a folder that cannot be listed is one skipped entry, named by its path: its records cannot be counted
+        # a folder whose entries cannot be read is one skipped entry, named by its path: its records cannot be counted
         for rel, why in unlisted:
 
             def fail(why: str = why) -> tuple[np.ndarray, Span]:
-                raise SignalError("unreadable", f"folder cannot be listed ({why})")
+                raise SignalError("unreadable", f"folder {why}")
 
             yield rel.as_posix(), fail
 
