@@ -91,7 +91,8 @@ def export(tiny_run, tmp_path_factory) -> Path:
     return out
 
 
-# Pretraining tests (test_train.py, test_pretrain_refusals.py): 48 tiny records and a 40-step Stage-0 run.
+# Pretraining tests (test_train_runs.py, test_train_stops.py, test_pretrain_refusals.py): 48 tiny records
+# and a 40-step Stage-0 run.
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from shard_fixtures import write_tiny_shards
@@ -101,23 +102,10 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from pretrain_helpers import pretrain
+    from pretrain_helpers import RUN0, pretrain
 
     run = tmp_path_factory.mktemp("runs") / "stage0"
-    assert (
-        pretrain(
-            0,
-            shards,
-            run,
-            "--set",
-            "optim.steps=40",
-            "--set",
-            "train.checkpoint_every=20",
-            "--set",
-            "train.figure_every=20",
-        )
-        == 0
-    )
+    assert pretrain(0, shards, run, *RUN0) == 0
     return run
 
 

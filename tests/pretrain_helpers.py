@@ -16,11 +16,13 @@ TINY0 = config_dir() / "tiny" / "stage0.yaml"
 TINY1 = config_dir() / "tiny" / "stage1.yaml"
 # Small and quick: 48 records, global batch 8 -> 6 steps per epoch.
 FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", "train.log_every=1"]
+# The 40-step Stage-0 run (conftest's `run0`), checkpoints and figures at steps 20 and 40.
+RUN0 = ["--set", "optim.steps=40", "--set", "train.checkpoint_every=20", "--set", "train.figure_every=20"]
 
 
-def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
-    args = [
-        "pretrain",
+def pretrain_args(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> list[str]:
+    """The flags of `ecgpos pretrain` with the tiny config of `stage` and FAST (+ `extra`)."""
+    return [
         "--stage",
         str(stage),
         "--config",
@@ -32,7 +34,19 @@ def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | No
         *FAST,
         *extra,
     ]
-    return main(args)
+
+
+def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
+    return main(["pretrain", *pretrain_args(stage, shards, run, *extra, config=config)])
+
+
+def build_trainer(shards: Path, run: Path, *extra: str):
+    """A Stage-0 Trainer on the tiny config and FAST, built as `ecgpos pretrain` builds it, not yet run."""
+    from ecgpos.cli.pretrain import build_parser
+    from ecgpos.pretrain.plan import prepare
+    from ecgpos.pretrain.trainer import Trainer
+
+    return Trainer(prepare(build_parser().parse_args(pretrain_args(0, shards, run, *extra))))
 
 
 def metrics(run: Path) -> list[dict]:

@@ -321,3 +321,19 @@ def probe_data_stand_ins(root: Path) -> Path:
     for sub in ("raw", "merl_splits"):
         (data / sub).mkdir(parents=True, exist_ok=True)
     return data
+
+
+# The paper's chain as pipeline.sh submits it for ECGPOS_CORPORA="ecg-arrhythmia=... code15=..." with both
+# stages probed: each step in submission order, with the steps it waits on (afterok).
+PAPER_CHAIN: dict[str, list[str]] = {
+    "preprocess-ecg-arrhythmia": [],
+    "check-ecg-arrhythmia": ["preprocess-ecg-arrhythmia"],
+    "preprocess-code15": [],
+    "check-code15": ["preprocess-code15"],
+    "stage0": ["check-ecg-arrhythmia", "check-code15"],
+    "stage1": ["stage0"],
+    "probe-stage0": ["stage0"],
+    "probe-stage1": ["stage1"],
+    "merge": ["probe-stage0", "probe-stage1"],
+    "export": ["merge"],
+}

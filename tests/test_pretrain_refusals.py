@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pretrain_helpers import FAST, TINY0, TINY1
+from pretrain_helpers import RUN0, TINY0, pretrain_args
 from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
@@ -103,18 +103,7 @@ def test_bad_input_exits_2_with_one_line_before_training(
 ) -> None:
     stage, extra, expected = BAD_CASES[case]
     run = tmp_path / "run"
-    args = [
-        "pretrain",
-        "--stage",
-        str(stage),
-        "--config",
-        str(TINY0 if stage == 0 else TINY1),
-        "--shards",
-        str(shards),
-        "--run-dir",
-        str(run),
-        *FAST,
-    ]
+    args = ["pretrain", *pretrain_args(stage, shards, run)]
     capsys.readouterr()
     rc = main(args + extra(shards, run0, tmp_path))  # later --config/--shards flags win in argparse
     err = capsys.readouterr().err.strip()
@@ -127,24 +116,7 @@ def test_bad_input_exits_2_with_one_line_before_training(
 def test_existing_run_needs_resume_and_same_config(
     run0: Path, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    base = [
-        "pretrain",
-        "--stage",
-        "0",
-        "--config",
-        str(TINY0),
-        "--shards",
-        str(shards),
-        "--run-dir",
-        str(run0),
-        *FAST,
-        "--set",
-        "optim.steps=40",
-        "--set",
-        "train.checkpoint_every=20",
-        "--set",
-        "train.figure_every=20",
-    ]
+    base = ["pretrain", *pretrain_args(0, shards, run0, *RUN0)]
     before = (run0 / "metrics.jsonl").read_text()
     assert main(base) == 2
     assert "already holds a run" in capsys.readouterr().err

@@ -1,6 +1,7 @@
-"""The probe feature cache on copies of real sample records: a record changed on disk after its
-features were cached is extracted again, untouched records still come from the cache, and caches
-written before records were stamped are recomputed."""
+"""The probe feature cache: a second run of a task is served from it, other windows or weights are other
+entries; and on copies of real sample records, a record changed on disk after its features were cached
+is extracted again, untouched records still come from the cache, and caches written before records were
+stamped are recomputed."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from probes import features
 from probes.datasets import RecordLocator
-from probes.features import cache_file, extract_features, raw_source
+from probes.features import cache_file, encoder_source, extract_features, raw_source
+from probes.run import ProbeConfig, prepare_task
+from probes.tasks import resolve_task
 
 PTBXL = [f"records500/00000/{n:05d}_hr" for n in (1, 2, 3, 4)]
 CPSC = ["A1980", "A1981", "A1982"]
@@ -132,3 +136,64 @@ def test_the_leakage_guard_fingerprints_a_changed_record_again(shared_data, tmp_
     for path in (old, current):
         path.write_text(json.dumps(dict.fromkeys(keys, "00" * 68)))
     assert probe_fingerprints(keys, RecordLocator("ptbxl", tmp_path / "data"), DEFAULT_SPEC, cache, "ptbxl") == again
+
+
+class CountingEncoder(torch.nn.Module):
+    """A small real encoder (strided conv + mean) that counts the windows it embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(12, 16, 75, stride=75)
+        self.windows = 0
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        self.windows += len(x)
+        return self.conv(x).mean(-1)
+
+
+def test_feature_cache_hit_on_second_run(shared_data, tmp_path):
+    enc = CountingEncoder()
+    source = encoder_source(enc, DEFAULT_SPEC, "counting")
+    cfg = ProbeConfig()
+    logged = []
+    first, stats1 = prepare_task(
+        resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits", tmp_path, cfg, log=logged.append
+    )
+    # split rows without records are reported with their count and first ids, then left out
+    assert logged[0].startswith("cpsc2018 train: 4931 of 4950 records not found under the data root, excluded (A4898, ")
+    assert len(first.x["train"]) + len(first.x["val"]) + len(first.x["test"]) == 24
+    assert stats1.extracted == 24 and stats1.cached == 0
+    # long CPSC records give several windows each, averaged into one feature per record
+    assert 24 < enc.windows <= 24 * cfg.windows_cpsc2018
+    seen = enc.windows
+    second, stats2 = prepare_task(
+        resolve_task("cpsc2018"), source, shared_data, shared_data / "merl_splits", tmp_path, cfg, log=lambda s: None
+    )
+    assert stats2.extracted == 0 and stats2.cached == 24 and enc.windows == seen
+    for split in ("train", "val", "test"):
+        np.testing.assert_array_equal(first.x[split], second.x[split])
+    # other window settings are another cache entry
+    _, stats3 = prepare_task(
+        resolve_task("cpsc2018"),
+        source,
+        shared_data,
+        shared_data / "merl_splits",
+        tmp_path,
+        ProbeConfig(windows_cpsc2018=1),
+        log=lambda s: None,
+    )
+    assert stats3.extracted == 24
+    # other weights are another cache entry
+    with torch.no_grad():
+        enc.conv.bias += 1
+    _, stats4 = prepare_task(
+        resolve_task("cpsc2018"),
+        encoder_source(enc, DEFAULT_SPEC, "counting"),
+        shared_data,
+        shared_data / "merl_splits",
+        tmp_path,
+        cfg,
+        log=lambda s: None,
+    )
+    assert stats4.extracted == 24

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from code15_fixtures import FS as CODE15_FS
 from code15_fixtures import ecg_like, exam_row, padded_trace, write_exams_csv, write_part
-from slurm_cluster import ClusterError, SlurmCluster, missing_binaries, probe_data_stand_ins
+from slurm_cluster import PAPER_CHAIN, ClusterError, SlurmCluster, missing_binaries, probe_data_stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM = REPO / "slurm"
@@ -182,31 +182,12 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     )
     started = time.monotonic()
     jobs = _submit(slurm_cluster, env, tmp_path)
-    assert list(jobs) == [
-        "preprocess-ecg-arrhythmia",
-        "check-ecg-arrhythmia",
-        "preprocess-code15",
-        "check-code15",
-        "stage0",
-        "stage1",
-        "probe-stage0",
-        "probe-stage1",
-        "merge",
-        "export",
-    ]
+    assert list(jobs) == list(PAPER_CHAIN)
     # each job waits on the ones it reads from: a corpus's check on its parts, Stage 0 on both checks, each
     # encoder's probes on the stage that makes it, the merge on all probes
-    waits_on = {
-        "check-ecg-arrhythmia": ["preprocess-ecg-arrhythmia"],
-        "check-code15": ["preprocess-code15"],
-        "stage0": ["check-ecg-arrhythmia", "check-code15"],
-        "stage1": ["stage0"],
-        "probe-stage0": ["stage0"],
-        "probe-stage1": ["stage1"],
-        "merge": ["probe-stage0", "probe-stage1"],
-        "export": ["merge"],
-    }
-    for step, before in waits_on.items():
+    for step, before in PAPER_CHAIN.items():
+        if not before:
+            continue
         dep = _job_records(slurm_cluster, jobs[step])[0].get("Dependency", "")
         # a dependency already satisfied is dropped from the record
         assert dep == "(null)" or all(jobs[b] in dep for b in before), (step, dep)

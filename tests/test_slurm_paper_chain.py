@@ -8,7 +8,7 @@ import shlex
 import subprocess
 from pathlib import Path
 
-from slurm_cluster import probe_data_stand_ins
+from slurm_cluster import PAPER_CHAIN, probe_data_stand_ins
 from test_slurm_scripts import _clean_env, _dependency, _flag
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,32 +46,10 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
     proc = _run("pipeline.sh", env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("#")]
-    assert steps == [
-        "preprocess-ecg-arrhythmia",
-        "check-ecg-arrhythmia",
-        "preprocess-code15",
-        "check-code15",
-        "stage0",
-        "stage1",
-        "probe-stage0",
-        "probe-stage1",
-        "merge",
-        "export",
-    ]
+    assert steps == list(PAPER_CHAIN)
     cmds = dict(zip(steps, _sbatch_lines(proc.stdout)))
     # the corpora are preprocessed side by side; Stage 0 waits for both checks
-    assert [_dependency(cmds[s]) for s in steps] == [
-        [],
-        ["preprocess-ecg-arrhythmia"],
-        [],
-        ["preprocess-code15"],
-        ["check-ecg-arrhythmia", "check-code15"],
-        ["stage0"],
-        ["stage0"],
-        ["stage1"],
-        ["probe-stage0", "probe-stage1"],
-        ["merge"],
-    ]
+    assert {s: _dependency(cmds[s]) for s in steps} == PAPER_CHAIN
     assert cmds["preprocess-code15"][-2:] == [str(SLURM / "preprocess.sbatch"), "code15"]
     assert cmds["check-code15"][-3:] == [str(SLURM / "preprocess.sbatch"), "check", "code15"]
     assert "--array=0-3" in cmds["preprocess-code15"]

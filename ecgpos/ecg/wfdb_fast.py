@@ -26,7 +26,7 @@ from wfdb.io.header import rx_record, rx_signal
 
 from ecgpos.ecg.rates import wfdb_header_fs
 from ecgpos.ecg.signal import record_span
-from ecgpos.ecg.wfdb_io import RawRecord, check_checksums, check_mat_header
+from ecgpos.ecg.wfdb_io import RawRecord, check_checksums, check_data_size, check_mat_header
 from ecgpos.errors import SignalError
 
 _INVALID_FMT16 = -32768  # WFDB's "no sample" value for format 16
@@ -131,11 +131,7 @@ def read_fast(base: Path) -> RawRecord | None:
             size = os.fstat(handle.fileno()).st_size
             if data_path.suffix == ".mat":
                 check_mat_header(handle.read(20), header.file_name, header.byte_offset, n_sig, header.sig_len)
-            expected = header.byte_offset + 2 * n_sig * header.sig_len
-            if size < expected:
-                raise SignalError("truncated_signal", f"{header.file_name}: {size} bytes, header needs {expected}")
-            if size > expected:
-                raise SignalError("header_mismatch", f"{header.file_name}: {size} bytes, header describes {expected}")
+            check_data_size(header.file_name, size, header.byte_offset + 2 * n_sig * header.sig_len)
             if (start, stop) == (0, header.sig_len):
                 digital = _frames(handle, header.byte_offset, 0, header.sig_len, n_sig)
                 values = _as_float64(digital)

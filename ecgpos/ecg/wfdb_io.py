@@ -75,6 +75,15 @@ def check_mat_header(prefix: bytes, file_name: str, byte_offset: int, n_sig: int
         )
 
 
+def check_data_size(file_name: str, size: int, expected: int) -> None:
+    """A signal file must hold exactly the bytes its header describes: fewer raises truncated_signal,
+    more header_mismatch (wfdb would read the samples the header names and drop the rest silently)."""
+    if size < expected:
+        raise SignalError("truncated_signal", f"{file_name}: {size} bytes, header needs {expected}")
+    if size > expected:
+        raise SignalError("header_mismatch", f"{file_name}: {size} bytes, header describes {expected}")
+
+
 def check_checksums(sums: np.ndarray, firsts: np.ndarray, leads: list[str], checksums: list, init_values: list) -> None:
     """WFDB checksum: 16-bit two's-complement sum of a lead's stored samples (headers write it
     signed or unsigned); initial value: its first sample. A header field left out (None) is not checked.
@@ -141,21 +150,26 @@ def check_signal_files(base: Path, header: Any) -> None:
             raise SignalError("unreadable", f"{name}: {err.strerror or err}") from None
         if path.suffix == ".mat":
             check_mat_header(prefix, name, offset, len(rows), sig_len)
-        expected = offset + int(np.ceil(len(rows) * sig_len * _BYTES_PER_SAMPLE[fmts.pop()]))
-        if size < expected:
-            raise SignalError("truncated_signal", f"{name}: {size} bytes, header needs {expected}")
-        if size > expected:
-            raise SignalError("header_mismatch", f"{name}: {size} bytes, header describes {expected}")
+        check_data_size(name, size, offset + int(np.ceil(len(rows) * sig_len * _BYTES_PER_SAMPLE[fmts.pop()])))
+
+
+def _stored_samples(rec: Any) -> np.ndarray | None:
+    """`rec.d_signal` (leads as columns) where it is the file's samples as written; None for an empty
+    read, or where wfdb averaged frames (several samples per frame) or shifted skewed signals."""
+    digital = rec.d_signal
+    if digital is None or digital.ndim != 2 or not digital.shape[0]:
+        return None
+    if any(int(n or 1) != 1 for n in rec.samps_per_frame or []) or any(int(k or 0) for k in rec.skew or []):
+        return None
+    return digital
 
 
 def _check_digital(rec: Any, name: str) -> None:
     """Checksums and initial values of a record read as stored (wfdb checks none), where every
     sample of the file is in `d_signal` as written: one sample per frame and no skew."""
-    digital = rec.d_signal
-    if digital is None or digital.ndim != 2 or not digital.shape[0]:
+    digital = _stored_samples(rec)
+    if digital is None:
         return
-    if any(int(n or 1) != 1 for n in rec.samps_per_frame or []) or any(int(k or 0) for k in rec.skew or []):
-        return  # wfdb averages frames and shifts skewed signals: not the stored samples
     try:
         check_checksums(
             digital.sum(axis=0, dtype=np.int64), digital[0], list(rec.sig_name or []), rec.checksum, rec.init_value
@@ -274,11 +288,9 @@ def _check_blocks(base: Path, header: Any) -> None:
     sums = firsts = None
     for first in range(0, total, _CHECK_BLOCK):
         block = wfdb.rdrecord(str(base), physical=False, sampfrom=first, sampto=min(total, first + _CHECK_BLOCK))
-        digital = block.d_signal
-        if digital is None or digital.ndim != 2 or not digital.shape[0]:
+        digital = _stored_samples(block)
+        if digital is None:
             return
-        if any(int(n or 1) != 1 for n in block.samps_per_frame or []) or any(int(k or 0) for k in block.skew or []):
-            return  # as `_check_digital`: frames averaged or skewed signals are not the stored samples
         part = digital.sum(axis=0, dtype=np.int64)
         sums, firsts = (part, digital[0].copy()) if sums is None else (sums + part, firsts)
     if sums is not None:
