@@ -1,11 +1,6 @@
-"""Checking an installation and an export folder against its own test vectors.
+"""The checks behind `ecgpos verify`: an export folder against its own test vectors.
 
-Checks, each printed as PASS/FAIL: the weights load and match config.json's sha256 and
-architecture; forward_features of the stored inputs; `embed` of the stored raw record (preprocessing
-and lead mapping); encoder.onnx on the stored inputs when present (SKIP without onnxruntime);
-decoders.safetensors when present (`--with-decoders`: hash, settings, strict load); the model card
-README.md, and encoder.onnx when config.json lists it, must be present.
-Exit 0 when all pass, 1 when any fails, 2 when DIR is not an export folder at all.
+The list of checks and the exit codes are the command's help text, in ecgpos/cli/verify.py.
 """
 
 from __future__ import annotations
