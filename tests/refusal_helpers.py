@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from pretrain_helpers import TINY0
 
 from ecgpos.cli import main
-from ecgpos.resources import config_dir
 
 torch.set_num_threads(1)
-TINY0 = config_dir() / "tiny" / "stage0.yaml"
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN = ["pretrain", "--stage", "0", "--config", str(TINY0)]

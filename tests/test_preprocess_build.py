@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import json
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from refusal_helpers import read_rows
 
 from ecgpos.cli import main
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
@@ -53,14 +53,9 @@ def digests(folder: Path) -> dict[str, str]:
     }
 
 
-def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
-
-
 def test_done_when_200_real_records(arrhythmia_shards):
-    index = read_csv(arrhythmia_shards / "index.csv")
-    assert len(index) == 200 and read_csv(arrhythmia_shards / "skipped.csv") == []
+    index = read_rows(arrhythmia_shards / "index.csv")
+    assert len(index) == 200 and read_rows(arrhythmia_shards / "skipped.csv") == []
     assert list(index[0])[:9] == [
         "shard",
         "row",
@@ -94,7 +89,7 @@ def test_done_when_200_real_records(arrhythmia_shards):
 def test_shard_round_trip(arrhythmia_shards, shared_data):
     src = shared_data / "ecg-arrhythmia"
     refs = {r.record_id: r for r in ecg_arrhythmia.find_records(src, "all")[0]}
-    index = {row["record_id"]: row for row in read_csv(arrhythmia_shards / "index.csv")}
+    index = {row["record_id"]: row for row in read_rows(arrhythmia_shards / "index.csv")}
     seen = 0
     for record_id, x in iter_shard_records(arrhythmia_shards):
         seen += 1
@@ -193,7 +188,7 @@ def test_resume_after_kill_9(shared_data, tmp_path, capsys, by_eights):
     rc, out, _ = preprocess(capsys, *args)
     assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
     assert digests(tmp_path / "killed") == by_eights  # no duplicates, no losses, no temporary files left behind
-    ids = [row["record_id"] for row in read_csv(tmp_path / "killed" / "index.csv")]
+    ids = [row["record_id"] for row in read_rows(tmp_path / "killed" / "index.csv")]
     assert len(ids) == len(set(ids)) == 200
 
 
