@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--standardise",
         choices=("lead", "record"),
         default=None,
-        help="z-score per lead (paper default) or over the whole record (same as --set standardise=...)",
+        help="z-score per lead (default) or over the whole record (same as --set standardise=...)",
     )
     p.add_argument(
         "--check",

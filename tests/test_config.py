@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from ecgpos.config import apply_overrides, from_dict, load_config, save_config, to_dict
+from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
+from ecgpos.models.masking import num_kept
 from ecgpos.pretrain.optim import resolve_compile
+from ecgpos.pretrain.schedule import lr_at
 from ecgpos.resources import config_dir
 from ecgpos.runs.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
 
@@ -98,6 +101,23 @@ def test_paper_values() -> None:
     assert (s1.encoder.width, s1.encoder.depth, s1.decoder.depth) == (768, 6, 4) and not s1.push_pull.enabled
     st12 = load_run_config(CONFIG_DIR / "stmem12.yaml")
     assert config_differences(s0, st12) == ["encoder.depth: 6 -> 12"]
+
+
+def test_paper_preprocessing_masking_and_absolute_lr() -> None:
+    """The appendix's preprocessing in every paper config (the shards the defaults write fit all three),
+    Stage 1 masked as Stage 0, 7 of 30 patches kept per lead, and lr 3.75e-5 used as the peak lr
+    whatever the batch (configs/README.md: it is not rescaled by batch / 256)."""
+    paper = [load_run_config(CONFIG_DIR / n) for n in ("stage0.yaml", "stage1.yaml", "stmem12.yaml")]
+    for cfg in paper:
+        p = cfg.preprocess
+        assert (p.highpass_hz, p.lowpass_hz, p.fs, p.window, p.standardise) == (0.67, 40.0, 250, 2250, "lead")
+        assert p == PreprocessSpec() and cfg.mask_ratio == 0.75
+    s0, s1 = paper[0], paper[1]
+    assert (s1.decoder.width, s1.decoder.heads, s1.encoder.heads) == (256, 4, 12) and not s1.norm_target
+    assert num_kept(s0.encoder.num_patches, s0.mask_ratio) == 7
+    for batch in (64, 256):
+        optim = load_run_config(CONFIG_DIR / "stage0.yaml", [f"train.batch_size={batch}"]).optim
+        assert lr_at(14_999, optim) == pytest.approx(3.75e-5) and lr_at(150_000, optim) == pytest.approx(1e-6)
 
 
 def test_tiny_configs_are_small_versions() -> None:

@@ -19,12 +19,13 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.errors import ConfigError
 
 STANDARDISE_MODES = ("lead", "record")
-MAX_FILTER_ORDER = 100  # far above the paper's 4; a Butterworth design of this order still takes milliseconds
+MAX_FILTER_ORDER = 100  # far above the default 4; a Butterworth design of this order still takes milliseconds
 
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """Paper defaults: 0.67-40 Hz zero-phase Butterworth, per-lead z-score, 250 Hz, 2250-sample window."""
+    """Defaults: the paper's 0.67 Hz and 40 Hz cut-offs, 250 Hz and 2250-sample window; the zero-phase
+    Butterworth of order 4 and the per-lead z-score are the readings configs/README.md states."""
 
     fs: int = 250
     leads: tuple[str, ...] = CANONICAL_LEADS

@@ -18,7 +18,7 @@ from ecgpos.models.st_mem import check_transformer_config, init_weights, sincos_
 
 @dataclass
 class DecoderConfig:
-    """Per-lead decoder: 256 wide, 4 blocks, 4 heads in the paper (both stages)."""
+    """Per-lead decoder of both stages: 4 blocks in the paper; 256 wide with 4 heads as in ST-MEM."""
 
     width: int = 256
     depth: int = 4

@@ -43,7 +43,8 @@ def check_transformer_config(cfg: Any, section: str, extra_positive: tuple[str, 
 
 @dataclass
 class EncoderConfig:
-    """Encoder hyper-parameters; paper Stage 0: width 768, depth 6, 12 heads (ST-MEM: depth 12)."""
+    """Encoder hyper-parameters; paper Stage 0: depth 6 (ST-MEM: 12); width 768, 12 heads, patch 75 and
+    MLP ratio 4 are ST-MEM's base model, which the paper follows without restating them."""
 
     num_leads: int = 12
     seq_len: int = 2250
