@@ -37,8 +37,9 @@ class LatentMaskedAutoencoder(nn.Module):
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
 
     The Stage-0 encoder is frozen here (requires_grad False, kept in eval mode by `train()`), runs
-    under torch.no_grad() (no graph is kept for it) and in bf16 autocast on CUDA. no_grad rather
-    than inference_mode: inference tensors could not be saved for Stage 1's backward.
+    under torch.no_grad() (no graph is kept for it) in the caller's precision: the trainer's bf16
+    autocast in a bf16 run, fp32 in an fp32 run, as probes and exports run it. no_grad rather than
+    inference_mode: inference tensors could not be saved for Stage 1's backward.
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class LatentMaskedAutoencoder(nn.Module):
 
     def latent_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Frozen Stage-0 tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+        with torch.no_grad():
             tokens = self.stage0.forward_tokens(x)
         return tokens.float()
 
