@@ -9,6 +9,7 @@ EcgposError: one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
-from ecgpos.export.format import is_export_dir, weights_hash
+from ecgpos.export.format import CONFIG_FILE, is_export_dir, weights_hash
 from ecgpos.files import make_output_folder
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 from ecgpos.workers import max_workers, usable_cpus
@@ -91,7 +92,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
     loaded through the one resolver (ecgpos.inference.resolve)."""
     from ecgpos.config import load_config
     from ecgpos.inference.resolve import resolve_encoder
-    from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
+    from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir, read_run_info
     from ecgpos.runs.stages import check_stage0_fits, stage0_config_dict
 
     if not path.exists():
@@ -117,9 +118,10 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
                 f"--stage0 {path} is incomplete (newest checkpoint at step {step} of {steps}): "
                 "finish it with --resume auto, or export that checkpoint and pass the export folder"
             )
-        info = {"kind": "run", "checkpoint": loaded.info["checkpoint"]}
+        info = {"kind": "run", "checkpoint": loaded.info["checkpoint"], "shards": read_run_info(path).get("shards")}
     else:
-        info = {"kind": "export"}
+        training = json.loads((path / CONFIG_FILE).read_text()).get("training") or {}
+        info = {"kind": "export", "shards": training.get("shards")}
     encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its STMEMEncoder
     cfg.preprocess.check_compatible(loaded.spec, f"the Stage-0 encoder {path}")
     check_stage0_fits(encoder, cfg, f"the Stage-0 encoder {path}")
@@ -127,6 +129,22 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
     encoder.eval()
     info.update(encoder=stage0_config_dict(encoder), weights_sha256=weights_hash(encoder))
     return encoder, str(path.resolve()), info
+
+
+def other_pool(plan: RunPlan) -> str | None:
+    """Why a Stage-1 run's shards are not the pool its Stage 0 was pretrained on (None when they are,
+    or when that pool is unknown). The preprint trains both stages on one pool; a warning, not a
+    refusal, because a deliberate transfer, or the same shards mounted elsewhere, is legitimate."""
+    pool = plan.stage0_info.get("shards")
+    if not pool:
+        return None
+    pool, ours = {str(Path(f)) for f in pool}, {str(f.resolve()) for f in plan.shards}
+    if pool == ours:
+        return None
+    return (
+        f"Stage 1 trains on {', '.join(sorted(ours))}, not on the shards its Stage 0 was pretrained on "
+        f"({', '.join(sorted(pool))}); the preprint trains both stages on one pool"
+    )
 
 
 def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:

@@ -50,7 +50,7 @@ from ecgpos.pretrain.data import (
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile, resolve_mixed_precision
-from ecgpos.pretrain.plan import RunPlan
+from ecgpos.pretrain.plan import RunPlan, other_pool
 from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.pretrain.stop import StopRequest
@@ -96,12 +96,14 @@ class Trainer:
             )
         index = read_index(self.plan.shards)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
-        if cfg.train.val_fraction > 0 and val_index is None and self.acc.is_main_process:
-            print(
-                f"ecgpos pretrain: warning: train.val_fraction {cfg.train.val_fraction} holds out none (or all) "
-                f"of the {len(index)} records: no validation loss will be logged",
-                file=sys.stderr,
+        warnings = [other_pool(self.plan)]
+        if cfg.train.val_fraction > 0 and val_index is None:
+            warnings.append(
+                f"train.val_fraction {cfg.train.val_fraction} holds out none (or all) "
+                f"of the {len(index)} records: no validation loss will be logged"
             )
+        for warning in filter(None, warnings if self.acc.is_main_process else []):
+            print(f"ecgpos pretrain: warning: {warning}", file=sys.stderr)
         self.records_sha256 = records_digest(train_index)
         self.sampler = StepBatchSampler(
             len(train_index), cfg.train.batch_size, cfg.train.grad_accum, p, self.acc.process_index, cfg.train.seed
