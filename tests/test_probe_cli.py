@@ -13,6 +13,7 @@ import torch
 import wfdb
 from tiny_runs import cli, pretrain_tiny
 
+from ecgpos.ecg.limbs import derived_limb_leads
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.resources import config_dir
 from probes.features import encoder_source, raw_source
@@ -170,6 +171,7 @@ def _custom_task(folder: Path, n: int = 30) -> Path:
         t = np.arange(5000) / 500.0
         beat = np.sin(2 * np.pi * (1.0 + fast) * t) ** 15
         sig = np.stack([beat * (1 + 0.1 * k) for k in range(12)], axis=1) + rng.normal(0, 0.05, (5000, 12))
+        sig[:, 2:6] = derived_limb_leads(sig[:, 0], sig[:, 1]).T  # limb leads as a recorder stores them
         wfdb.wrsamp(
             f"r{i:03d}",
             fs=500,
