@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import TextIO
 
 from ecgpos.ecg.fingerprint import fingerprint
+from ecgpos.ecg.limbs import LEAD_MISMATCH_MAX
 from ecgpos.ecg.screening import long_records_note
 from ecgpos.ecg.shards import check_shard, check_shard_contents, shard_name, shard_paths, write_shard
 from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter, seconds_text
@@ -47,6 +48,7 @@ class BuildRequest:
     subset: str | None = None
     pad_short: bool = False
     max_dead_leads: int = 2
+    keep_lead_mismatch: bool = False
     records_per_shard: int = DEFAULT_RECORDS_PER_SHARD
     workers: int = 1
     part: int = 0
@@ -62,6 +64,8 @@ class BuildRequest:
             "pad_short": self.pad_short,
             "max_dead_leads": self.max_dead_leads,
             "dead_lead_ptp_mv": DEAD_LEAD_PTP_MV,
+            "keep_lead_mismatch": self.keep_lead_mismatch,
+            "lead_mismatch_max": LEAD_MISMATCH_MAX,
         }
 
     def sources(self) -> dict:
@@ -70,7 +74,10 @@ class BuildRequest:
 
     def policy(self) -> RecordPolicy:
         return RecordPolicy(
-            expected_fs=SOURCES[self.dataset].FS, pad_short=self.pad_short, max_dead_leads=self.max_dead_leads
+            expected_fs=SOURCES[self.dataset].FS,
+            pad_short=self.pad_short,
+            max_dead_leads=self.max_dead_leads,
+            check_limb_leads=not self.keep_lead_mismatch,
         )
 
 

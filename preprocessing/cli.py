@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         f"more are skipped as dead_leads (0..11, default {DEFAULT_MAX_DEAD_LEADS}; 0 skips any)",
     )
     p.add_argument(
+        "--keep-lead-mismatch",
+        action="store_true",
+        help="keep records whose limb leads break Einthoven's or Goldberger's relations (swapped, "
+        "inverted or misnamed leads) instead of skipping them (lead_mismatch)",
+    )
+    p.add_argument(
         "--spec",
         type=user_path,
         default=None,
@@ -128,6 +134,7 @@ def main(argv: Sequence[str]) -> int:
         subset=subset,
         pad_short=args.pad_short,
         max_dead_leads=args.max_dead_leads,
+        keep_lead_mismatch=args.keep_lead_mismatch,
         records_per_shard=args.records_per_shard,
         workers=args.workers,
         part=args.part,

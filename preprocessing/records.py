@@ -8,8 +8,8 @@ documented in preprocessing/README.md):
 
 unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, duplicate_lead,
 unknown_lead, units, sampling_rate, unexpected_fs, empty, non_finite, all_zero, flat, dead_leads,
-too_short, missing_metadata, unreadable_part, duplicate_record, duplicate_exam_rows (and `dtype`, `shape`,
-`bad_record_id` for what `embed` and `score` are given).
+lead_mismatch, too_short, missing_metadata, unreadable_part, duplicate_record, duplicate_exam_rows (and `dtype`,
+`shape`, `bad_record_id` for what `embed` and `score` are given).
 """
 
 from __future__ import annotations

@@ -33,11 +33,14 @@ from ecgpos.errors import EcgposError, SignalError
 from probes.tasks import SplitTable, TaskDef
 
 CPSC_FS = 500.0
-PROBE_POLICY = ScreenPolicy(pad_short=True)
+PROBE_POLICY = ScreenPolicy(pad_short=True, check_limb_leads=False)
 """Probe records pass preprocessing's screening (rate, empty, NaN, all-zero, flat, dead leads) with
-one documented difference: a record shorter than the window is kept and zero-padded at the end
-(as `ecgpos preprocess --pad-short` / `ecgpos embed --pad-short` do), because the probe protocol
-uses the published splits as they are, short CPSC2018 records included. Padded records are logged.
+two documented differences, both because the probe protocol uses the published splits as they are:
+a record shorter than the window is kept and zero-padded at the end (as `ecgpos preprocess
+--pad-short` / `ecgpos embed --pad-short` do), short CPSC2018 records included; and limb leads that
+break Einthoven's relations (lead_mismatch) are kept, as every published result kept them (PTB-XL
+flags some recordings' electrode problems in its metadata and leaves them in its folds). Padded
+records are logged.
 Features, geometry and the leakage guard all read records through `prepared_record`."""
 CPSC_FORMS = ("original", "cinc2020", "cinc-snomed")  # read-preference order
 

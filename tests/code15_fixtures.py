@@ -17,14 +17,18 @@ from ecgpos.demo.synthetic import code15_padded as padded_trace
 from ecgpos.demo.synthetic import code15_row as exam_row
 from ecgpos.demo.synthetic import write_code15_csv as write_exams_csv
 from ecgpos.demo.synthetic import write_code15_part as write_part
+from ecgpos.ecg.limbs import derived_limb_leads
 
 __all__ = ["FS", "ecg_like", "exam_row", "padded_trace", "write_exams_csv", "write_part"]
 
 
 def ecg_like(n: int, fs: float, seed: int) -> np.ndarray:
-    """(12, n) float32 mV: a 1.2 Hz fundamental with harmonics, lead-specific gains, a little noise."""
+    """(12, n) float32 mV: a 1.2 Hz fundamental with harmonics, lead-specific gains, a little noise;
+    leads III, aVR, aVL, aVF derived from I and II, as recorders store them."""
     rng = np.random.default_rng(seed)
     t = np.arange(n) / fs
     beat = sum(np.sin(2 * np.pi * 1.2 * k * t + k) / k for k in range(1, 12))
     gains = rng.uniform(0.3, 1.5, size=(12, 1))
-    return (gains * beat + rng.normal(0, 0.01, size=(12, n))).astype(np.float32)
+    x = gains * beat + rng.normal(0, 0.01, size=(12, n))
+    x[2:6] = derived_limb_leads(x[0], x[1])
+    return x.astype(np.float32)

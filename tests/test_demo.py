@@ -14,6 +14,7 @@ import pytest
 
 import ecgpos
 from ecgpos.demo.demo import PROBE_TASK, QUICK
+from ecgpos.ecg.limbs import derived_limb_leads
 
 
 @pytest.mark.slow
@@ -65,5 +66,6 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     # The exported nested encoder loads and embeds a raw record.
     encoder = ecgpos.load_encoder(out / "export" / "nested-encoder")
     signal = np.random.default_rng(0).normal(size=(12, 5000)).astype(np.float32)
+    signal[2:6] = derived_limb_leads(signal[0], signal[1])  # limb leads as a recorder stores them
     features = encoder.embed(signal, fs=500, leads=list(encoder.spec.leads))
     assert features.shape == (encoder.width,) and np.isfinite(features).all()

@@ -111,7 +111,8 @@ def test_lead_order_and_names_do_not_change_features(export0: Path, shared_data:
     renamed = [aliases.get(CANONICAL_LEADS[i], CANONICAL_LEADS[i]) for i in order]
     for signal, leads in ((raw.signal, raw.leads), (raw.signal[order], renamed)):
         assert np.abs(encoder.embed(signal, raw.fs, leads) - reference).max() <= 1e-6
-    swapped = raw.signal[[1, 0] + list(range(2, 12))]  # rows swapped but names not: must differ
+    # rows swapped but names not: must differ (chest leads: swapped limb leads are refused, lead_mismatch)
+    swapped = raw.signal[[0, 1, 2, 3, 4, 5, 7, 6, 8, 9, 10, 11]]
     assert np.abs(encoder.embed(swapped, raw.fs, raw.leads) - reference).max() > 1e-4
 
 
@@ -169,7 +170,8 @@ def test_npy_input_with_fs_and_leads(
     raw = read_wfdb_record(shared_data / "ptbxl" / "records500" / "00000" / "00003_hr")
     bad = raw.signal.copy()
     bad[0, :10] = np.nan
-    batch = np.stack([raw.signal, raw.signal[::-1], bad])  # rows 0, 1 differ by lead order; row 2 has NaN
+    chest_reversed = np.concatenate([raw.signal[:6], raw.signal[:5:-1]])
+    batch = np.stack([raw.signal, chest_reversed, bad])  # rows 0, 1 differ by lead order; row 2 has NaN
     np.save(tmp_path / "batch.npy", batch)
     leads = ",".join(PTBXL_LEADS)
     assert (

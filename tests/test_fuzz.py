@@ -54,6 +54,7 @@ REASONS = {
     "all_zero",
     "flat",
     "dead_leads",
+    "lead_mismatch",
     "too_short",
     "missing_metadata",
     "unreadable_part",

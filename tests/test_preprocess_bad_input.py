@@ -237,11 +237,10 @@ def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
     from preprocessing import build
     from preprocessing.records import LoadedRecord, RecordPolicy, RecordRef
 
-    rng = np.random.default_rng(0)
     lengths = {"a": 5000, "b": 20, "c": 5000, "d": 5000}
     source = SimpleNamespace(
         load_record=lambda src, ref: LoadedRecord(
-            signal=rng.normal(size=(12, lengths[ref.record_id])).astype(np.float32),
+            signal=ecg_like(lengths[ref.record_id], 500, 0),
             fs=500.0,
             leads=list(CANONICAL_LEADS),
             meta={"dx": ""},

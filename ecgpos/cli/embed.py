@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"skip raw records with more flat (dead) leads than this, as preprocessing does "
         f"(default {DEFAULT_MAX_DEAD_LEADS})",
     )
+    parser.add_argument(
+        "--keep-lead-mismatch",
+        action="store_true",
+        help="keep records whose limb leads break Einthoven's or Goldberger's relations (swapped, "
+        "inverted or misnamed leads) instead of skipping them (lead_mismatch), as "
+        "`ecgpos preprocess --keep-lead-mismatch` does",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when any record was skipped")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
@@ -99,7 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError("--num-windows and --batch-size must be at least 1")
     if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
         raise EcgposError(f"--input {args.input} does not exist")
-    policy = ScreenPolicy(pad_short=args.pad_short, max_dead_leads=args.max_dead_leads)  # ConfigError if bad
+    policy = ScreenPolicy(  # ConfigError if bad
+        pad_short=args.pad_short,
+        max_dead_leads=args.max_dead_leads,
+        check_limb_leads=not args.keep_lead_mismatch,
+    )
     check_writable(args.out, args.input)
     encoder = load_encoder(args.encoder, device=args.device)
     source = open_source(args.input, args.fs, args.leads, encoder.spec, policy)

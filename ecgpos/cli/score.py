@@ -29,6 +29,7 @@ import csv
 from collections.abc import Sequence
 from pathlib import Path
 
+from ecgpos.ecg.screening import ScreenPolicy
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target
@@ -98,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument(
+        "--keep-lead-mismatch",
+        action="store_true",
+        help="keep records whose limb leads break Einthoven's or Goldberger's relations (swapped, "
+        "inverted or misnamed leads) instead of skipping them (lead_mismatch), as "
+        "`ecgpos embed --keep-lead-mismatch` does",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -186,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--calibration needs the scores of both levels (a Stage-1 run, or an export of one with decoders); "
             f"{args.run} gives {', '.join(models.levels)} only{why}"
         )
-    source = open_source(args.input, args.fs, args.leads, models.spec)
+    policy = ScreenPolicy(check_limb_leads=not args.keep_lead_mismatch)
+    source = open_source(args.input, args.fs, args.leads, models.spec, policy)
     result = score_records(
         models, source, args.masks, args.num_windows, args.batch_size, device, progress=not args.no_progress
     )

@@ -22,6 +22,7 @@ import scipy.io
 from scipy import signal as sps
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.limbs import derived_limb_leads
 
 CODE15_LEADS = ("DI", "DII", "DIII", "AVR", "AVL", "AVF", "V1", "V2", "V3", "V4", "V5", "V6")
 CODE15_FS, CODE15_SAMPLES = 400, 4096
@@ -64,6 +65,9 @@ def simulate(params: SimulationParams) -> np.ndarray:
     t = np.arange(x.shape[1], dtype=np.float32) / params.fs
     wander = 0.15 * np.sin(2 * np.pi * rng.uniform(0.05, 0.3) * t + rng.uniform(0, 2 * np.pi))
     x = x + wander.astype(np.float32) + rng.normal(0, params.noise, size=x.shape).astype(np.float32)
+    # ECGSYN simulates every lead on its own: derive III, aVR, aVL, aVF from I and II as recorders
+    # do, so the limb leads obey Einthoven's and Goldberger's relations (screening checks them)
+    x[2:6] = derived_limb_leads(x[0], x[1])
     return x.astype(np.float32)
 
 

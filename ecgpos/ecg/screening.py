@@ -15,7 +15,9 @@ supported range; unexpected_fs when a corpus fixes another), no samples at all (
 than one window after resampling (too_short, unless pad_short; before the amplitude checks, which
 a handful of samples can fail by chance), NaN/inf (non_finite), every sample zero (all_zero), every
 lead flat (flat), a median lead amplitude no ECG in mV has (units: uV or ADC counts), more dead
-leads than allowed (dead_leads).
+leads than allowed (dead_leads), limb leads that break Einthoven's or Goldberger's relations
+(lead_mismatch: swapped, inverted or misnamed leads; `ecgpos.ecg.limbs`; not checked when a limb
+lead is dead, nor with `ScreenPolicy(check_limb_leads=False)`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
+from ecgpos.ecg.limbs import LEAD_MISMATCH_MAX, LIMB_LEADS, limb_residuals
 from ecgpos.ecg.rates import check_fs
 from ecgpos.ecg.signal import (
     DEAD_LEAD_PTP_MV,
@@ -53,11 +56,15 @@ class ScreenPolicy:
 
     expected_fs: a corpus's one rate (None: any supported rate). pad_short: keep records shorter
     than one window (the caller zero-pads them) instead of refusing them as too_short.
+    check_limb_leads: refuse records whose limb leads break Einthoven's or Goldberger's relations
+    (lead_mismatch); False keeps them (`--keep-lead-mismatch`), e.g. for a corpus known to store
+    its limb leads with per-lead calibration errors, which per-lead z-scoring removes anyway.
     """
 
     expected_fs: float | None = None
     pad_short: bool = False
     max_dead_leads: int = DEFAULT_MAX_DEAD_LEADS
+    check_limb_leads: bool = True
 
     def __post_init__(self) -> None:
         n = len(CANONICAL_LEADS)
@@ -184,4 +191,19 @@ def screen_record(
     if count > policy.max_dead_leads:
         names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))
         raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
+    if policy.check_limb_leads and not dead[: len(LIMB_LEADS)].any():  # a dead limb lead: nothing to check
+        screen_limb_leads(x)
     return Screened(signal=x, fs=fs, dead=dead, total=total)
+
+
+def screen_limb_leads(x: np.ndarray) -> None:
+    """SignalError('lead_mismatch') naming the worst relation when a canonical-order raw record's limb
+    leads break Einthoven's or Goldberger's relations by more than LEAD_MISMATCH_MAX."""
+    residuals = limb_residuals(x)
+    relation = max(residuals, key=residuals.__getitem__)
+    if residuals[relation] > LEAD_MISMATCH_MAX:
+        raise SignalError(
+            "lead_mismatch",
+            f"limb leads break {relation}: residual {residuals[relation]:.3g} of the I/II/III RMS "
+            f"(at most {LEAD_MISMATCH_MAX:g}); leads swapped, inverted or misnamed",
+        )

@@ -90,6 +90,10 @@ def parse_header(text: str) -> FastHeader | None:
     ):
         return None
     # wfdb's read defaults: gain 200 (also for an explicit 0), baseline = ADC zero if given, else 0.
+    # A gain of 0 means uncalibrated (WFDB spec): such a lead is in mV only up to an unknown factor.
+    # The features do not see it: standardisation is per lead by default (`PreprocessSpec.standardise`),
+    # and with `record` a factor shared by every lead cancels too. A header mixing uncalibrated and
+    # calibrated leads is still read: a mis-scaled limb lead breaks the limb relations (lead_mismatch).
     gains = np.array([float(f[5] or 0) or 200.0 for f in fields])
     baselines = np.array([float(f[6] if f[6] else f[9] if f[9] else 0) for f in fields])
     return FastHeader(

@@ -248,7 +248,7 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     if not multi and rec.d_signal is not None:
         if whole:  # a span's checksums were checked block by block above
             _check_digital(rec, base.name)
-        try:
+        try:  # a gain of 0 (uncalibrated) reads as 200 adu/mV, as in the fast reader (see wfdb_fast)
             rec.dac(expanded=False, return_res=64, inplace=True)
         except Exception as err:  # wfdb raises many types for fields it cannot convert with
             raise SignalError("unreadable", f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None

@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.ecg.leads import CANONICAL_LEADS
+from ecgpos.ecg.leads import CANONICAL_LEADS, canonical_lead_name
+from ecgpos.ecg.limbs import LIMB_LEADS, derived_limb_leads
+from ecgpos.ecg.screening import ScreenPolicy
 from ecgpos.ecg.signal import standardise
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
@@ -58,8 +60,12 @@ def make_inputs(spec: PreprocessSpec, count: int = NUM_INPUTS) -> np.ndarray:
 
 
 def make_raw_record() -> tuple[np.ndarray, float, tuple[str, ...]]:
-    """A raw 500 Hz, 10 s record in mV with shuffled, alias-named leads."""
+    """A raw 500 Hz, 10 s record in mV with shuffled, alias-named leads; III, aVR, aVL and aVF derived
+    from I and II, so its limb leads pass screening's lead_mismatch check as a recording's do."""
     signal = 0.5 * _sines(len(RAW_LEADS), int(RAW_FS * RAW_SECONDS), RAW_FS, seed=1000)
+    row = {canonical_lead_name(name): k for k, name in enumerate(RAW_LEADS)}
+    derived = [row[name] for name in LIMB_LEADS[2:]]
+    signal[derived] = derived_limb_leads(signal[row["I"]], signal[row["II"]])
     return signal, RAW_FS, RAW_LEADS
 
 
@@ -123,5 +129,17 @@ def run_vectors(encoder: Any, vectors: dict[str, np.ndarray]) -> dict[str, dict[
     if vectors["raw_fs"].shape != ():
         raise EcgposError(f"stored raw_fs must be one number, got shape {vectors['raw_fs'].shape}")
     feats = window_features(encoder, vectors["inputs"], device=encoder.device)
-    raw = encoder.embed(vectors["raw_signal"], float(vectors["raw_fs"]), [str(x) for x in vectors["raw_leads"]])
+    # Exports written before the lead_mismatch check store a raw record of independent sines in every
+    # lead: its limb leads are left unchecked, as they were when its features were computed.
+    raw_leads = [str(x) for x in vectors["raw_leads"]]
+    unchecked = ScreenPolicy(check_limb_leads=False)
+    raw = embed_signal(
+        encoder,
+        vectors["raw_signal"],
+        float(vectors["raw_fs"]),
+        raw_leads,
+        encoder.spec,
+        device=encoder.device,
+        policy=unchecked,
+    )
     return {"features": compare(vectors["features"], feats), "embed": compare(vectors["raw_features"], raw)}

@@ -13,7 +13,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from ecgpos.ecg.screening import screen_record
+from ecgpos.ecg.screening import DEFAULT_POLICY, ScreenPolicy, screen_record
 from ecgpos.ecg.signal import preprocess_batch, window_starts
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
@@ -101,6 +101,7 @@ def embed_signal(
     spec: PreprocessSpec,
     num_windows: int = DEFAULT_NUM_WINDOWS,
     device: str | torch.device = "cpu",
+    policy: ScreenPolicy = DEFAULT_POLICY,
 ) -> np.ndarray:
     """Raw (leads, time) mV record -> (D,) feature: mean of forward_features over its windows.
 
@@ -108,6 +109,6 @@ def embed_signal(
     record longer than 300 s is preprocessed on its centre span (`ecgpos.ecg.signal.record_span`)
     and its windows are spread over that span; shorter records are processed whole.
     """
-    ok = screen_record(signal, fs, leads, spec)
+    ok = screen_record(signal, fs, leads, spec, policy)
     x = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
     return window_features(module, record_windows(x, spec.window, num_windows), device=device).mean(axis=0)
