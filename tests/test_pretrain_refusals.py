@@ -7,10 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from pretrain_helpers import RUN0, TINY0, pretrain_args
+from pretrain_helpers import RUN0, TINY0, TINY1, pretrain_args
 from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
+from ecgpos.errors import ConfigError
+from ecgpos.pretrain.plan import load_stage0
 from ecgpos.runs.run_config import load_run_config
 
 
@@ -123,3 +125,34 @@ def test_existing_run_needs_resume_and_same_config(
     assert main(base + ["--set", "optim.lr=0.01", "--resume", "auto"]) == 2
     assert "optim.lr: 0.001 -> 0.01" in capsys.readouterr().err
     assert (run0 / "metrics.jsonl").read_text() == before
+
+
+def test_stage1_on_other_shards_than_its_stage0_warns(run0: Path, shards: Path, export: Path, tmp_path: Path, capsys):
+    """Stage 1 on the pool its Stage 0 was pretrained on is silent; on another folder it names both
+    (a warning, not a refusal: the same shards mounted elsewhere are legitimate)."""
+    args = ("--stage0", str(run0), "--set", "optim.steps=1")
+    assert main(["pretrain", *pretrain_args(1, shards, tmp_path / "same", *args)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    other = tmp_path / "copy"
+    shutil.copytree(shards, other)
+    assert main(["pretrain", *pretrain_args(1, other, tmp_path / "other", *args)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(err) == 1 and str(other.resolve()) in err[0] and str(shards.resolve()) in err[0], err
+    # An export carries its pretraining shards in config.json: the same check applies.
+    training = json.loads((export / "config.json").read_text())["training"]
+    _, _, info = load_stage0(export, load_run_config(TINY1))
+    assert info["kind"] == "export" and info["shards"] == training["shards"] and info["shards"]
+
+
+def test_an_export_of_an_unfinished_stage0_run_is_a_stage0(tiny_run: Path, tmp_path: Path) -> None:
+    """The refusal of an unfinished --stage0 run says "export that checkpoint and pass the export
+    folder": that export is then accepted (its config.json records the run's unfinished state)."""
+    unfinished, out = tmp_path / "run", tmp_path / "export"
+    shutil.copytree(tiny_run, unfinished)
+    shutil.rmtree(unfinished / "checkpoints" / "step-0000004")
+    with pytest.raises(ConfigError, match="incomplete"):
+        load_stage0(unfinished, load_run_config(TINY1))
+    assert main(["export", "--run-dir", str(unfinished), "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["training"]["finished"] is False
+    _, _, info = load_stage0(out, load_run_config(TINY1))
+    assert info["kind"] == "export"

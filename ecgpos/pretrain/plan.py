@@ -9,7 +9,6 @@ EcgposError: one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from typing import Any
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
-from ecgpos.export.format import CONFIG_FILE, is_export_dir, weights_hash
+from ecgpos.export.format import is_export_dir, weights_hash
 from ecgpos.files import make_output_folder
 from ecgpos.runs.run_config import RunConfig, config_differences, load_run_config
 from ecgpos.workers import max_workers, usable_cpus
@@ -111,7 +110,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
         raise ConfigError(
             f"--stage0 {path} is an export of a {loaded.arch.get('kind')!r} encoder, not of a Stage-0 encoder"
         )
-    if "run_dir" in loaded.info:
+    if is_run_dir(path):  # an export's info is its run's training summary: run_dir, finished, ... too
         step, steps = loaded.info["step"], loaded.info["steps"]
         if not loaded.info["finished"]:
             raise ConfigError(
@@ -120,8 +119,7 @@ def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
             )
         info = {"kind": "run", "checkpoint": loaded.info["checkpoint"], "shards": read_run_info(path).get("shards")}
     else:
-        training = json.loads((path / CONFIG_FILE).read_text()).get("training") or {}
-        info = {"kind": "export", "shards": training.get("shards")}
+        info = {"kind": "export", "shards": loaded.info.get("shards")}
     encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its STMEMEncoder
     cfg.preprocess.check_compatible(loaded.spec, f"the Stage-0 encoder {path}")
     check_stage0_fits(encoder, cfg, f"the Stage-0 encoder {path}")
