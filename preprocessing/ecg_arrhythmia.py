@@ -118,7 +118,9 @@ def load_record(src: Path, ref: RecordRef) -> LoadedRecord:
         "sex": _sex(fields.get("Sex", "")),
         "dx": fields.get("Dx", ""),
     }
-    return LoadedRecord(signal=raw.signal, fs=raw.fs, leads=raw.leads, meta=meta, total=raw.total)
+    return LoadedRecord(
+        signal=raw.signal, fs=raw.fs, leads=raw.leads, meta=meta, total=raw.total, uncalibrated=raw.uncalibrated
+    )
 
 
 def _check_own_header(raw: RawRecord, record_id: str) -> None:

@@ -43,6 +43,7 @@ class LoadedRecord:
     leads: list[str]
     meta: dict[str, str] = field(default_factory=dict)
     total: int = -1  # samples of the whole record when `signal` is the span a reader read (`RawRecord.total`)
+    uncalibrated: tuple[str, ...] = ()  # leads read in made-up mV (`RawRecord.uncalibrated`)
 
 
 RecordPolicy = ScreenPolicy
@@ -64,7 +65,7 @@ Validated = Screened
 def validate(record: LoadedRecord, spec: PreprocessSpec, policy: RecordPolicy) -> Validated:
     """Every skip check of a record (raises SignalError(reason)), without the signal processing:
     `ecgpos.ecg.screening.screen_record`, the same function `embed` and probes call."""
-    return screen_record(record.signal, record.fs, record.leads, spec, policy, record.total)
+    return screen_record(record.signal, record.fs, record.leads, spec, policy, record.total, record.uncalibrated)
 
 
 def prepare_many(records: list[Validated], spec: PreprocessSpec) -> list[Prepared]:

@@ -196,7 +196,7 @@ def prepared_record(path: Path, form: str, spec: PreprocessSpec) -> np.ndarray:
     """One located record read, screened (PROBE_POLICY) and preprocessed under `spec`: float32
     (12, T) at spec.fs, possibly shorter than a window. Raises EcgposError with the skip reason."""
     raw = read_record(path, form)
-    ok = screen_record(raw.signal, raw.fs, raw.leads, spec, PROBE_POLICY)
+    ok = screen_record(raw.signal, raw.fs, raw.leads, spec, PROBE_POLICY, uncalibrated=raw.uncalibrated)
     return preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
 
 

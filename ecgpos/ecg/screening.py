@@ -18,6 +18,14 @@ lead flat (flat), a median lead amplitude no ECG in mV has (units: uV or ADC cou
 leads than allowed (dead_leads), limb leads that break Einthoven's or Goldberger's relations
 (lead_mismatch: swapped, inverted or misnamed leads; `ecgpos.ecg.limbs`; not checked when a limb
 lead is dead, nor with `ScreenPolicy(check_limb_leads=False)`).
+
+Uncalibrated leads (a WFDB header gain of 0 or none: `ecgpos.ecg.wfdb_io.header_gain`) are read in
+made-up mV, at 200 ADC units per mV. Their true scale is unknown, so no check judges them in mV:
+they are dead when they span at most one ADC step (what 10 uV is at 200 units/mV, but gain-free),
+the units median covers the calibrated leads only, and the limb relations are checked only when
+the six limb leads are all calibrated or all uncalibrated (a scale they share cancels). Per-lead
+z-scoring removes a lead's unknown scale; one z-score over the whole record (`standardise: record`)
+does not, so there a record mixing uncalibrated and calibrated leads is refused as `units`.
 """
 
 from __future__ import annotations
@@ -28,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
+from ecgpos.ecg.leads import CANONICAL_LEADS, lead_permutation, to_canonical_order
 from ecgpos.ecg.limbs import LEAD_MISMATCH_MAX, LIMB_LEADS, limb_residuals
 from ecgpos.ecg.rates import check_fs
 from ecgpos.ecg.signal import (
+    ASSUMED_GAIN,
     DEAD_LEAD_PTP_MV,
     MAX_WHOLE_SECONDS,
     record_span,
@@ -138,8 +147,11 @@ def screen_record(
     spec: PreprocessSpec,
     policy: ScreenPolicy = DEFAULT_POLICY,
     total: int = -1,
+    uncalibrated: Sequence[str] = (),
 ) -> Screened:
     """Every refusal check on one raw (leads, time) mV record; raises SignalError(reason).
+
+    `uncalibrated`: the names (in `leads`) of leads whose mV are made up (`RawRecord.uncalibrated`).
 
     The returned signal is the record's `record_span`: the whole record up to 300 s, else its
     centre 300 s (a record already read on its span is returned whole: the span of a span is itself;
@@ -160,6 +172,7 @@ def screen_record(
     total = max(int(total), x.shape[-1])
     start, stop = record_span(x.shape[-1], fs)
     x = to_canonical_order(x[:, start:stop], leads)  # raises missing/duplicate/unknown lead
+    uncal = _canonical_mask(leads, uncalibrated)
     fs = check_fs(fs, spec)  # unsupported rates first: unexpected_fs is a supported rate of another corpus
     if policy.expected_fs is not None and abs(fs - policy.expected_fs) > 1e-6:
         raise SignalError("unexpected_fs", f"{fs:g} Hz, this corpus is {policy.expected_fs:g} Hz")
@@ -174,13 +187,25 @@ def screen_record(
         )
     ptp = screen_ptp(x)  # raises non_finite; the peak-to-peak of each lead in the same max/min pass
     dead = ptp < DEAD_LEAD_PTP_MV
+    if uncal is not None:  # in ADC steps: samples taking at most two adjacent values are no ECG at any gain
+        dead[uncal] = ptp[uncal] * ASSUMED_GAIN < 1.5
     if dead.all():  # an all-zero trace is also flat: tell the two apart only here, off the common path
         if not np.any(x):
             raise SignalError("all_zero", "every sample is zero")
         # leads that move, only by less than 10 uV each, are most often a record in volts
         hint = "; if the samples are in V, multiply by 1000 (mV expected)" if (ptp > 0).all() else ""
-        raise SignalError("flat", f"every lead is flat (peak-to-peak below {DEAD_LEAD_PTP_MV * 1000:g} uV){hint}")
-    median = float(np.median(ptp))
+        steps = "; uncalibrated leads: at most one ADC step" if uncal is not None else ""
+        raise SignalError(
+            "flat", f"every lead is flat (peak-to-peak below {DEAD_LEAD_PTP_MV * 1000:g} uV{steps}){hint}"
+        )
+    if uncal is not None and not uncal.all() and spec.standardise == "record":
+        raise SignalError(
+            "units",
+            f"leads {' '.join(_names(uncal))} are uncalibrated (header gain 0 or none) beside calibrated leads: "
+            "one z-score over the record (standardise: record) would weigh them by a made-up gain",
+        )
+    calibrated = ptp if uncal is None else ptp[~uncal]
+    median = float(np.median(calibrated)) if calibrated.size else 0.0  # no mV to judge when none is calibrated
     if median > MAX_MEDIAN_PTP_MV:
         raise SignalError(
             "units",
@@ -189,11 +214,24 @@ def screen_record(
         )
     count = int(dead.sum())
     if count > policy.max_dead_leads:
-        names = " ".join(CANONICAL_LEADS[i] for i in np.flatnonzero(dead))
-        raise SignalError("dead_leads", f"{count} dead leads ({names}) > {policy.max_dead_leads}")
-    if policy.check_limb_leads and not dead[: len(LIMB_LEADS)].any():  # a dead limb lead: nothing to check
+        raise SignalError("dead_leads", f"{count} dead leads ({' '.join(_names(dead))}) > {policy.max_dead_leads}")
+    limbs = slice(0, len(LIMB_LEADS))
+    # a dead limb lead leaves nothing to check; calibrated and uncalibrated limb leads, no common scale
+    one_scale = uncal is None or len(set(uncal[limbs])) == 1
+    if policy.check_limb_leads and not dead[limbs].any() and one_scale:
         screen_limb_leads(x)
     return Screened(signal=x, fs=fs, dead=dead, total=total)
+
+
+def _canonical_mask(leads: Sequence[str], names: Sequence[str]) -> np.ndarray | None:
+    """(12,) bool in canonical order: which leads `names` names; None when it names none of the 12."""
+    named = {str(name) for name in names}
+    mask = np.array([str(leads[row]) in named for row in lead_permutation(leads)]) if named else None
+    return mask if mask is not None and mask.any() else None
+
+
+def _names(mask: np.ndarray) -> list[str]:
+    return [CANONICAL_LEADS[i] for i in np.flatnonzero(mask)]
 
 
 def screen_limb_leads(x: np.ndarray) -> None:

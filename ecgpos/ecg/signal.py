@@ -196,6 +196,10 @@ def check_finite(x: np.ndarray) -> None:
 DEAD_LEAD_PTP_MV = 0.01
 """A lead whose peak-to-peak amplitude is below 10 uV carries no ECG (lead off, zero-filled)."""
 
+ASSUMED_GAIN = 200.0
+"""ADC units per mV that WFDB (and wfdb) assume for a lead whose header gain is 0 or absent
+("uncalibrated"): such a lead's mV are made up (`ecgpos.ecg.screening` says how it is judged)."""
+
 
 def dead_leads(x: np.ndarray, min_ptp_mv: float = DEAD_LEAD_PTP_MV) -> np.ndarray:
     """Boolean (leads,): True where a raw (leads, time) mV lead is flat (all-zero or constant)."""

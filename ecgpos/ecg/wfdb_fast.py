@@ -6,7 +6,7 @@ regular expressions in `wfdb.io.header`), reads the samples the way wfdb does fo
 (little-endian int16, frame-interleaved, from the header's byte offset) and converts them with
 wfdb's formula `(digital - baseline) / gain`, with -32768 (the format's invalid-sample code) as NaN.
 Tests check it equals `wfdb.rdrecord` on every real sample record. Headers outside this scope
-(several signal files, other formats, multi-segment, missing gain/baseline/units) return None
+(several signal files, other formats, multi-segment, units other than mV) return None
 so the caller falls back to `ecgpos.ecg.wfdb_io.read_wfdb_record`.
 
 It also checks what wfdb does not: the file holds exactly the samples the header promises, the
@@ -25,8 +25,14 @@ import numpy as np
 from wfdb.io.header import rx_record, rx_signal
 
 from ecgpos.ecg.rates import wfdb_header_fs
-from ecgpos.ecg.signal import record_span
-from ecgpos.ecg.wfdb_io import RawRecord, check_checksums, check_data_size, check_mat_header
+from ecgpos.ecg.signal import ASSUMED_GAIN, record_span
+from ecgpos.ecg.wfdb_io import (
+    RawRecord,
+    check_checksums,
+    check_data_size,
+    check_mat_header,
+    header_gain,
+)
 from ecgpos.errors import SignalError
 
 _INVALID_FMT16 = -32768  # WFDB's "no sample" value for format 16
@@ -47,6 +53,7 @@ class FastHeader:
     checksums: list[int | None]
     leads: list[str]
     comments: list[str]
+    uncalibrated: tuple[str, ...]  # leads whose gain field is 0 or absent (`header_gain`)
 
 
 def _num(text: str, kind: type = float):
@@ -89,12 +96,10 @@ def parse_header(text: str) -> FastHeader | None:
         or any(f[7] not in ("", "mV") for f in fields)
     ):
         return None
-    # wfdb's read defaults: gain 200 (also for an explicit 0), baseline = ADC zero if given, else 0.
-    # A gain of 0 means uncalibrated (WFDB spec): such a lead is in mV only up to an unknown factor.
-    # The features do not see it: standardisation is per lead by default (`PreprocessSpec.standardise`),
-    # and with `record` a factor shared by every lead cancels too. A header mixing uncalibrated and
-    # calibrated leads is still read: a mis-scaled limb lead breaks the limb relations (lead_mismatch).
-    gains = np.array([float(f[5] or 0) or 200.0 for f in fields])
+    # wfdb's read defaults: an uncalibrated lead (gain 0 or absent) at ASSUMED_GAIN, baseline = ADC
+    # zero if given, else 0. `uncalibrated` names those leads, for screening to judge (`header_gain`).
+    stated = [header_gain(f[5]) for f in fields]
+    gains = np.array([ASSUMED_GAIN if gain is None else gain for gain in stated])
     baselines = np.array([float(f[6] if f[6] else f[9] if f[9] else 0) for f in fields])
     return FastHeader(
         record_name=name,
@@ -108,6 +113,7 @@ def parse_header(text: str) -> FastHeader | None:
         checksums=[_num(f[11], int) for f in fields],
         leads=[f[13] for f in fields],
         comments=comments,
+        uncalibrated=tuple(f[13] for f, gain in zip(fields, stated) if gain is None),
     )
 
 
@@ -162,6 +168,7 @@ def read_fast(base: Path) -> RawRecord | None:
         signal_files=(header.file_name,),
         start=start,
         total=header.sig_len,
+        uncalibrated=header.uncalibrated,
     )
 
 

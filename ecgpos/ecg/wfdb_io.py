@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import wfdb
+from wfdb.io.header import parse_header_content, rx_signal
 
 from ecgpos.ecg.rates import wfdb_header_fs
 from ecgpos.ecg.signal import record_span
@@ -27,6 +28,7 @@ class RawRecord:
     signal_files: tuple[str, ...] = ()  # the signal files its header names (none for a multi-segment record)
     start: int = 0  # first sample read: a record longer than 300 s is read on its centre span (`record_span`)
     total: int = -1  # samples in the whole record (-1: as many as `signal` holds)
+    uncalibrated: tuple[str, ...] = ()  # leads whose header gives no ADC gain (`uncalibrated_leads`)
 
     def header_fields(self) -> dict[str, str]:
         """'#Key: value' header comments as a dict (Age, Sex, Dx, ...)."""
@@ -36,6 +38,22 @@ class RawRecord:
             if sep:
                 out[key.strip()] = value.strip()
         return out
+
+
+def header_gain(field: str | None) -> float | None:
+    """A WFDB signal line's ADC gain field as a number; None when it is 0 or absent, which the WFDB
+    header format defines as "uncalibrated": its samples then read as mV at `ASSUMED_GAIN` (200
+    adu/mV), a made-up scale (`ecgpos.ecg.screening` says what that scale may be used for)."""
+    gain = float(field) if field else 0.0
+    return gain or None
+
+
+def uncalibrated_leads(header_text: str) -> tuple[str, ...]:
+    """Names of the signals a single-segment WFDB header leaves uncalibrated (`header_gain` None),
+    split and parsed with wfdb's own grammar (lines it cannot parse are wfdb's to refuse)."""
+    body, _comments = parse_header_content(header_text)
+    matches = (rx_signal.match(line) for line in body[1:])
+    return tuple(m["sig_name"] for m in matches if m is not None and header_gain(m["adc_gain"]) is None)
 
 
 def record_path(path: str | Path) -> Path:
@@ -248,7 +266,7 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
     if not multi and rec.d_signal is not None:
         if whole:  # a span's checksums were checked block by block above
             _check_digital(rec, base.name)
-        try:  # a gain of 0 (uncalibrated) reads as 200 adu/mV, as in the fast reader (see wfdb_fast)
+        try:  # an uncalibrated lead reads at 200 adu/mV, as in the fast reader (`header_gain`)
             rec.dac(expanded=False, return_res=64, inplace=True)
         except Exception as err:  # wfdb raises many types for fields it cannot convert with
             raise SignalError("unreadable", f"{base.name}: {type(err).__name__}: {err}".splitlines()[0]) from None
@@ -274,7 +292,21 @@ def read_wfdb_record(path: str | Path) -> RawRecord:
         signal_files=() if multi else tuple(dict.fromkeys(str(name) for name in header.file_name or [])),
         start=start,
         total=rec.sig_len if whole else int(total),
+        uncalibrated=_segment_uncalibrated(base, header) if multi else uncalibrated_leads(text),
     )
+
+
+def _segment_uncalibrated(base: Path, header: Any) -> tuple[str, ...]:
+    """`uncalibrated_leads` of a multi-segment record: the leads any of its segments leaves uncalibrated."""
+    names: list[str] = []
+    for name, length in zip(header.seg_name, header.seg_len):
+        if name == "~" or not int(length):  # a gap, or the layout segment (signal names only)
+            continue
+        try:
+            names += uncalibrated_leads((base.parent / f"{name}.hea").read_text(errors="replace"))
+        except OSError as err:
+            raise SignalError("unreadable", f"{base.name}: segment {name}: {err.strerror or err}") from None
+    return tuple(dict.fromkeys(names))
 
 
 _CHECK_BLOCK = 1 << 18  # frames summed at a time: a few tens of MB of int64 for 12 leads

@@ -117,13 +117,14 @@ def check_raw_record(
     spec: PreprocessSpec,
     policy: ScreenPolicy = DEFAULT_POLICY,
     total: int = -1,
+    uncalibrated: Sequence[str] = (),
 ) -> Screened:
     """The record screening of preprocessing (`ecgpos.ecg.screening.screen_record`), before filtering.
 
     Every bad record gets its own reason (SignalError): lead names, rate, empty, NaN/inf, all-zero,
-    flat, too many dead leads, shorter than one window. `total`: as in `screen_record`.
+    flat, too many dead leads, shorter than one window. `total`, `uncalibrated`: as in `screen_record`.
     """
-    return screen_record(signal, fs, leads, spec, policy, total)
+    return screen_record(signal, fs, leads, spec, policy, total, uncalibrated)
 
 
 class ExportedEncoder(nn.Module):

@@ -63,9 +63,10 @@ def raw_thunk(
     spec: PreprocessSpec,
     policy: ScreenPolicy = DEFAULT_POLICY,
     total: int = -1,
+    uncalibrated: Sequence[str] = (),
 ) -> Callable[[], tuple[np.ndarray, Span]]:
     """Deferred screening + preprocessing of one raw record (signal may be a memory-mapped array, or
-    the span a reader read of a record of `total` samples).
+    the span a reader read of a record of `total` samples; `uncalibrated`: as in `screen_record`).
 
     The screening is preprocessing's own (`screen_record`): a record preprocessing would skip
     (all-zero, flat, too many dead leads, too short, bad rate) is skipped with the same reason.
@@ -74,7 +75,7 @@ def raw_thunk(
     def run() -> tuple[np.ndarray, Span]:
         # screened as stored, as `encoder.embed` screens: a float32 copy first would turn float64
         # samples beyond float32's range into inf, refused as non_finite instead of units
-        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy, total)
+        ok = check_raw_record(np.asarray(signal), fs, leads, spec, policy, total, uncalibrated)
         y = preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
         return (pad_to(y, spec.window) if policy.pad_short else y), (ok.span_seconds() if ok.cut else None)
 
@@ -105,7 +106,7 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
 
             def run(base: Path = base) -> tuple[np.ndarray, Span]:
                 raw = read_wfdb_record(base)
-                return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy, raw.total)()
+                return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy, raw.total, raw.uncalibrated)()
 
             yield record_id, run
         # a folder whose entries cannot be read is one skipped entry, named by its path: its records cannot be counted
