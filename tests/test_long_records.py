@@ -34,12 +34,13 @@ PTBXL_LEADS = ["I", "II", "III", "AVR", "AVL", "AVF", "V1", "V2", "V3", "V4", "V
 
 
 def _tiled_digital(shared_data: Path, length: int) -> np.ndarray:
-    """(12, length) int16: a real PTB-XL 10 s record tiled, each copy shifted by a few uV so no two
-    spans of the long record are alike."""
+    """(12, length) int16: a real PTB-XL 10 s record tiled, each copy's chest leads shifted by a few
+    uV so no two spans of the long record are alike (the limb leads keep Einthoven's relations)."""
     rec = wfdb.rdrecord(str(shared_data / "ptbxl" / "records500" / "00000" / "00001_hr"), physical=False)
     base = rec.d_signal.T.astype(np.int32)
     reps = -(-length // base.shape[1])
-    tiled = np.concatenate([base + 7 * (k % 13) for k in range(reps)], axis=1)[:, :length]
+    chest = np.arange(12)[:, None] >= 6
+    tiled = np.concatenate([base + 7 * (k % 13) * chest for k in range(reps)], axis=1)[:, :length]
     return tiled.astype(np.int16)
 
 
