@@ -243,5 +243,5 @@ def screen_limb_leads(x: np.ndarray) -> None:
         raise SignalError(
             "lead_mismatch",
             f"limb leads break {relation}: residual {residuals[relation]:.3g} of the I/II/III RMS "
-            f"(at most {LEAD_MISMATCH_MAX:g}); leads swapped, inverted or misnamed",
+            f"(at most {LEAD_MISMATCH_MAX:g}); leads swapped, inverted or misnamed, or a limb lead clipped",
         )
