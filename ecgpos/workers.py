@@ -7,9 +7,9 @@ trainer checkpoints at its next step; `preprocess` stops with one line); a worke
 takes the command down with it (torch: "DataLoader worker ... killed by signal") or hangs it (a pool
 worker killed while it holds a queue's lock). So a DataLoader worker ignores a SIGTERM that another
 process sends and ends on the one its parent sends when it shuts the workers down. Only `sigwaitinfo`
-tells who sent a signal: the signal is blocked in the worker and a thread waits for it. Workers of
-`mapped_in_workers` are born with both signals blocked and end when their parent tells them to, once
-it has taken the signal (it defers its own handler until then).
+tells who sent a signal: the signal is blocked in the worker, from its birth on, and a thread waits
+for it. Workers of `mapped_in_workers` are born with both signals blocked and end when their parent
+tells them to, once it has taken the signal (it defers its own handler until then).
 """
 
 from __future__ import annotations
@@ -109,19 +109,41 @@ class DeferredStops:
 
 
 @contextlib.contextmanager
-def _born_with_stops_blocked() -> Iterator[None]:
-    """Processes and threads started inside begin with SIGINT and SIGTERM blocked (the mask survives
-    fork and exec), so neither can end a worker still starting up, before any initializer runs; a
-    signal the parent gets meanwhile waits until the block ends. Pending in a worker, it stays so."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows
-        yield
-        return
-    resource_tracker.ensure_running()  # it unblocks both signals after starting its own process
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+def _blocked(signals: Iterable[int]) -> Iterator[None]:
+    """`signals` blocked in this thread inside the block; one that comes meanwhile waits until it ends.
+    Processes and threads started inside inherit the mask (it survives fork and exec)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def _born_with_stops_blocked() -> Iterator[None]:
+    """Processes and threads started inside begin with SIGINT and SIGTERM blocked, so neither can end
+    a worker still starting up, before any initializer runs. Pending in a worker, it stays so."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows
+        yield
+        return
+    resource_tracker.ensure_running()  # it unblocks both signals after starting its own process
+    with _blocked(STOPS):
+        yield
+
+
+@contextlib.contextmanager
+def born_with_sigterm_blocked() -> Iterator[None]:
+    """DataLoader workers started (forked) inside begin with SIGTERM blocked, until their
+    `worker_init_fn` (`outlive_others_sigterm`) takes it over. torch's worker start-up installs a
+    SIGTERM handler that dies of anyone's signal tens of milliseconds before that function runs, so a
+    job-wide SIGTERM then killed a starting worker, and the trainer with it. Blocked, the signal waits
+    for the function's thread, which drops it. Where the OS has no sigwaitinfo nothing changes: no
+    thread would take a blocked SIGTERM, and the worker would outlive its parent's too."""
+    if not hasattr(signal, "sigwaitinfo"):
+        yield
+        return
+    with _blocked({signal.SIGTERM}):
+        yield
 
 
 def _start_worker(initializer: Callable[..., object] | None, initargs: Sequence[object]) -> None:

@@ -173,6 +173,54 @@ def test_loader_workers_outlive_a_sigterm_from_others_but_not_their_trainers(sha
     assert proc.returncode == 0 and out.strip() == "read", err[-2000:]
 
 
+LOADER_STARTING_UNDER_A_JOB_WIDE_SIGTERM = """
+import sys, time
+from pathlib import Path
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, train_loader
+from ecgpos.pretrain.stop import StopRequest
+from ecgpos.workers import outlive_others_sigterm
+
+def slow_start(worker_id):
+    # torch's worker start-up (its SIGTERM handler already installed) until our worker_init_fn takes
+    # over lasts tens of milliseconds; here long enough for the signal to land in it every time
+    print("starting", flush=True)
+    time.sleep(1)
+    outlive_others_sigterm()
+
+index = read_index([Path(sys.argv[1])])
+loader = train_loader(ShardDataset(index, 2250, train=True, seed=0), StepBatchSampler(len(index), 4, 1, 1, 0, 0), 2)
+loader.worker_init_fn = slow_start
+with StopRequest().installed() as stop:
+    batches = iter(loader)
+    for _ in range(6):
+        next(batches)
+print("read after", stop.name, flush=True)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="sigwaitinfo tells a signal's sender on Linux")
+def test_loader_workers_still_starting_outlive_a_job_wide_sigterm(shards: Path) -> None:
+    """A SIGTERM to the whole process group (Slurm) while the loader workers start used to kill a worker
+    in torch's start-up, before worker_init_fn ran, and the trainer died with it ("DataLoader worker
+    ... exited unexpectedly") instead of writing its checkpoint. Now the trainer alone takes it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOADER_STARTING_UNDER_A_JOB_WIDE_SIGTERM, str(shards)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout.readline() == "starting\n", proc.stderr.read() if proc.poll() is not None else ""
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out.splitlines()[-1] == "read after SIGTERM", err[-2000:]
+    with pytest.raises(ProcessLookupError):  # and no worker is left behind
+        os.killpg(proc.pid, 0)
+
+
 def test_batches_are_widened_to_float32_exactly(shards: Path) -> None:
     data = ShardDataset(read_index(shards), 2250, train=False)
     batch = data.__getitems__(list(range(8)))

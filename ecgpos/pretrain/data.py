@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 
 from ecgpos.ecg.shards import shard_files
 from ecgpos.errors import ConfigError
-from ecgpos.workers import outlive_others_sigterm
+from ecgpos.workers import born_with_sigterm_blocked, outlive_others_sigterm
 
 MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
 
@@ -355,9 +355,17 @@ class StepBatchSampler(Sampler):
 WORKER_START = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
 
 
+class WorkerLoader(DataLoader):
+    """Its workers begin with SIGTERM blocked, until their worker_init_fn takes it (ecgpos.workers)."""
+
+    def __iter__(self) -> Iterator:
+        with born_with_sigterm_blocked():  # the first iter() forks the workers; later ones reuse them
+            return super().__iter__()
+
+
 def train_loader(dataset: ShardDataset, sampler: StepBatchSampler, num_workers: int) -> DataLoader:
     """DataLoader over the endless sampler; its own generator so it never touches the global RNG."""
-    return DataLoader(
+    return WorkerLoader(
         dataset,
         batch_sampler=sampler,
         num_workers=num_workers,
@@ -387,7 +395,7 @@ def eval_batches(
 def eval_loader(dataset: ShardDataset, batches: Sequence[Sequence[int]], num_workers: int) -> DataLoader:
     """Loader for the validation set; persistent workers because it is iterated again and again."""
     workers = min(num_workers, 2)
-    return DataLoader(
+    return WorkerLoader(
         dataset,
         batch_sampler=[list(b) for b in batches],
         num_workers=workers,
