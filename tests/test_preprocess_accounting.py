@@ -84,28 +84,34 @@ def test_a_header_of_another_record_is_header_mismatch(capsys, tmp_path, shared_
     assert rc == 0 and "stored 2 + skipped 3 = found 5" in out, out + err
 
 
-def test_a_folder_that_cannot_be_listed_is_a_counted_skip(tmp_path, shared_data):
-    """os.walk left an unreadable folder out without a word: its records vanished from the count."""
-    real = shared_data / "ecg-arrhythmia" / "WFDBRecords"
-    src = tmp_path / "src"
-    shutil.copytree(real / "01" / "010", src / "WFDBRecords" / "01" / "010")
-    shutil.copytree(real / "02" / "020", src / "WFDBRecords" / "02" / "020")
-    (src / "WFDBRecords" / "02").chmod(0)
+def preprocess_locked(src: Path, locked: Path, mode: int, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`ecgpos preprocess` without root's capabilities while src/locked has `mode`: on src (into
+    tmp_path/o), then on src/locked itself (into tmp_path/o2); each run prints `rc N`."""
     script = (
         "import sys; from ecgpos.cli import main\n"
-        "for src, out in ((sys.argv[1], sys.argv[2]), (sys.argv[1] + '/WFDBRecords/02', sys.argv[3])):\n"
+        "for src, out in ((sys.argv[1], sys.argv[2]), (sys.argv[4], sys.argv[3])):\n"
         "    print('rc', main(['preprocess', 'ecg-arrhythmia', '--subset', 'all', '--src', src, '--out', out]))\n"
     )
+    (src / locked).chmod(mode)
     try:
-        proc = subprocess.run(
-            [*unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2"],
+        return subprocess.run(
+            [*unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2", src / locked],
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             timeout=300,
         )
     finally:
-        (src / "WFDBRecords" / "02").chmod(0o755)
+        (src / locked).chmod(0o755)
+
+
+def test_a_folder_that_cannot_be_listed_is_a_counted_skip(tmp_path, shared_data):
+    """os.walk left an unreadable folder out without a word: its records vanished from the count."""
+    real = shared_data / "ecg-arrhythmia" / "WFDBRecords"
+    src = tmp_path / "src"
+    shutil.copytree(real / "01" / "010", src / "WFDBRecords" / "01" / "010")
+    shutil.copytree(real / "02" / "020", src / "WFDBRecords" / "02" / "020")
+    proc = preprocess_locked(src, Path("WFDBRecords/02"), 0, tmp_path)
     assert "Traceback" not in proc.stderr, proc.stderr
     codes = [line for line in proc.stdout.splitlines() if line.startswith("rc ")]
     assert codes == ["rc 0", "rc 2"], proc.stdout + proc.stderr
@@ -133,22 +139,7 @@ def test_a_folder_without_search_permission_is_one_counted_skip(tmp_path, shared
     copy_record(real / "JS00001", shelf / "sub", "JS00003")
     copy_record(real / "JS00001", tmp_path / "elsewhere", "JS00004")
     (shelf / "linked").symlink_to(tmp_path / "elsewhere")
-    shelf.chmod(0o444)
-    script = (
-        "import sys; from ecgpos.cli import main\n"
-        "for src, out in ((sys.argv[1], sys.argv[2]), (sys.argv[1] + '/shelf', sys.argv[3])):\n"
-        "    print('rc', main(['preprocess', 'ecg-arrhythmia', '--subset', 'all', '--src', src, '--out', out]))\n"
-    )
-    try:
-        proc = subprocess.run(
-            [*unprivileged(), sys.executable, "-c", script, src, tmp_path / "o", tmp_path / "o2"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            timeout=300,
-        )
-    finally:
-        shelf.chmod(0o755)
+    proc = preprocess_locked(src, Path("shelf"), 0o444, tmp_path)
     assert "Traceback" not in proc.stderr, proc.stderr
     codes = [line for line in proc.stdout.splitlines() if line.startswith("rc ")]
     assert codes == ["rc 0", "rc 2"], proc.stdout + proc.stderr

@@ -47,6 +47,12 @@ def _custom_task(folder: Path, n: int = 30) -> Path:
     return folder
 
 
+def probe_custom(capsys, folder: Path, tmp_path: Path, *flags) -> tuple[int, str, str]:
+    """`ecgpos probe` on the custom task in `folder`, the 100 % fraction, cache and results under tmp_path."""
+    common = ("--task", f"custom:{folder}", "--fractions", "100", "--cache-dir", tmp_path / "cache")
+    return run(capsys, "probe", *flags, *common, "--out", tmp_path / "out")
+
+
 def test_custom_task_with_raw_baseline_reports_failed_records(tmp_path):
     folder = _custom_task(tmp_path / "task")
     logged = []
@@ -69,24 +75,8 @@ def test_custom_task_with_raw_baseline_reports_failed_records(tmp_path):
 @pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
 def test_custom_task_through_the_cli(capsys, tmp_path):
     folder = _custom_task(tmp_path / "synthetic")
-    rc, out, err = run(
-        capsys,
-        "probe",
-        "--encoder",
-        f"random:{TINY0}",
-        "--task",
-        f"custom:{folder}",
-        "--seeds",
-        "2",
-        "--epochs",
-        "3",
-        "--fractions",
-        "100",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ("--encoder", f"random:{TINY0}", "--seeds", "2", "--epochs", "3")
+    rc, out, err = probe_custom(capsys, folder, tmp_path, *flags)
     assert rc == 0, err
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     assert list(results["task"].unique()) == ["custom:synthetic"] and len(results) == 2
@@ -110,27 +100,8 @@ def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys
     run_dir = tmp_path / "run"
     pretrain_tiny(0, arrhythmia_shards, run_dir, *FAST)
     folder = _custom_task(tmp_path / "synthetic")
-    rc, out, err = run(
-        capsys,
-        "probe",
-        "--encoder",
-        run_dir,
-        "--name",
-        "trained",
-        "--random-baseline",
-        "--task",
-        f"custom:{folder}",
-        "--seeds",
-        "1",
-        "--epochs",
-        "2",
-        "--fractions",
-        "100",
-        "--cache-dir",
-        tmp_path / "cache",
-        "--out",
-        tmp_path / "out",
-    )
+    flags = ("--encoder", run_dir, "--name", "trained", "--random-baseline", "--seeds", "1", "--epochs", "2")
+    rc, out, err = probe_custom(capsys, folder, tmp_path, *flags)
     assert rc == 0, err
     encoders = set(pd.read_csv(tmp_path / "out" / "results.csv")["encoder"])
     assert len(encoders) == 2 and "trained" in encoders, encoders
