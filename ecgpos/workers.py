@@ -9,7 +9,7 @@ worker killed while it holds a queue's lock). So a DataLoader worker ignores a S
 process sends and ends on the one its parent sends when it shuts the workers down. Only `sigwaitinfo`
 tells who sent a signal: the signal is blocked in the worker, from its birth on, and a thread waits
 for it. Workers of `mapped_in_workers` are born with both signals blocked and end when their parent
-tells them to, once it has taken the signal (it defers its own handler until then).
+tells them to (or kills them), once it has taken the signal (it defers its own handler until then).
 """
 
 from __future__ import annotations
@@ -168,12 +168,15 @@ def mapped_in_workers(
     workers: int,
     initializer: Callable[..., object] | None = None,
     initargs: Sequence[object] = (),
+    finish_running: bool = True,
 ) -> Iterator[Iterator[R]]:
     """`fn(item)` for each item in `workers` spawned processes (safe with h5py handles and threads,
     the same on Linux and macOS), results in order. Ctrl-C and SIGTERM, even sent to every process of
     the group while workers start, are the parent's alone: the block stops at the next result, waits
-    for the tasks already running, and the signal's handler then takes over (KeyboardInterrupt,
-    `terminated:`). Workers end on a word from the parent, never on a signal, so none is left behind."""
+    for the tasks already running (or, with `finish_running` False, for tasks whose unfinished work is
+    worth nothing and may run for minutes, kills the workers), and the signal's handler then takes over
+    (KeyboardInterrupt, `terminated:`). Workers end on a word or a kill from the parent, never on
+    another's signal, so none is left behind."""
     with DeferredStops() as deferred:
         executor = ProcessPoolExecutor(
             workers,
@@ -186,4 +189,14 @@ def mapped_in_workers(
                 futures = deque(executor.submit(fn, item) for item in items)
             yield _in_order(futures, deferred)
         finally:
+            if deferred.received is not None and not finish_running:
+                _kill_workers(executor)
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _kill_workers(executor: ProcessPoolExecutor) -> None:
+    """SIGKILL, not the parent's SIGTERM: a worker still starting holds a job-wide SIGTERM pending, and
+    the parent's, merged into it, would look like another's. The executor then finds its pool broken and
+    ends it; no future is read after that. (Python 3.14's executor has kill_workers() for this.)"""
+    for process in list(executor._processes.values()):  # noqa: SLF001
+        process.kill()

@@ -10,10 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import multiprocessing
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import resolve_device
+from ecgpos.workers import mapped_in_workers
 from probes.datasets import missing_report, task_locator
 from probes.features import FeatureSource, FeatureStats, extract_features
 from probes.linear import ProtocolConfig, check_protocol, label_fraction_rows, train_probe_groups
@@ -381,9 +380,10 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> list[dict]:
             torch.set_num_threads(threads)
     else:
         jobs = sorted(_split_seeds(jobs, workers), key=lambda j: -j.cost())
-        ctx = multiprocessing.get_context("spawn")  # no fork after torch has started its thread pools
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            results = [f.result() for f in [pool.submit(run_job, j) for j in jobs]]
+        # spawned (no fork after torch has started its thread pools); a stop kills the running jobs, whose
+        # half-trained probes are worth nothing, rather than wait minutes for them
+        with mapped_in_workers(run_job, jobs, workers, finish_running=False) as results_in_order:
+            results = list(results_in_order)
     return [row for rows in results for row in rows]
 
 

@@ -48,8 +48,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 
 # commands that handle SIGTERM themselves: pretrain checkpoints at the next step and exits 0
-# (ecgpos.pretrain.stop). preprocess takes this handler; its --workers pool defers the signal until its
-# workers are stopped (ecgpos.workers.mapped_in_workers), then raises it here.
+# (ecgpos.pretrain.stop). preprocess and probe take this handler; their --workers pools (and the demo's
+# simulation) defer the signal until their workers are stopped (ecgpos.workers.mapped_in_workers), then
+# raise it here.
 OWN_SIGTERM = frozenset({"pretrain"})
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from scipy import signal as sps
 
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.limbs import derived_limb_leads
+from ecgpos.workers import mapped_in_workers, usable_cpus
 
 CODE15_LEADS = ("DI", "DII", "DIII", "AVR", "AVL", "AVF", "V1", "V2", "V3", "V4", "V5", "V6")
 CODE15_FS, CODE15_SAMPLES = 400, 4096
@@ -72,12 +71,13 @@ def simulate(params: SimulationParams) -> np.ndarray:
 
 
 def simulate_many(params: Sequence[SimulationParams], workers: int | None = None) -> list[np.ndarray]:
-    """Simulate in parallel processes (ECGSYN solves one ODE per lead: ~1 s a record)."""
-    workers = workers or min(len(params), os.cpu_count() or 1)
+    """Simulate in parallel processes (ECGSYN solves one ODE per lead: ~1 s a record). Ctrl-C and a
+    job-wide SIGTERM stop them as `ecgpos.workers.mapped_in_workers` does: one line, no worker left."""
+    workers = workers or min(len(params), usable_cpus())
     if workers <= 1 or len(params) <= 1:
         return [simulate(p) for p in params]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(simulate, params, chunksize=max(1, len(params) // (4 * workers))))
+    with mapped_in_workers(simulate, params, workers) as simulated:
+        return list(simulated)
 
 
 def random_params(
