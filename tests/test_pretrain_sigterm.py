@@ -95,3 +95,28 @@ def test_a_job_wide_sigterm_stops_pretrain_with_a_checkpoint_it_resumes_exactly(
     assert [r["step"] for r in resumed] == [r["step"] for r in straight] == list(range(1, 41))
     assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in straight], abs=1e-6)
     assert max_diff(weights(run), weights(run0)) <= 1e-6
+
+
+def test_a_sigterm_before_training_starts_is_one_line_and_exit_143(shards: Path, tmp_path: Path) -> None:
+    """Until the trainer installs its handler (imports, config and shard checks, the Accelerator) a
+    SIGTERM ended pretrain with the default action: exit -15 and not a word. Now it stops as every
+    other command does: one `terminated:` line, exit 143, and the rerun of the same command trains."""
+    run = tmp_path / "run"
+    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecgpos", *map(str, args), "--set", "optim.steps=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    time.sleep(1.0)  # the interpreter is up and the command's imports are running (they take seconds)
+    assert proc.poll() is None
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    assert "Traceback" not in err and [line for line in err.splitlines() if "terminated:" in line] == [
+        "ecgpos pretrain: terminated: no partial output was kept; run the same command again"
+    ], err
+    assert not run.exists() or not list_checkpoints(run)
+    assert pretrain(0, shards, run, "--set", "optim.steps=2") == 0

@@ -47,11 +47,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-# commands that handle SIGTERM themselves: pretrain checkpoints at the next step and exits 0
-# (ecgpos.pretrain.stop). preprocess and probe take this handler; their --workers pools (and the demo's
-# simulation) defer the signal until their workers are stopped (ecgpos.workers.mapped_in_workers), then
-# raise it here.
-OWN_SIGTERM = frozenset({"pretrain"})
+# Every command takes this SIGTERM handler. pretrain's trainer replaces it while it trains: a SIGTERM
+# then checkpoints at the next step and exits 0 (ecgpos.pretrain.stop); before (imports, checks) and
+# after, pretrain stops like the others. preprocess and probe's --workers pools (and the demo's
+# simulation) defer the signal until their workers are stopped (ecgpos.workers.mapped_in_workers),
+# then raise it here.
 
 
 class _Sigterm:
@@ -107,8 +107,7 @@ def _usage() -> str:
 def run_command(name: str, argv: Sequence[str]) -> int:
     """Run one command's main; user errors and missing optional packages become one line on stderr and
     exit code 2, Ctrl-C one `interrupted:` line and 130, SIGTERM one `terminated:` line and 143."""
-    handled = contextlib.nullcontext() if name in OWN_SIGTERM else _SIGTERM.installed()
-    with handled:
+    with _SIGTERM.installed():
         return _run(name, argv)
 
 

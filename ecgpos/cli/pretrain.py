@@ -14,7 +14,8 @@ shards or a run folder: slurm/pipeline.sh uses it to refuse a misspelt override 
 Exit codes: 0 finished, or stopped cleanly by SIGUSR1/SIGTERM after writing a checkpoint
 (run_info.json then says finished: false; rerun with --resume auto to continue); 130 stopped the
 same way by Ctrl-C (a second Ctrl-C stops at once, keeping the checkpoints already written); 1 training
-stopped on a non-finite loss (the last good checkpoint is kept); 2 bad input.
+stopped on a non-finite loss (the last good checkpoint is kept); 2 bad input; 143 a SIGTERM before
+training started (one `terminated:` line; nothing to resume, run the same command again).
 """
 
 from __future__ import annotations
