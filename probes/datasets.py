@@ -14,6 +14,7 @@ Layouts under --data-root:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ a record shorter than the window is kept and zero-padded at the end (as `ecgpos 
 --pad-short` / `ecgpos embed --pad-short` do), short CPSC2018 records included; and limb leads that
 break Einthoven's relations (lead_mismatch) are kept, as every published result kept them (PTB-XL
 flags some recordings' electrode problems in its metadata and leaves them in its folds). Padded
-records are logged.
+and mismatched records are logged.
 Features, geometry and the leakage guard all read records through `prepared_record`."""
 CPSC_FORMS = ("original", "cinc2020", "cinc-snomed")  # read-preference order
 
@@ -192,12 +193,25 @@ def record_stamp(path: Path, form: str) -> str:
     return hashlib.blake2b("|".join(parts).encode(), digest_size=8).hexdigest()
 
 
-def prepared_record(path: Path, form: str, spec: PreprocessSpec) -> np.ndarray:
+def prepared_record(path: Path, form: str, spec: PreprocessSpec, mismatched: list[str] | None = None) -> np.ndarray:
     """One located record read, screened (PROBE_POLICY) and preprocessed under `spec`: float32
-    (12, T) at spec.fs, possibly shorter than a window. Raises EcgposError with the skip reason."""
+    (12, T) at spec.fs, possibly shorter than a window. Raises EcgposError with the skip reason.
+    `mismatched`, when given, gets the record's lead_mismatch detail if its limb leads break
+    Einthoven's relations (the record is kept all the same), so that the caller can report them."""
     raw = read_record(path, form)
-    ok = screen_record(raw.signal, raw.fs, raw.leads, spec, PROBE_POLICY, uncalibrated=raw.uncalibrated)
+    screen = (raw.signal, raw.fs, raw.leads, spec)
+    try:
+        policy = PROBE_POLICY if mismatched is None else _LIMBS_CHECKED
+        ok = screen_record(*screen, policy, uncalibrated=raw.uncalibrated)
+    except SignalError as err:
+        if err.reason != "lead_mismatch" or mismatched is None:
+            raise
+        mismatched.append(err.detail)
+        ok = screen_record(*screen, PROBE_POLICY, uncalibrated=raw.uncalibrated)
     return preprocess_batch(ok.signal[None], ok.fs, spec, ok.dead[None])[0]
+
+
+_LIMBS_CHECKED = dataclasses.replace(PROBE_POLICY, check_limb_leads=True)  # only to report, never to skip
 
 
 def task_locator(task: TaskDef, data_root: Path) -> RecordLocator:

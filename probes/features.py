@@ -95,6 +95,7 @@ class FeatureStats:
     changed: int = 0  # cached, but their files changed since: extracted again (or failed)
     failed: dict[str, str] = field(default_factory=dict)
     padded: list[str] = field(default_factory=list)  # records shorter than the window, zero-padded
+    mismatched: list[str] = field(default_factory=list)  # limb leads that break Einthoven's relations, kept
 
 
 def cache_file(cache_dir: Path, source: FeatureSource, dataset: str, windows: int) -> Path:
@@ -153,9 +154,12 @@ def _embed_chunk(
             stats.failed[key] = "missing"
             continue
         try:
-            x = prepared_record(*found, source.spec)
+            limbs: list[str] = []
+            x = prepared_record(*found, source.spec, mismatched=limbs)
             if x.shape[-1] < source.spec.window:
                 stats.padded.append(key)
+            if limbs:
+                stats.mismatched.append(key)
             signals.append(x)
             names.append(key)
         except EcgposError as err:
@@ -222,11 +226,14 @@ def extract_features(
             raise Interrupted(cached_note(cache_dir)) from None
         raise
     if stats.padded:
-        log(
-            f"  {len(stats.padded)} records shorter than the {source.spec.window}-sample window zero-padded: "
-            + ", ".join(stats.padded[:5])
-            + (" ..." if len(stats.padded) > 5 else "")
-        )
+        log(f"  {_listed(stats.padded)} shorter than the {source.spec.window}-sample window zero-padded")
+    if stats.mismatched:  # kept: the published splits are evaluated whole (probes.datasets.PROBE_POLICY)
+        log(f"  {_listed(stats.mismatched)} kept, though their limb leads break Einthoven's relations (lead_mismatch)")
     if stats.extracted or stats.changed:
         _save_cache(path, store)
     return {k: store[k][1] for k in keys if k in store}, stats
+
+
+def _listed(keys: list[str]) -> str:
+    """'N records (a, b, c, d, e ...)': the count and the first five keys."""
+    return f"{len(keys)} record{'' if len(keys) == 1 else 's'} ({', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''})"

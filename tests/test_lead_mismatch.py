@@ -144,3 +144,29 @@ def test_score_skips_a_swapped_record(swapped_tree, stage0_run, tmp_path, capsys
     assert rc == 0 and _skipped(out) == [], err
     with out.open(newline="") as handle:
         assert len(list(csv.DictReader(handle))) == 2
+
+
+def test_probes_keep_a_swapped_record_and_say_so(swapped_tree, export, tmp_path):
+    """The probes evaluate the published splits whole: a record whose limb leads break the relations
+    is embedded all the same, with the same features as with the check off, and the log names it."""
+    from ecgpos.export.load import load_encoder
+    from probes.datasets import RecordLocator
+    from probes.features import encoder_source, extract_features
+
+    folder = swapped_tree / "WFDBRecords" / "01" / "010"
+    enc = load_encoder(export)
+    logged: list[str] = []
+    feats, stats = extract_features(
+        encoder_source(enc, enc.spec, "enc"),
+        "custom:x",
+        ["JS00001", "JS00002"],
+        RecordLocator("custom", folder, folder),
+        tmp_path / "cache",
+        1,
+        log=logged.append,
+    )
+    assert sorted(feats) == ["JS00001", "JS00002"] and not stats.failed
+    assert stats.mismatched == ["JS00002"]
+    assert [line for line in logged if "Einthoven" in line] == [
+        "  1 record (JS00002) kept, though their limb leads break Einthoven's relations (lead_mismatch)"
+    ]
