@@ -80,8 +80,15 @@ def read_json(path: Path) -> dict:
 
 
 def check_settings(found: dict, wanted: dict, out: Path) -> None:
-    """Refuse to resume or reuse a folder written with other settings."""
-    diffs = [f"{k}: {found.get(k)!r} != {wanted[k]!r}" for k in wanted if found.get(k) != wanted[k]]
+    """Refuse to resume or reuse a folder written with other settings, or by an earlier version that
+    did not record (nor apply) a setting: no option makes such a folder resumable."""
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        raise ConfigError(
+            f"{out} holds a preprocessing run of an earlier ecgpos, made without the settings "
+            f"{', '.join(missing)}: no option resumes it; use a new --out (or remove {out})"
+        )
+    diffs = [f"{k}: {found[k]!r} != {wanted[k]!r}" for k in wanted if found[k] != wanted[k]]
     if diffs:
         raise ConfigError(
             f"{out} holds a preprocessing run with other settings ({'; '.join(diffs)}); "

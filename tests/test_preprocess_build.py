@@ -137,6 +137,18 @@ def test_check_names_missing_chunks_and_settings_are_guarded(shared_data, tmp_pa
     assert rc == 2 and "2 of 4 chunks not done yet (chunk 1, 3)" in err and len(err.strip().splitlines()) == 1
     rc, _, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "40"))
     assert rc == 2 and "records_per_shard: 50 != 40" in err
+    # a set begun by an earlier version, which neither recorded nor applied a setting: no option fits it
+    plan = out_dir / "chunks" / "plan.json"
+    saved = plan.read_text()
+    older = json.loads(saved)
+    del older["settings"]["keep_lead_mismatch"]
+    plan.write_text(json.dumps(older))
+    rc, _, err = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50"))
+    assert rc == 2 and err.strip().splitlines() == [
+        f"ecgpos preprocess: error: {out_dir} holds a preprocessing run of an earlier ecgpos, made without the "
+        f"settings keep_lead_mismatch: no option resumes it; use a new --out (or remove {out_dir})"
+    ], err
+    plan.write_text(saved)
     rc, out, _ = preprocess(capsys, *arrhythmia_args(shared_data, out_dir, "--records-per-shard", "50"))
     assert rc == 0 and "stored 200 + skipped 0 = found 200" in out
     before = {p: p.stat().st_mtime_ns for p in out_dir.rglob("*")}
