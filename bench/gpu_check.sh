@@ -66,7 +66,7 @@ step() {
     rm -f "$OUT/step.tmp"
 }
 
-step "nvidia-smi" 30 "GPU|torch" bash -c "nvidia-smi -L; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else \"no cuda\")'"
+step "nvidia-smi" 90 "GPU|torch" bash -c "nvidia-smi -L; $PY -c 'import torch; print(\"torch\", torch.__version__, torch.version.cuda, torch.cuda.get_device_name() if torch.cuda.is_available() else \"no cuda\")'"
 SHARDS=gpu_data/shards
 read -r -a configs <<< "$CONFIGS"
 e2e=()
