@@ -81,7 +81,7 @@ bare0=$(grep -E "^train_step stage=0 .*compile=reduce-overhead" "$LOG" | tail -1
     sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
 if [ -d "$SHARDS" ]; then
     step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \
-        --batch "$BATCH" --batches 60 ${bare0:+--train-samples-per-s "$bare0"}
+        --batch "$BATCH" --batches 300 ${bare0:+--train-samples-per-s "$bare0"}
 fi
 # the whole suite, every failure listed (no -x)
 # shellcheck disable=SC2086  # PYTEST_EXTRA is a list of arguments

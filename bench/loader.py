@@ -2,9 +2,9 @@
 
 Runs the trainer's own loader (ShardDataset random 2250-sample windows from the shards, in their
 float16, StepBatchSampler, persistent workers, pinned memory on CUDA) over a shard folder, without a
-model, for each worker count, after one warm-up batch (worker start-up excluded). Each batch is
-handed over as the trainer does (`model_input`: copied to the GPU and widened to float32 there; on a
-CPU-only machine widened in place). The training consumption rate is --train-samples-per-s (e.g. the
+model, for each worker count, after a warm-up (worker start-up and the batches queued meanwhile).
+Each batch is handed over as the trainer does (`model_input`: copied to the GPU and widened to float32
+there; on a CPU-only machine widened in place). The training consumption rate is --train-samples-per-s (e.g. the
 paper config's samples/s from bench/train_step.py on the target GPU); the ratio loader/training must
 stay above 1 for the loader not to be the bottleneck. The last line is the figure: the configured
 worker count's (train.num_workers of --config), or the best one's if that count was not run.
@@ -30,20 +30,24 @@ from ecgpos.runs.run_config import load_run_config  # noqa: E402
 
 
 def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, window: int) -> float:
-    """Samples/s over `batches` batches after one warm-up batch, each handed over as the trainer does."""
+    """Samples/s over `batches` batches after the warm-up, each handed over as the trainer does."""
     index = read_index(shards)
     dataset = ShardDataset(index, window, train=True, seed=0)
     sampler = StepBatchSampler(len(index), batch, 1, 1, 0, seed=0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    iterator = iter(train_loader(dataset, sampler, workers))
-    model_input(next(iterator), device)
+    loader = train_loader(dataset, sampler, workers)
+    iterator = iter(loader)
+    # Worker start-up and the batches the workers queued meanwhile are drained first: timed from
+    # there, the rate is what the workers produce, not a queue filled while nothing was timed.
+    for _ in range(1 + workers * (loader.prefetch_factor or 0)):
+        model_input(next(iterator), device)
     start = time.perf_counter()
     for _ in range(batches):
         x = model_input(next(iterator), device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     rate = batches * batch / (time.perf_counter() - start)
-    del iterator, x
+    del iterator, loader, x
     return rate
 
 
