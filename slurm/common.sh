@@ -15,6 +15,12 @@
 : "${ECGPOS_DRY_RUN:=0}"                        # 1 = print the commands instead of running them
 export ECGPOS_REPO ECGPOS_WORK
 
+# Compiled kernels (train.compile) are kept in the work folder, where every job of the chain finds them:
+# Inductor's default, /tmp, is node-local (often per job), and a cold compile of a paper config takes
+# minutes, paid again by each requeued or resumed run and by Stage 1 otherwise.
+: "${TORCHINDUCTOR_CACHE_DIR:=$ECGPOS_WORK/compile-cache}"
+export TORCHINDUCTOR_CACHE_DIR
+
 # HDF5 file locks fail or hang on NFS/Lustre/GPFS; shards are written once and then only read.
 export HDF5_USE_FILE_LOCKING=FALSE
 export PYTHONUNBUFFERED=1

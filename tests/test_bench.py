@@ -97,9 +97,12 @@ def test_gpu_check_reports_wheels_and_sample_data_it_could_not_set_up(tmp_path: 
     (copy / ".whl" / "broken-1.0-py3-none-any.whl").write_bytes(b"not a wheel")
     (copy / "gpu_data").mkdir()
     (copy / "gpu_data" / "sample-data.tar.xz").write_bytes(b"not an archive")
+    # an interpreter without wfdb, as on the GPU image, so that the script installs the wheels into it
+    bare = tmp_path / "bare-python"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, capture_output=True, timeout=120)
     env = {
         "PATH": "/usr/bin:/bin",
-        "PYTHON": sys.executable,
+        "PYTHON": str(bare / "bin" / "python"),
         "BUDGET": "5",
         "SKIP_PYTEST": "1",
         "OUT": str(tmp_path / "out"),
@@ -111,3 +114,6 @@ def test_gpu_check_reports_wheels_and_sample_data_it_could_not_set_up(tmp_path: 
     summary = (tmp_path / "out" / "summary.txt").read_text()
     assert re.search(r"^install \.whl +1 .*failed", summary, re.M), summary
     assert re.search(r"^unpack sample data +1 .*failed", summary, re.M), summary
+    # the checkout is installed into that interpreter as an editable install would be: importable, on PATH
+    assert [p.read_text().strip() for p in bare.glob("lib/python*/site-packages/ecgpos-checkout.pth")] == [str(copy)]
+    assert f"{bare / 'bin' / 'python'} -m ecgpos" in (bare / "bin" / "ecgpos").read_text()

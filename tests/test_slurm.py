@@ -288,6 +288,7 @@ def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
     assert int(record["Restarts"]) == 1, record
     log = "\n".join(p.read_text() for p in (work / "logs").glob("ecgpos-stage0-*.out"))
     assert "requeueing" in log, log
+    assert f"compiled kernels (train.compile) are cached in {work / 'compile-cache'}" in log, log
 
     # one checkpoint written on the signal (before the end), then the final one
     ckpts = _checkpoint_steps(run)
