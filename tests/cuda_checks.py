@@ -1,6 +1,6 @@
 """GPU checks of the trainer, run by tests/test_train_cuda.py in a subprocess that sees the GPU.
 
-    python tests/cuda_checks.py {bf16-learns,no-sync,compiled-agrees} WORKDIR
+    python tests/cuda_checks.py {bf16-learns,no-sync,compiled-agrees,stage0-precision} WORKDIR
 
 Each check raises (exit 1) on failure and prints one line starting with "ok" on success.
 """
@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shard_fixtures import write_tiny_shards  # noqa: E402
+from test_models import check_frozen_stage0_precision  # noqa: E402
 
 from ecgpos.cli.pretrain import build_parser  # noqa: E402
 from ecgpos.pretrain.data import train_loader  # noqa: E402
@@ -107,7 +108,18 @@ def compiled_agrees(work: Path) -> None:
     print(f"ok compiled vs eager: largest relative loss difference {worst:.4f} over 20 steps")
 
 
-CHECKS = {"bf16-learns": bf16_learns, "no-sync": no_sync, "compiled-agrees": compiled_agrees}
+def stage0_precision(work: Path) -> None:  # noqa: ARG001
+    """Stage 1's frozen Stage-0 pass on the GPU: fp32 outside autocast, the caller's bf16 inside."""
+    check_frozen_stage0_precision("cuda")
+    print("ok frozen Stage-0 pass in the caller's precision on the GPU")
+
+
+CHECKS = {
+    "bf16-learns": bf16_learns,
+    "no-sync": no_sync,
+    "compiled-agrees": compiled_agrees,
+    "stage0-precision": stage0_precision,
+}
 
 if __name__ == "__main__":
     assert torch.cuda.is_available(), "no CUDA device"
