@@ -12,7 +12,7 @@ from ecgpos.config import apply_overrides, from_dict, load_config, save_config, 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError
 from ecgpos.models.masking import num_kept
-from ecgpos.pretrain.optim import resolve_compile
+from ecgpos.pretrain.optim import compile_notice, resolve_compile
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.resources import config_dir
 from ecgpos.runs.run_config import OPERATIONAL_KEYS, RunConfig, config_differences, flat_dict, load_run_config
@@ -170,6 +170,16 @@ def test_config_differences_ignore_operational_keys() -> None:
     assert config_differences(a, b) == ["optim.lr: 0.001 -> 0.002"]
     assert set(OPERATIONAL_KEYS) <= set(flat_dict(a))
     assert to_dict(a)["optim"]["betas"] == [0.9, 0.95]
+
+
+def test_start_line_warns_that_a_compiled_run_waits_for_its_compile(monkeypatch) -> None:
+    """A cold compile holds the first step for minutes; the start line says so, and where the kernels go."""
+    assert compile_notice(False) == ""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/work/compile-cache")
+    notice = compile_notice("reduce-overhead")
+    assert "compile reduce-overhead" in notice and "first step" in notice and "/work/compile-cache" in notice
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    assert "compile default" in compile_notice(True) and "Inductor's default" in compile_notice(True)
 
 
 def test_train_compile_takes_a_bool_or_a_mode_and_is_operational() -> None:

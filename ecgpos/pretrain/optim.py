@@ -3,6 +3,8 @@ settings: mixed precision and the optional whole-model compile."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -60,3 +62,15 @@ def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
         return model
     model.compile(mode=None if mode in (True, "default") else mode, dynamic=False)
     return model
+
+
+def compile_notice(mode: bool | str) -> str:
+    """What the start line says of a resolved `train.compile`: a compiled run's first step waits for
+    the compile (minutes for a paper config with no cached kernels), which would otherwise read as a hang."""
+    if mode is False:
+        return ""
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "Inductor's default cache folder"
+    return (
+        f", compile {'default' if mode is True else mode}: the first step waits for it "
+        f"(minutes without cached kernels; cache: {cache})"
+    )

@@ -49,7 +49,13 @@ from ecgpos.pretrain.data import (
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
-from ecgpos.pretrain.optim import build_optimizer, compile_model, resolve_compile, resolve_mixed_precision
+from ecgpos.pretrain.optim import (
+    build_optimizer,
+    compile_model,
+    compile_notice,
+    resolve_compile,
+    resolve_mixed_precision,
+)
 from ecgpos.pretrain.plan import RunPlan, other_pool
 from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at
@@ -349,6 +355,7 @@ class Trainer:
             f"global batch {cfg.train.batch_size} "
             f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
             f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
+            f"{compile_notice(self.compile_mode)}"
         )
         shown = acc.is_main_process and sys.stderr.isatty()
         bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"stage {cfg.stage}")
