@@ -89,8 +89,8 @@ e2e=()
 [ -d "$SHARDS" ] && e2e=(--e2e "$SHARDS" --e2e-steps "$E2E_STEPS" --set "train.num_workers=$WORKERS")
 # Most wanted first, so a short budget drops the reference runs, not the tests or the figures. The GPU
 # checks get a step of their own, on an idle machine: their compiled run spends minutes in a cold compile,
-# which beside the suite's workers outlasted any sensible limit. Then the rest of the suite, every failure
-# listed (no -x).
+# which started among the suite's workers did not end within 185 s. Then the rest of the suite, every
+# failure listed (no -x).
 # shellcheck disable=SC2086  # PYTEST_EXTRA and PYTEST_PATHS are lists of arguments
 if [ -z "${SKIP_PYTEST:-}" ]; then
     step "pytest GPU checks" 300 "passed|failed|error|skipped" "$PY" -m pytest -q -p no:cacheprovider tests/test_train_cuda.py
