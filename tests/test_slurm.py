@@ -64,6 +64,9 @@ def slurm_cluster():
 def _job_env(cluster: SlurmCluster, work: Path, **extra: str) -> dict[str, str]:
     """Environment for pipeline.sh: this interpreter's ecgpos, CPU only, one CPU per job, outputs in `work`."""
     env = dict(cluster.env)
+    # torch writes Inductor's default cache folder into this process's environment once Inductor has run;
+    # a login shell has none, and the jobs then use the scripts' default
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     env.update(
         {
             "ECGPOS_SETUP": f"export PATH={shlex.quote(str(Path(sys.executable).parent))}:$PATH",
