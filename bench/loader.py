@@ -4,10 +4,11 @@ Runs the trainer's own loader (ShardDataset random 2250-sample windows from the 
 float16, StepBatchSampler, persistent workers, pinned memory on CUDA) over a shard folder, without a
 model, for each worker count, after a warm-up (worker start-up and the batches queued meanwhile).
 Each batch is handed over as the trainer does (`model_input`: copied to the GPU and widened to float32
-there; on a CPU-only machine widened in place). The training consumption rate is --train-samples-per-s (e.g. the
-paper config's samples/s from bench/train_step.py on the target GPU); the ratio loader/training must
-stay above 1 for the loader not to be the bottleneck. The last line is the figure: the configured
-worker count's (train.num_workers of --config), or the best one's if that count was not run.
+there; on a CPU-only machine widened in place). The training consumption rate is
+--train-samples-per-s (e.g. the paper config's samples/s from bench/train_step.py on the target GPU);
+the ratio loader/training must stay above 1 for the loader not to be the bottleneck. The last line is
+the figure: the configured worker count's (train.num_workers of --config), or the best one's if that
+count was not run.
 
     python bench/loader.py --shards DIR [--workers 0 1 2] [--batch 64] [--batches 30]
                            [--train-samples-per-s X] [--config stage0]
