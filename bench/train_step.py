@@ -8,9 +8,10 @@ torch.utils.flop_counter.FlopCounterMode on the model itself (forward + backward
 card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a Stage-1
 config it also times the frozen Stage-0 forward and reports its share of a Stage-1 step; Stage 1
 uses --stage0 (a run or export folder) or a random Stage-0 encoder of the config's width.
---compile times the whole model compiled (train.compile). --e2e SHARDS runs the real trainer
-(loader, logging, figure and checkpoint at the end) for --e2e-steps steps on those shards and
-prints its samples/s (from metrics.jsonl, first record excluded) and the ratio to the bare step.
+--compile times the whole model compiled (train.compile); the first line gives the number of graphs
+and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
+and checkpoint at the end) for --e2e-steps steps on those shards and prints its samples/s (from
+metrics.jsonl, first record excluded) and the ratio to the bare step.
 The last line is the figure.
 
     python bench/train_step.py --config configs/stage0.yaml [--batch 64] [--steps 10] [--warmup 3]
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -43,7 +45,7 @@ from ecgpos.pretrain.optim import (  # noqa: E402
     resolve_compile,
     resolve_mixed_precision,
 )
-from ecgpos.pretrain.trainer import step_generator  # noqa: E402
+from ecgpos.pretrain.schedule import step_generator  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 from ecgpos.runs.stages import build_model  # noqa: E402
 
@@ -195,8 +197,9 @@ def main() -> None:
 
     def step(i: int) -> None:  # what Trainer._train_step does per step, less the loader
         nonlocal sums
+        noise = model.draw_noise(batch, step_generator(0, i, 0, device=device), device)
         with autocast:
-            out = model(x, generator=step_generator(0, i, 0, device=device))
+            out = model(x, noise=noise)
         out["loss"].backward()
         stats = torch.stack([out["loss"].detach().float(), *(v.detach().float() for v in out["log"].values())])
         norm = torch.nn.utils.clip_grad_norm_(trainable, cfg.optim.grad_clip)
@@ -208,6 +211,13 @@ def main() -> None:
     peak, peak_what = matmul_peak(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    counters.clear()
+    started = time.perf_counter()
+    step(0)  # with --compile: the compile, cold or from TORCHINDUCTOR_CACHE_DIR
+    sync(device)
+    first_step = time.perf_counter() - started
+    compiled = counters["stats"]["unique_graphs"]
+    graphs = f" ({compiled} graph{'s' * (compiled != 1)})" if compile_mode else ""
     seconds = timed(step, args.steps, args.warmup, device)
     memory = peak_memory_mb(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
@@ -215,7 +225,7 @@ def main() -> None:
         f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
         f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
         f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
-        f"compile {compile_mode}, device {name}, {attention}"
+        f"compile {compile_mode}{graphs}, first step {first_step:.1f} s, device {name}, {attention}"
     )
     print(
         f"flops: {flops_per_sample / 1e9:.2f} GFLOP per sample (forward + backward, FlopCounterMode); "

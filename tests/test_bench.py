@@ -62,6 +62,18 @@ def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
     assert 0 < float(fields["stage0_forward_share"]) < 1
 
 
+@pytest.mark.slow
+def test_train_step_bench_compiles_the_step_as_one_graph() -> None:
+    """The bench draws the masks outside the model, as the trainer does: one graph, and the first
+    line says how many there were and how long the first (compiling) step took."""
+    lines = run_bench(
+        "train_step.py", "--config", str(ROOT / "configs/tiny/stage0.yaml"), "--batch", "8", "--compile",
+        "--steps", "2", "--warmup", "1", "--threads", "1",
+    )  # fmt: skip
+    assert re.search(r"compile True \(1 graph\), first step [\d.]+ s", lines[0]), lines[0]
+    assert "compile=True" in lines[-1] and "samples_per_s=" in lines[-1]
+
+
 def test_loader_bench_prints_samples_per_s_last(arrhythmia_shards: Path) -> None:
     lines = run_bench(
         "loader.py",

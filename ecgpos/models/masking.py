@@ -30,6 +30,39 @@ def check_mask_ratio(mask_ratio: float, num_patches: int) -> None:
         )
 
 
+def mask_noise(
+    batch: int,
+    num_leads: int,
+    num_patches: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """The random numbers behind a mask: uniform noise (B, L, N), drawn on the generator's device
+    (so a CPU generator gives the same mask whatever device the model runs on), then moved to `device`."""
+    noise_device = generator.device if generator is not None else device
+    return torch.rand(batch, num_leads, num_patches, generator=generator, device=noise_device).to(device)
+
+
+def masking_from_noise(noise: torch.Tensor, mask_ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The mask that noise (B, L, N) decides: per lead, the patches with the smallest noise are kept.
+
+    Returns
+        ids_keep    (B, L, K) int64: indices of the kept patches, in shuffled order,
+        mask        (B, L, N) bool: True where the patch is masked (N - K per lead),
+        ids_restore (B, L, N) int64: inverse permutation, used by the decoder to unshuffle
+                    [kept tokens, mask tokens] back into time order.
+    No random draw happens here, so a compiled forward that takes the noise stays one graph.
+    """
+    keep = num_kept(noise.shape[-1], mask_ratio)
+    ids_shuffle = torch.argsort(noise, dim=-1)  # ascending: smallest noise is kept
+    ids_restore = torch.argsort(ids_shuffle, dim=-1)
+    ids_keep = ids_shuffle[..., :keep]
+    mask = torch.ones(noise.shape, dtype=torch.bool, device=noise.device)
+    mask[..., :keep] = False
+    mask = torch.gather(mask, -1, ids_restore)  # back to time order
+    return ids_keep, mask, ids_restore
+
+
 def random_masking(
     batch: int,
     num_leads: int,
@@ -38,27 +71,8 @@ def random_masking(
     device: torch.device | str = "cpu",
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Draw an independent random mask per (sample, lead).
-
-    Returns
-        ids_keep    (B, L, K) int64: indices of the kept patches, in shuffled order,
-        mask        (B, L, N) bool: True where the patch is masked (N - K per lead),
-        ids_restore (B, L, N) int64: inverse permutation, used by the decoder to unshuffle
-                    [kept tokens, mask tokens] back into time order.
-    The noise is drawn on the generator's device (so a CPU generator gives the same mask whatever
-    device the model runs on) and then moved to `device`.
-    """
-    keep = num_kept(num_patches, mask_ratio)
-    noise_device = generator.device if generator is not None else device
-    noise = torch.rand(batch, num_leads, num_patches, generator=generator, device=noise_device)
-    noise = noise.to(device)
-    ids_shuffle = torch.argsort(noise, dim=-1)  # ascending: smallest noise is kept
-    ids_restore = torch.argsort(ids_shuffle, dim=-1)
-    ids_keep = ids_shuffle[..., :keep]
-    mask = torch.ones(batch, num_leads, num_patches, dtype=torch.bool, device=device)
-    mask[..., :keep] = False
-    mask = torch.gather(mask, -1, ids_restore)  # back to time order
-    return ids_keep, mask, ids_restore
+    """An independent random mask per (sample, lead): `masking_from_noise` of fresh `mask_noise`."""
+    return masking_from_noise(mask_noise(batch, num_leads, num_patches, generator, device), mask_ratio)
 
 
 def gather_tokens(tokens: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -24,10 +24,16 @@ from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.masking import check_mask_ratio, mask_noise, masking_from_noise
 from ecgpos.models.nested import NestedEncoder, check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
-from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_margin_violated, push_pull_loss
+from ecgpos.objectives.push_pull import (
+    PushPullConfig,
+    perturb,
+    perturbation_noise,
+    push_margin_violated,
+    push_pull_loss,
+)
 from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
 
 
@@ -86,12 +92,26 @@ class LatentMaskedAutoencoder(nn.Module):
         patches = self._patch_tokens(tokens)
         return normalise_tokens(patches) if self.norm_target else patches
 
-    def perturb_patches(self, tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Stage-0 tokens (B, L*(N+2), W) with the push-pull perturbation on the patch tokens only;
-        the SEP outputs stay as they are (see the module docstring)."""
+    def draw_noise(
+        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform} and,
+        with push-pull on, {"perturb": the perturbation's noise for the (B, L, N, W) patch tokens}."""
+        e = self.encoder
+        noise = {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
+        if self.push_pull.enabled:
+            shape = (batch, e.num_leads, e.num_patches, e.width)
+            noise["perturb"] = perturbation_noise(shape, self.push_pull.perturbation, generator, device)
+        return noise
+
+    def perturb_patches(
+        self, tokens: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Stage-0 tokens (B, L*(N+2), W) with the push-pull perturbation (`noise`, or drawn from
+        `generator`) on the patch tokens only; the SEP outputs stay as they are (see the module docstring)."""
         pp, e = self.push_pull if self.push_pull.enabled else PushPullConfig(), self.encoder
         t = tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
-        noisy = perturb(t[:, :, 1:-1], pp.perturbation, pp.scale, generator)
+        noisy = perturb(t[:, :, 1:-1], pp.perturbation, pp.scale, generator, noise)
         return torch.cat([t[:, :, :1], noisy, t[:, :, -1:]], dim=2).flatten(1, 2)
 
     def reconstruct(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -100,10 +120,19 @@ class LatentMaskedAutoencoder(nn.Module):
         latent = latent.reshape(-1, self.encoder.num_leads, self.encoder.tokens_per_lead, self.encoder.width)
         return self.decoder(latent, None)
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """x (B, L, T) raw ECG -> losses and tensors (see class docstring)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        noise: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """x (B, L, T) raw ECG -> losses and tensors (see class docstring). `noise` is `draw_noise(B)`'s
+        output; without it the forward draws its own from `generator`."""
+        if noise is None:
+            noise = self.draw_noise(x.shape[0], generator, x.device)
         tokens = self.latent_tokens(x)
-        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, generator)
+        masking = masking_from_noise(noise["mask"], self.mask_ratio)
+        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, masking=masking)
         pred = self.decoder(latent, ids_restore)
         target = self.target(tokens)
         recon = masked_mse(pred, target, mask)
@@ -111,7 +140,7 @@ class LatentMaskedAutoencoder(nn.Module):
         loss = recon
         pp = self.push_pull
         if pp.enabled:
-            tokens_tilde = self.perturb_patches(tokens, generator)
+            tokens_tilde = self.perturb_patches(tokens, noise=noise["perturb"])
             x_hat = self.reconstruct(tokens_tilde)
             # Distances live in the same (optionally normalised) space the recon loss uses.
             pp_loss, active = push_pull_loss(target, self.target(tokens_tilde), x_hat, pp.alpha)

@@ -54,24 +54,50 @@ class PushPullConfig:
             raise ConfigError(f"push_pull.scale must be > 0 (and < 1 for 'mask'), got {self.scale}")
 
 
-def perturb(x: torch.Tensor, kind: str, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def check_perturbation(kind: str) -> None:
+    """Raise ConfigError unless `kind` is one of PERTURBATIONS."""
+    if kind not in PERTURBATIONS:
+        raise ConfigError(f"unknown perturbation {kind!r} (expected one of {', '.join(PERTURBATIONS)})")
+
+
+def perturbation_noise(
+    shape: torch.Size | tuple[int, ...],
+    kind: str,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """The random numbers `perturb` uses on tokens of `shape` (B, ..., D): N(0, 1) of that shape for
+    'gaussian', U(0, 1) per token (shape[:-1]) for 'mask'. Drawn on the generator's device, so a CPU
+    generator is reproducible anywhere, then moved to `device`."""
+    check_perturbation(kind)
+    where = generator.device if generator is not None else device
+    if kind == "gaussian":
+        return torch.randn(tuple(shape), generator=generator, device=where).to(device)
+    return torch.rand(tuple(shape[:-1]), generator=generator, device=where).to(device)
+
+
+def perturb(
+    x: torch.Tensor,
+    kind: str,
+    scale: float,
+    generator: torch.Generator | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Perturbed copy x~ of latent tokens x (B, ..., D); same shape, no gradient to x.
 
     'gaussian': x + scale * std_j * N(0, 1), std_j the std of dimension j over all other axes,
     so the noise is comparable across latent dimensions of very different spread.
     'mask': tokens (vectors along the last axis) zeroed independently with probability scale.
-    Random numbers are drawn on the generator's device, so a CPU generator is reproducible anywhere.
+    `noise` is `perturbation_noise(x.shape, kind)`, drawn from `generator` when not given.
     """
+    check_perturbation(kind)
     x = x.detach()
-    device = generator.device if generator is not None else x.device
+    if noise is None:
+        noise = perturbation_noise(x.shape, kind, generator, x.device)
     if kind == "gaussian":
         std = x.float().flatten(0, -2).std(dim=0)  # (D,)
-        noise = torch.randn(x.shape, generator=generator, device=device).to(x.device)
         return (x.float() + scale * std * noise).to(x.dtype)
-    if kind == "mask":
-        drop = torch.rand(x.shape[:-1], generator=generator, device=device).to(x.device) < scale
-        return x.masked_fill(drop.unsqueeze(-1), 0.0)
-    raise ConfigError(f"unknown perturbation {kind!r} (expected one of {', '.join(PERTURBATIONS)})")
+    return x.masked_fill((noise < scale).unsqueeze(-1), 0.0)
 
 
 def per_sample_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

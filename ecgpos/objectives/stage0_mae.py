@@ -1,10 +1,12 @@
 """Stage 0 objective: ST-MEM masked autoencoder around an `STMEMEncoder`.
 
 Three stages, as in MAE:
-    forward_encoder(x)               -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
+    forward_encoder(x, noise)        -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
     forward_decoder(latent, ids)     -> pred (B, L, N, P)
     forward_loss(x, pred, mask)      -> loss (scalar), target (B, L, N, P)
-The decoder is `ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
+The random numbers of a forward come from `draw_noise` (a generator's draw, outside `forward` when the
+caller passes them in, so a compiled forward is a single graph). The decoder is
+`ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
 its output size, and `masked_mse` / `normalise_tokens` as its loss.
 """
 
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
-from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.masking import check_mask_ratio, mask_noise, masking_from_noise
 from ecgpos.models.st_mem import STMEMEncoder, patchify
 
 TARGET_EPS = 1e-6
@@ -65,11 +67,19 @@ class MaskedECGAutoencoder(nn.Module):
             encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.patch_size
         )
 
+    def draw_noise(
+        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform}."""
+        e = self.encoder
+        return {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
+
     def forward_encoder(
-        self, x: torch.Tensor, generator: torch.Generator | None = None
+        self, x: torch.Tensor, noise: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, L, T) -> latent (B, L, K+2, W), mask (B, L, N) bool, ids_restore (B, L, N)."""
-        return self.encoder.forward_masked(x, self.mask_ratio, generator)
+        masking = masking_from_noise(noise["mask"], self.mask_ratio)
+        return self.encoder.forward_masked(x, self.mask_ratio, masking=masking)
 
     def forward_decoder(self, latent: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
         """latent (B, L, K+2, W), ids_restore (B, L, N) -> pred (B, L, N, P)."""
@@ -87,11 +97,19 @@ class MaskedECGAutoencoder(nn.Module):
         target = self.target(x)
         return masked_mse(pred, target, mask), target
 
-    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        generator: torch.Generator | None = None,
+        noise: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """x (B, L, T) -> {"loss": (), "log": {}, "pred": (B,L,N,P), "target": (B,L,N,P), "mask": (B,L,N) bool}.
 
-        "log" holds the scalar terms beside "loss" that the trainer records (none for Stage 0)."""
-        latent, mask, ids_restore = self.forward_encoder(x, generator)
+        "log" holds the scalar terms beside "loss" that the trainer records (none for Stage 0).
+        `noise` is `draw_noise(B)`'s output; without it the forward draws its own from `generator`."""
+        if noise is None:
+            noise = self.draw_noise(x.shape[0], generator, x.device)
+        latent, mask, ids_restore = self.forward_encoder(x, noise)
         pred = self.forward_decoder(latent, ids_restore)
         loss, target = self.forward_loss(x, pred, mask)
         return {"loss": loss, "log": {}, "pred": pred, "target": target, "mask": mask}

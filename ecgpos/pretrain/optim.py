@@ -3,6 +3,7 @@ settings: mixed precision and the optional whole-model compile."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -74,3 +75,10 @@ def compile_notice(mode: bool | str) -> str:
         f", compile {'default' if mode is True else mode}: the first step waits for it "
         f"(minutes without cached kernels; cache: {cache})"
     )
+
+
+def eager_pass() -> contextlib.AbstractContextManager:
+    """Runs compiled modules eagerly inside: validation and figures (a few batches every few thousand
+    steps) would otherwise compile graphs of their own (eval mode, other batch sizes) and add those
+    compiles to a run's cold start."""
+    return torch.compiler.set_stance("force_eager")

@@ -9,7 +9,8 @@
   processes x accum a equals 1 process x accum N*a.
 - Steady-state steps never wait for the device: batches arrive pinned, in the shards' float16, are
   copied with non_blocking and widened on the device; the masks' random numbers are drawn on the
-  device, the stats stay device tensors (MetricsLog), and a non-finite loss or grad norm on any process
+  device before the forward (which is then one graph when compiled; validation and figures run it
+  uncompiled), the stats stay device tensors (MetricsLog), and a non-finite loss or grad norm on any process
   is decided on the device (NonFiniteGuard: the fused AdamW skips that update and every later one).
   The host reads flags and stats at log, validation, figure and checkpoint steps; a non-finite step
   found there stops every process with the last good checkpoint named (exit 1), nothing saved after.
@@ -27,7 +28,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from ecgpos import __version__
@@ -53,25 +53,16 @@ from ecgpos.pretrain.optim import (
     build_optimizer,
     compile_model,
     compile_notice,
+    eager_pass,
     resolve_compile,
     resolve_mixed_precision,
 )
 from ecgpos.pretrain.plan import RunPlan, other_pool
 from ecgpos.pretrain.run_lock import run_folder_lock
-from ecgpos.pretrain.schedule import lr_at
+from ecgpos.pretrain.schedule import lr_at, step_generator
 from ecgpos.pretrain.stop import StopRequest
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
 from ecgpos.runs.stages import build_model, stage0_of
-
-
-def step_generator(
-    seed: int, step: int, slice_index: int, salt: int = 0, device: torch.device | str = "cpu"
-) -> torch.Generator:
-    """Generator for the masks of one micro-batch slice of one step, on `device`: the numbers are
-    drawn where the model runs (no copy that waits), and the same seed gives the same run on a
-    given device type (CPU and CUDA streams differ)."""
-    value = np.random.SeedSequence([seed, salt, step, slice_index]).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator(device=device).manual_seed(int(value))
 
 
 class Trainer:
@@ -121,8 +112,9 @@ class Trainer:
         model = build_model(cfg, self.plan.stage0)
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
+        self.objective = self.acc.unwrap_model(self.model)  # the bare module: draw_noise, eval passes
         self.compile_mode = resolve_compile(cfg.train.compile, self.acc.device, self.acc.num_processes)
-        compile_model(self.acc.unwrap_model(self.model), self.compile_mode)
+        compile_model(self.objective, self.compile_mode)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.guard = NonFiniteGuard(self.acc.device, p)
         self.stat_keys: list[str] | None = None
@@ -192,7 +184,9 @@ class Trainer:
             slice_index = m * acc.num_processes + acc.process_index
             sync = m == cfg.train.grad_accum - 1
             with contextlib.nullcontext() if sync else acc.no_sync(self.model):
-                out = self.model(x, generator=step_generator(cfg.train.seed, step, slice_index, device=acc.device))
+                # drawn outside the (compiled) forward, which then needs no generator and is one graph
+                draw = step_generator(cfg.train.seed, step, slice_index, device=acc.device)
+                out = self.model(x, noise=self.objective.draw_noise(len(x), draw, acc.device))
                 acc.backward(out["loss"] / cfg.train.grad_accum)
             # "loss" and whatever terms the objective reports in "log" go to metrics.jsonl
             terms = {"loss": out["loss"], **out.get("log", {})}
@@ -267,7 +261,7 @@ class Trainer:
         if self.val_set is None:
             return
         # the bare module: a process may have no batch, and DDP's forward would wait for the others
-        model = self.acc.unwrap_model(self.model)
+        model = self.objective
         model.eval()
         numbered = eval_batches(
             self.val_set,
@@ -281,7 +275,8 @@ class Trainer:
         batches = eval_loader(self.val_set, [b for _, b in numbered], 0)
         for (k, _), x in zip(numbered, batches):
             x = model_input(x, self.acc.device)
-            out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
+            with eager_pass():
+                out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
             draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
             violated = carving(x, draw).float().sum() if carving is not None else torch.zeros((), device=total.device)
@@ -299,10 +294,10 @@ class Trainer:
 
         if not self.acc.is_main_process:
             return
-        model = self.acc.unwrap_model(self.model)
+        model = self.objective
         model.eval()
         x = model_input(self.figure_set[0][None], self.acc.device)
-        with self.acc.autocast():
+        with self.acc.autocast(), eager_pass():
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2, device=self.acc.device))
         model.train()
         self._keep_stage0_frozen()
@@ -318,7 +313,7 @@ class Trainer:
         plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
 
     def _keep_stage0_frozen(self) -> None:
-        stage0 = stage0_of(self.acc.unwrap_model(self.model))
+        stage0 = stage0_of(self.objective)
         if stage0 is not None:
             stage0.eval()
 
