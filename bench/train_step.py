@@ -250,6 +250,7 @@ def main() -> None:
     print(
         f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={compile_mode} "
         f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
+        f"graphs={compiled if compile_mode else 0} first_step_s={first_step:.1f} "
         f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}"
     )
 
