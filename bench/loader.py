@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from ecgpos.errors import EcgposError  # noqa: E402
-from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, model_input, read_index, train_loader  # noqa: E402
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, model_input, train_loader  # noqa: E402
+from ecgpos.pretrain.records import read_index  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 
 

@@ -21,16 +21,9 @@ from shard_fixtures import write_tiny_shards
 
 from ecgpos.errors import ConfigError
 from ecgpos.pretrain.checkpoint import prune_checkpoints
-from ecgpos.pretrain.data import (
-    ShardDataset,
-    StepBatchSampler,
-    model_input,
-    read_index,
-    split_index,
-    train_loader,
-    window_start,
-)
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, model_input, train_loader, window_start
 from ecgpos.pretrain.figures import plot_reconstruction, plot_training_curves
+from ecgpos.pretrain.records import read_index, split_index
 from ecgpos.runs.run_folder import checkpoint_name, list_checkpoints, newest_checkpoint
 
 
@@ -138,7 +131,8 @@ def test_workers_deliver_the_same_batches_as_the_main_process(shards: Path) -> N
 LOADER_IN_A_TRAINER = """
 import multiprocessing, sys
 from pathlib import Path
-from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, train_loader
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, train_loader
+from ecgpos.pretrain.records import read_index
 index = read_index([Path(sys.argv[1])])
 sampler = StepBatchSampler(len(index), 4, 1, 1, 0, seed=0)
 BATCHES = iter(train_loader(ShardDataset(index, 2250, train=True, seed=0), sampler, 1))
@@ -176,7 +170,8 @@ def test_loader_workers_outlive_a_sigterm_from_others_but_not_their_trainers(sha
 LOADER_STARTING_UNDER_A_JOB_WIDE_SIGTERM = """
 import sys, time
 from pathlib import Path
-from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, read_index, train_loader
+from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, train_loader
+from ecgpos.pretrain.records import read_index
 from ecgpos.pretrain.stop import StopRequest
 from ecgpos.workers import outlive_others_sigterm
 

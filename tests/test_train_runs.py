@@ -205,7 +205,8 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
 
 def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, float]:
     """Loss (mean over micro-batches) and grad norm of step 1, computed without the trainer."""
-    from ecgpos.pretrain.data import ShardDataset, read_index
+    from ecgpos.pretrain.data import ShardDataset
+    from ecgpos.pretrain.records import read_index
     from ecgpos.pretrain.schedule import step_generator
     from ecgpos.runs.stages import build_model
 

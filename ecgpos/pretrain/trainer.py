@@ -38,13 +38,9 @@ from ecgpos.pretrain.checkpoint import Resumed, check_resumed_slices, remove_par
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
-    check_resumed_records,
     eval_batches,
     eval_loader,
     model_input,
-    read_index,
-    records_digest,
-    split_index,
     train_loader,
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
@@ -58,6 +54,7 @@ from ecgpos.pretrain.optim import (
     resolve_mixed_precision,
 )
 from ecgpos.pretrain.plan import RunPlan, other_pool
+from ecgpos.pretrain.records import check_resumed_records, read_index, records_digest, split_index
 from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at, step_generator
 from ecgpos.pretrain.stop import StopRequest
