@@ -44,7 +44,7 @@ def _cpu_seconds() -> float:
 def task_data(name: str, splits: Path, features: dict[str, np.ndarray], rng: np.random.Generator) -> TaskData:
     """Real MERL rows and labels of a task; one random (768,) feature per record, shared across tasks."""
     task = resolve_task(name)
-    x, y, keys = {}, {}, {}
+    x, y, keys, patients = {}, {}, {}, {}
     for split in SPLITS:
         table = read_split(task, splits, split)
         for key in table.records:
@@ -52,8 +52,10 @@ def task_data(name: str, splits: Path, features: dict[str, np.ndarray], rng: np.
                 features[key] = rng.standard_normal(DIM, dtype=np.float32)
         x[split] = np.stack([features[k] for k in table.records])
         y[split], keys[split] = table.labels, table.records
+        if table.patients is not None:
+            patients[split] = table.patients
     n = len(y["train"])
-    return TaskData(task, x, y, np.arange(n), n, {}, {}, keys)
+    return TaskData(task, x, y, np.arange(n), n, {}, {}, keys, patients=patients)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,11 +87,8 @@ def main() -> None:
     start, cpu0 = time.perf_counter(), _cpu_seconds()
     rows = run_jobs(jobs, workers=args.workers)
     trained = time.perf_counter()
-    add_intervals(
-        rows,
-        collect_scores(rows, {("random", n): (t.keys["test"], t.y["test"]) for n, t in tasks.items()}),
-        args.bootstrap,
-    )
+    tests = {("random", n): (t.keys["test"], t.y["test"], t.patients.get("test")) for n, t in tasks.items()}
+    add_intervals(rows, collect_scores(rows, tests), args.bootstrap)
     batched, cpu = time.perf_counter() - start, _cpu_seconds() - cpu0
     boot = time.perf_counter() - trained
     assert len(rows) == len(jobs) * args.seeds and all(np.isfinite(r["test_auroc"]) for r in rows)

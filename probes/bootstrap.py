@@ -1,5 +1,10 @@
 """Stratified bootstrap intervals of the test macro-AUROC, vectorised over all resamples.
 
+The unit resampled is the patient where the split files name one (PTB-XL: `patient_id`) and some
+patient has more than one test record: a patient's recordings are not independent, and resampling
+them one by one would make the interval too narrow. A drawn patient brings all of their test records;
+patients are stratified by the union of their records' labels. Otherwise the unit is the record.
+
 Resampling is stratified by label pattern: the test records are grouped by their full 0/1 label row
 and every group is resampled with replacement to its own size. Patterns held by fewer than
 MIN_STRATUM records (most of them, with 20-40 classes) are pooled into one stratum: a pattern of one
@@ -18,6 +23,7 @@ the plain per-resample scikit-learn loop that tests compare against.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +36,7 @@ MAX_RESAMPLES = 100_000  # (resamples, test records) int64 indices are held at o
 LEVEL = 0.95
 SEED = 20240101  # fixed: the same test labels always give the same resamples
 MIN_STRATUM = 5  # label patterns held by fewer test records are pooled into one stratum
+BLANK_PATIENTS = ("", "nan", "None")  # a split file's empty patient cell, as read
 MAX_REDRAWS = 100  # tries of a resample that leaves a scorable class without a positive or a negative
 
 
@@ -75,6 +82,72 @@ def stratified_indices(
             return out
         out[bad] = _draw(groups, len(labels), len(bad), rng)
     return out[~short()]
+
+
+def patient_clusters(groups: Sequence[str] | None) -> np.ndarray | None:
+    """(N,) cluster number of each record from its patient (a blank patient is a cluster of its own), or
+    None when no patient has two records: then the record is the unit and nothing changes."""
+    if groups is None:
+        return None
+    named = [g if g not in BLANK_PATIENTS else f"\0{i}" for i, g in enumerate(map(str, groups))]
+    _, cluster = np.unique(np.asarray(named), return_inverse=True)
+    cluster = np.asarray(cluster).reshape(-1)
+    return cluster if len(cluster) and cluster.max() + 1 < len(cluster) else None
+
+
+def _short(labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(B,) True where a resample (weights (N, B)) leaves a class that labels can score without a
+    drawn positive or a drawn negative."""
+    positives = labels.sum(axis=0)
+    scorable = labels[:, (positives > 0) & (positives < len(labels))].astype(np.int64)
+    drawn = scorable.T @ weights  # (scorable classes, B)
+    return ((drawn == 0) | (drawn == weights.sum(axis=0))).any(axis=0)
+
+
+def bootstrap_unit(groups: Sequence[str] | None) -> str:
+    """What `resample_weights` resamples for these patients: "patient" or "record"."""
+    return "record" if patient_clusters(groups) is None else "patient"
+
+
+def patient_weights(
+    labels: np.ndarray,
+    cluster: np.ndarray,
+    n_boot: int,
+    seed: int = SEED,
+    min_stratum: int = MIN_STRATUM,
+    max_redraws: int = MAX_REDRAWS,
+) -> np.ndarray:
+    """(N, B) multiplicities of a patient-level bootstrap: each resample draws as many patients as
+    there are, with replacement, within strata of the patients' label unions (rare unions pooled), and
+    every record of a drawn patient counts once per draw. Redraws and drops as `stratified_indices`."""
+    labels = np.asarray(labels).reshape(len(labels), -1)
+    k = int(cluster.max()) + 1
+    union = np.zeros((k, labels.shape[1]), dtype=bool)
+    np.logical_or.at(union, cluster, labels.astype(bool))
+    groups = strata(union, min_stratum)
+    rng = np.random.default_rng(seed)
+
+    def draw(count: int) -> np.ndarray:
+        return multiplicities(_draw(groups, k, count, rng), k)[cluster]
+
+    out = draw(n_boot)
+    for _ in range(max_redraws):
+        bad = np.flatnonzero(_short(labels, out))
+        if not len(bad):
+            return out
+        out[:, bad] = draw(len(bad))
+    return np.ascontiguousarray(out[:, ~_short(labels, out)])
+
+
+def resample_weights(
+    labels: np.ndarray, n_boot: int, seed: int = SEED, groups: Sequence[str] | None = None
+) -> np.ndarray:
+    """(N, B) multiplicities of B <= n_boot stratified resamples of the test records: by patient when
+    `groups` (the patient of each record) has a patient with several records, else by record."""
+    cluster = patient_clusters(groups)
+    if cluster is not None:
+        return patient_weights(labels, cluster, n_boot, seed)
+    return multiplicities(stratified_indices(labels, n_boot, seed), len(labels))
 
 
 def multiplicities(indices: np.ndarray, n: int) -> np.ndarray:
@@ -130,7 +203,14 @@ def _auroc_weighted_ties(s: np.ndarray, pos_sorted: np.ndarray, w: np.ndarray) -
 
 
 def macro_auroc_resamples(scores: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Macro-AUROC of every resample: scores (S, N, C) or (N, C), labels (N, C) -> (S, B) or (B,).
+    """Macro-AUROC of every resample given as (B, N) row indices: `macro_auroc_weighted` of their
+    multiplicities."""
+    return macro_auroc_weighted(scores, labels, multiplicities(indices, len(labels)))
+
+
+def macro_auroc_weighted(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Macro-AUROC of every resample: scores (S, N, C) or (N, C), labels (N, C), weights (N, B) how often
+    each record is drawn -> (S, B) or (B,).
 
     The macro runs over the classes with a positive and a negative in `labels` (the same classes
     in every stratified resample); NaN when there is none.
@@ -140,10 +220,9 @@ def macro_auroc_resamples(scores: np.ndarray, labels: np.ndarray, indices: np.nd
     scores = scores[None] if single else scores
     labels = np.asarray(labels).astype(bool)
     n = len(labels)
-    weights = multiplicities(indices, n)
     count = labels.sum(axis=0)
     valid = np.flatnonzero((count > 0) & (count < n))
-    out = np.full((len(scores), len(indices)), np.nan)
+    out = np.full((len(scores), weights.shape[1]), np.nan)
     if len(valid):
         for i, seed_scores in enumerate(scores):
             out[i] = np.mean([_auroc_weighted(seed_scores[:, c], labels[:, c], weights) for c in valid], axis=0)
@@ -182,10 +261,16 @@ class Intervals:
 
 
 def seed_intervals(
-    scores: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED, level: float = LEVEL
+    scores: np.ndarray,
+    labels: np.ndarray,
+    n_boot: int,
+    seed: int = SEED,
+    level: float = LEVEL,
+    groups: Sequence[str] | None = None,
 ) -> Intervals:
-    """Intervals of scores (S, N, C) against labels (N, C): per seed, and of each resample's seed mean."""
-    resamples = macro_auroc_resamples(scores, labels, stratified_indices(labels, n_boot, seed))
+    """Intervals of scores (S, N, C) against labels (N, C): per seed, and of each resample's seed mean;
+    groups: the patient of each record, or None (`resample_weights`)."""
+    resamples = macro_auroc_weighted(scores, labels, resample_weights(labels, n_boot, seed, groups))
     return Intervals(
         [percentile_interval(r, level) for r in resamples],
         percentile_interval(resamples.mean(axis=0), level),
@@ -194,15 +279,22 @@ def seed_intervals(
 
 
 def paired_difference(
-    scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n_boot: int, seed: int = SEED, level: float = LEVEL
+    scores_a: np.ndarray,
+    scores_b: np.ndarray,
+    labels: np.ndarray,
+    n_boot: int,
+    seed: int = SEED,
+    level: float = LEVEL,
+    groups: Sequence[str] | None = None,
 ) -> tuple[float, float, float, int]:
     """(difference, low, high, resamples kept) of seed-mean macro-AUROC, A minus B, on the same resamples
     for both.
 
-    scores_a (Sa, N, C), scores_b (Sb, N, C) on the same test records in the same order.
+    scores_a (Sa, N, C), scores_b (Sb, N, C) on the same test records in the same order; groups: the
+    patient of each record, or None.
     """
-    indices = stratified_indices(labels, n_boot, seed)
-    a = macro_auroc_resamples(scores_a, labels, indices).mean(axis=0)
-    b = macro_auroc_resamples(scores_b, labels, indices).mean(axis=0)
+    weights = resample_weights(labels, n_boot, seed, groups)
+    a = macro_auroc_weighted(scores_a, labels, weights).mean(axis=0)
+    b = macro_auroc_weighted(scores_b, labels, weights).mean(axis=0)
     point = float(macro_aurocs(labels, np.asarray(scores_a)).mean() - macro_aurocs(labels, np.asarray(scores_b)).mean())
-    return (point, *percentile_interval(a - b, level), len(indices))
+    return (point, *percentile_interval(a - b, level), weights.shape[1])

@@ -289,7 +289,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
                 "changed": stats.changed,
                 "failed": stats.failed,
             }
-            tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"])
+            tests[(source.name, task.name)] = (data.keys.get("test", []), data.y["test"], data.patients.get("test"))
             records.setdefault(source.name, {})[task.name] = data.counts
             jobs += make_jobs(source.name, data, cfg)
     print(f"training {len(jobs)} probes x {cfg.seeds} seeds x {cfg.protocol.epochs} epochs ...")

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import ScoreSet
-from probes.bootstrap import LEVEL, MAX_REDRAWS, SEED, paired_difference, seed_intervals
+from probes.bootstrap import LEVEL, MAX_REDRAWS, SEED, bootstrap_unit, paired_difference, seed_intervals
 
 DIFFERENCE_COLUMNS = [
     "encoder",
@@ -27,15 +27,27 @@ DIFFERENCE_COLUMNS = [
     "n_test",
     "left_out",
     "bootstrap",
+    "bootstrap_unit",
 ]
-INTERVAL_COLUMNS = ["test_auroc_low", "test_auroc_high", "mean_auroc_low", "mean_auroc_high", "bootstrap"]
+# bootstrap: resamples the interval rests on; bootstrap_unit: what they resample, "patient" or "record"
+INTERVAL_COLUMNS = [
+    "test_auroc_low",
+    "test_auroc_high",
+    "mean_auroc_low",
+    "mean_auroc_high",
+    "bootstrap",
+    "bootstrap_unit",
+]
 
 
-def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str], np.ndarray]]) -> list[ScoreSet]:
+def collect_scores(
+    rows: list[dict], tests: dict[tuple[str, str], tuple[list[str], np.ndarray, list[str] | None]]
+) -> list[ScoreSet]:
     """Take the per-seed `scores` out of result rows into one ScoreSet per (encoder, task, fraction).
 
-    tests: (encoder, task) -> (test record keys, test labels) in the order that encoder's probes scored
-    them (per encoder: a record one encoder could not embed is missing from its test set only).
+    tests: (encoder, task) -> (test record keys, test labels, their patients or None) in the order that
+    encoder's probes scored them (per encoder: a record one encoder could not embed is missing from its
+    test set only).
     """
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -45,7 +57,7 @@ def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str
     out = []
     for (encoder, task, fraction), part in groups.items():
         part.sort(key=lambda r: r["seed"])
-        keys, labels = tests[(encoder, task)]
+        keys, labels, patients = tests[(encoder, task)]
         out.append(
             ScoreSet(
                 encoder,
@@ -55,6 +67,7 @@ def collect_scores(rows: list[dict], tests: dict[tuple[str, str], tuple[list[str
                 list(keys),
                 np.asarray(labels, dtype=np.uint8),
                 np.stack([r["scores"] for r in part]),
+                None if patients is None else list(patients),
             )
         )
     return out
@@ -72,25 +85,35 @@ def kept_note(kept: int, n_boot: int) -> str:
 
 def add_intervals(rows: list[dict], sets: Sequence[ScoreSet], n_boot: int, level: float = LEVEL) -> None:
     """Fill the interval columns of `rows` in place: the seed's own interval and the seed-mean interval.
-    `bootstrap` is the number of resamples the interval rests on; fewer than `n_boot` is also a note."""
+    `bootstrap` is the number of resamples the interval rests on; fewer than `n_boot` is also a note;
+    `bootstrap_unit` what they resample (empty without an interval)."""
     found = {}
     if n_boot > 0:
         for s in sets:
-            found[(s.encoder, s.task, s.fraction)] = (s.seeds, seed_intervals(s.scores, s.labels, n_boot, SEED, level))
+            intervals = seed_intervals(s.scores, s.labels, n_boot, SEED, level, s.patients)
+            found[(s.encoder, s.task, s.fraction)] = (s.seeds, intervals, bootstrap_unit(s.patients))
     for row in rows:
         hit = found.get((row["encoder"], row["task"], float(row["fraction"])))
         low = high = mlow = mhigh = float("nan")
-        kept = n_boot
+        kept, unit = n_boot, ""
         if hit and int(row["seed"]) in hit[0]:
             low, high = hit[1].seeds[hit[0].index(int(row["seed"]))]
             mlow, mhigh = hit[1].mean
-            kept = hit[1].resamples.shape[1]
+            kept, unit = hit[1].resamples.shape[1], hit[2]
             row["note"] = "; ".join(n for n in (row.get("note", ""), kept_note(kept, n_boot)) if n)
-        row.update(test_auroc_low=low, test_auroc_high=high, mean_auroc_low=mlow, mean_auroc_high=mhigh, bootstrap=kept)
+        row.update(
+            test_auroc_low=low,
+            test_auroc_high=high,
+            mean_auroc_low=mlow,
+            mean_auroc_high=mhigh,
+            bootstrap=kept,
+            bootstrap_unit=unit,
+        )
 
 
-def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Both sets' scores on the test records they share (a's order), and those records' labels.
+def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str] | None] | None:
+    """Both sets' scores on the test records they share (a's order), and those records' labels and
+    patients (None when neither folder stored patients).
 
     A shared record labelled differently on the two sides means the folders were probed on different
     splits: their scores answer different questions, so no difference is computed (EcgposError)."""
@@ -110,7 +133,11 @@ def _aligned(a: ScoreSet, b: ScoreSet) -> tuple[np.ndarray, np.ndarray, np.ndarr
             f"--compare: {a.encoder!r} and {b.encoder!r} label {disagree} of the {len(rows_a)} {a.task} test "
             "records they share differently: they were probed on different splits, so no paired difference"
         )
-    return a.scores[:, rows_a], b.scores[:, rows_b], a.labels[rows_a]
+    if a.patients is not None:
+        patients = [a.patients[i] for i in rows_a]
+    else:
+        patients = None if b.patients is None else [b.patients[i] for i in rows_b]
+    return a.scores[:, rows_a], b.scores[:, rows_b], a.labels[rows_a], patients
 
 
 def paired_differences(
@@ -131,7 +158,8 @@ def paired_differences(
                 aligned = _aligned(a, b)
                 if aligned is None:
                     continue
-                diff, low, high, kept = paired_difference(*aligned, n_boot=n_boot, seed=SEED, level=level)
+                *scores, labels, patients = aligned
+                diff, low, high, kept = paired_difference(*scores, labels, n_boot, SEED, level, patients)
                 shared = len(aligned[2])
                 rows.append(
                     {
@@ -145,6 +173,7 @@ def paired_differences(
                         "n_test": shared,
                         "left_out": len(set(a.keys) | set(b.keys)) - shared,
                         "bootstrap": kept,
+                        "bootstrap_unit": bootstrap_unit(patients) if n_boot else "",
                     }
                 )
     return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
@@ -160,7 +189,8 @@ def differences_markdown(diffs: pd.DataFrame, n_boot: int) -> str:
     from probes.tasks import TASKS, task_label
 
     how = (
-        f"Both encoders scored on the same {n_boot} bootstrap resamples of the test records they share: an "
+        f"Both encoders scored on the same {n_boot} bootstrap resamples of the test records they share (by "
+        "patient where the split files name patients with several recordings; `bootstrap_unit`): an "
         "interval that excludes 0 is a difference the test set supports at the 95 % level."
         if n_boot
         else "No intervals: --bootstrap 0."

@@ -25,8 +25,9 @@ records whose files changed since (size or mtime of their .hea/.dat/.mat differs
 (averaged): --set windows_cpsc2018=4 (default 4), windows_ptbxl=1, windows_csn=1, windows_custom=1.
 Writes OUT/results.csv (one row per encoder, task, fraction, seed; best_epoch counts from 1;
 per-class test AUROC as JSON; 95 % stratified bootstrap intervals of the seed's test AUROC and of the
-seed mean), OUT/summary.md (mean +- std over seeds [interval of the mean], one table per fraction; the protocol
-as run; every split row counted as not found, refused, pretraining overlap, copy across splits or probed),
+seed mean, resampling patients where the split files name them), OUT/summary.md (mean +- std over
+seeds [interval of the mean], one table per fraction; the protocol as run; every split row counted as
+not found, refused, pretraining overlap, copy across splits or probed),
 OUT/summary.png (error bars: the interval of the mean), OUT/test_scores.npz (test logits, for
 --compare), OUT/overlap.csv and OUT/split_copies.csv (with a pretraining index) and OUT/probe.json
 (settings, counts, timings), last: an earlier run's files in OUT are deleted first, so a folder

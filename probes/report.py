@@ -117,6 +117,18 @@ def _uneven_test_sets(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def _resampled(rows: pd.DataFrame) -> str:
+    """What the intervals of `rows` resample, from their bootstrap_unit ("record" where not written)."""
+    units = set(rows["bootstrap_unit"].fillna("record").replace("", "record")) if "bootstrap_unit" in rows else set()
+    by_task = sorted(set(rows.loc[rows["bootstrap_unit"] == "patient", "task"])) if "patient" in units else []
+    if not by_task:
+        return "the test records"
+    patients = "the test patients (each drawn with all of their test records)"
+    if units == {"patient"}:
+        return patients
+    return f"{patients} on {', '.join(task_label(t) for t in by_task)}, else of the test records"
+
+
 def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: Sequence[str] = ()) -> str:
     """summary.md: one table per label fraction, extra `sections` (markdown), then which classes were left
     out and other notes."""
@@ -130,12 +142,13 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     ]
     if "mean_auroc_low" in frame.columns and frame["mean_auroc_low"].astype(float).notna().any():
         # resamples behind the intervals shown: fewer than asked for where some were dropped (named in the notes)
-        counts = frame.loc[frame["mean_auroc_low"].astype(float).notna(), "bootstrap"].astype(float)
+        shown = frame.loc[frame["mean_auroc_low"].astype(float).notna()]
+        counts = shown["bootstrap"].astype(float)
         low, high = int(counts.min()), int(counts.max())
         resamples = str(low) if low == high else f"{low}-{high}"
         parts[-1] += (
             f" [low, high]: 95 % stratified bootstrap interval of the seed mean ({resamples} "
-            "resamples of the test records within each label pattern, rare patterns pooled; "
+            f"resamples of {_resampled(shown)} within each label pattern, rare patterns pooled; "
             "each resample's AUROC is averaged over the seeds). Per-seed intervals are in results.csv."
         )
     parts.append("")

@@ -64,6 +64,7 @@ class TaskData:
     keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
     # split -> RECORD_COUNTS: every row of the split file is in exactly one of the last five
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    patients: dict[str, list[str]] = field(default_factory=dict)  # patient of every kept row, where named
 
 
 # what became of a split file's rows: listed = not_found + refused + overlap + split_copy + probed
@@ -195,10 +196,12 @@ def prepare_task(
             f"{task.name}: none of its {len(failed)} located records could be read "
             f"({', '.join(f'{n} {r}' for r, n in reasons.most_common())}; e.g. {next(iter(failed.items()))[1]})"
         )
-    x, y, keys, counts, positions = {}, {}, {}, {}, np.zeros(0, int)
+    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
     for split, table in tables.items():
         keep = np.array([k in feats for k in table.records], dtype=bool)
         keys[split] = [k for k, ok in zip(table.records, keep) if ok]
+        if table.patients is not None:
+            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
         not_found = set(missing[split])
         counts[split] = {
             "listed": len(table.records),
@@ -217,7 +220,7 @@ def prepare_task(
         y[split] = table.labels[keep]
         if split == "train":
             positions = np.flatnonzero(keep)
-    data = TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts)
+    data = TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
     return data, stats
 
 

@@ -13,10 +13,12 @@ from probes.bootstrap import (
     macro_auroc_reference,
     macro_auroc_resamples,
     paired_difference,
+    patient_clusters,
+    resample_weights,
     seed_intervals,
     stratified_indices,
 )
-from probes.intervals import add_intervals
+from probes.intervals import add_intervals, paired_differences
 
 
 def _predictions(rng: np.random.Generator, n: int = 120, classes: int = 4, seeds: int = 3):
@@ -154,3 +156,68 @@ def test_results_rows_say_how_many_resamples_an_interval_rests_on():
     rows = [{"encoder": "enc", "task": "t", "fraction": 1.0, "seed": 0, "note": ""}]
     add_intervals(rows, sets, 200)
     assert rows[0]["bootstrap"] == 200 and rows[0]["note"] == ""
+
+
+def _patients(rng: np.random.Generator, patients: int = 80, per_patient: int = 4):
+    """Test records of `patients` patients with `per_patient` recordings each, whose scores share a
+    strong per-patient effect (as recordings of one heart do): labels (N, 2), scores (1, N, 2), ids."""
+    ids = np.repeat([f"p{i}" for i in range(patients)], per_patient)
+    labels = np.repeat(rng.random((patients, 2)) < [0.4, 0.25], per_patient, axis=0).astype(np.uint8)
+    labels[::7, 1] ^= 1  # some patients' recordings differ in a label
+    effect = np.repeat(rng.normal(0, 1.5, (patients, 2)), per_patient, axis=0)
+    scores = effect + labels + rng.normal(0, 0.2, labels.shape)
+    return labels, scores[None].astype(np.float32), list(ids)
+
+
+def test_patient_clusters_only_where_a_patient_has_several_records():
+    assert patient_clusters(None) is None
+    assert patient_clusters(["a", "b", "c"]) is None  # one record each: the record is the unit
+    assert patient_clusters(["", "nan", "a"]) is None  # blank patients are never pooled together
+    cluster = patient_clusters(["b", "a", "b", "", ""])
+    assert cluster[0] == cluster[2] and len(set(cluster[[0, 1, 3, 4]])) == 4
+
+
+def test_patient_bootstrap_draws_whole_patients_within_strata():
+    labels, _, ids = _patients(np.random.default_rng(0))
+    weights = resample_weights(labels, 300, seed=1, groups=ids)
+    assert weights.shape == (len(labels), 300)
+    per_patient = weights.reshape(80, 4, 300)
+    assert (per_patient == per_patient[:, :1]).all()  # a patient's records are drawn together
+    assert (weights.sum(axis=0) == len(labels)).all()  # as many patients as the test split has
+    drawn = labels.T.astype(int) @ weights
+    assert (drawn > 0).all() and (drawn < weights.sum(axis=0)).all()  # every resample scores every class
+    # patients whose label unions are common are resampled within their stratum: its size is kept
+    union = labels.reshape(80, 4, 2).max(axis=1)
+    stratum = (union == [1, 0]).all(axis=1)
+    assert stratum.sum() >= MIN_STRATUM
+    assert (per_patient[stratum, 0].sum(axis=0) == stratum.sum()).all()
+    # one record per patient: exactly the record-level bootstrap
+    unique = [f"q{i}" for i in range(len(labels))]
+    np.testing.assert_array_equal(resample_weights(labels, 50, 3, unique), resample_weights(labels, 50, 3))
+
+
+def test_patient_bootstrap_widens_the_interval_of_correlated_recordings():
+    """Four recordings of one patient carry less information than four patients: resampling records
+    one by one would understate the interval, by about half here."""
+    labels, scores, ids = _patients(np.random.default_rng(2))
+    by_record = seed_intervals(scores, labels, 1000).mean
+    by_patient = seed_intervals(scores, labels, 1000, groups=ids).mean
+    width = lambda interval: interval[1] - interval[0]  # noqa: E731
+    assert width(by_patient) > 1.5 * width(by_record), (by_patient, by_record)
+    assert by_patient[0] < by_record[0] and by_patient[1] > by_record[1]
+
+
+def test_rows_and_paired_differences_name_the_unit_resampled():
+    labels, scores, ids = _patients(np.random.default_rng(3))
+    keys = [f"r{i}" for i in range(len(labels))]
+    sets = [
+        ScoreSet("a", "t", 1.0, [0], keys, labels, scores, ids),
+        ScoreSet("b", "t", 1.0, [0], keys, labels, scores[:, ::-1].copy(), None),  # an older folder
+    ]
+    rows = [{"encoder": e, "task": "t", "fraction": 1.0, "seed": 0, "note": ""} for e in ("a", "b")]
+    add_intervals(rows, sets, 200)
+    assert [r["bootstrap_unit"] for r in rows] == ["patient", "record"]
+    diffs = paired_differences(sets, ["a", "b"], 200)  # b - a: the patients a stored are used
+    point, low, high, _ = paired_difference(scores, scores[:, ::-1], labels, 200, groups=ids)
+    assert diffs.iloc[0]["bootstrap_unit"] == "patient"
+    assert (diffs.iloc[0]["difference"], diffs.iloc[0]["low"]) == (pytest.approx(-point), pytest.approx(-high))

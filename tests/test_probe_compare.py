@@ -86,6 +86,15 @@ def test_compare_counts_and_flags_test_records_left_out_of_a_paired_difference(c
     sets = {s.encoder: s for s in load_scores(merged)}
     assert (len(sets["small"].keys), sets["small"].scores.shape[1]) == (10, 10)
     assert (len(sets["base2"].keys), sets["base2"].scores.shape[1]) == (n_base, n_base)
+    # PTB-XL's test split has patients with several recordings: its intervals resample patients; the
+    # 10 records the difference rests on are 10 patients', so it resamples records
+    assert len(sets["base2"].patients) == n_base and len(set(sets["base2"].patients)) < n_base
+    assert set(pd.read_csv(base / "results.csv")["bootstrap_unit"]) == {"patient"}
+    assert (
+        "resamples of the test patients (each drawn with all of their test records)"
+        in (base / "summary.md").read_text()
+    )
+    assert diffs["bootstrap_unit"].tolist() == ["record"]
     rc, out, err = _compare(capsys, merged)
     assert rc == 0, err
     assert f"(on 10 of {n_base} records)" in out

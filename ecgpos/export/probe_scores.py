@@ -1,7 +1,7 @@
 """A probe folder's stored test scores (test_scores.npz), their macro-AUROC, and results.csv checked against them.
 
 `ecgpos probe` writes each seed's test macro-AUROC to results.csv and that seed's test logits, with
-the test record keys and labels, to test_scores.npz (`save_scores`; `load_scores` reads them back for
+the test record keys, labels and patients, to test_scores.npz (`save_scores`; `load_scores` reads them back for
 `probe --compare`). A row edited by hand, or a results.csv left from another run, no longer matches
 the logits beside it; `probe --compare` and `export --probe-results` recompute the macro-AUROC of
 every row whose logits are stored and refuse a folder where the two disagree.
@@ -39,6 +39,7 @@ class ScoreSet:
     keys: list[str]
     labels: np.ndarray  # (N, C) 0/1
     scores: np.ndarray  # (S, N, C) float32
+    patients: list[str] | None = None  # (N,) the patient of each test record, where the split files name one
 
 
 def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
@@ -49,11 +50,14 @@ def save_scores(sets: Sequence[ScoreSet], out: Path) -> None:
     for i, s in enumerate(sets):
         arrays[f"scores_{i}"] = s.scores.astype(np.float32)
         labels = np.asarray(s.labels)
-        test = (s.task, tuple(s.keys), labels.shape, labels.tobytes())
+        patients = None if s.patients is None else tuple(map(str, s.patients))
+        test = (s.task, tuple(s.keys), labels.shape, labels.tobytes(), patients)
         if test not in tests:
             tests[test] = len(tests)
             arrays[f"keys_{tests[test]}"] = np.array(s.keys, dtype=str)
             arrays[f"labels_{tests[test]}"] = labels
+            if patients is not None:
+                arrays[f"patients_{tests[test]}"] = np.array(patients, dtype=str)
         index.append(
             {"encoder": s.encoder, "task": s.task, "fraction": s.fraction, "seeds": s.seeds, "test": tests[test]}
         )
@@ -79,6 +83,7 @@ def load_scores(folder: str | Path, renames: dict[str, str] | None = None) -> li
                     data[f"keys_{e['test']}"].tolist(),
                     data[f"labels_{e['test']}"],
                     data[f"scores_{i}"],
+                    data[f"patients_{e['test']}"].tolist() if f"patients_{e['test']}" in data.files else None,
                 )
                 for i, e in enumerate(index)
             ]
