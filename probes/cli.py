@@ -305,7 +305,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     if overlaps:
         write_overlap(overlaps, args.out)
     sections = [
-        protocol_markdown(cfg, [t.name for t in tasks], enc.spec.window, enc.spec.fs),
+        protocol_markdown(cfg, [t.name for t in tasks], enc.spec.window, enc.spec.fs, args.raw_baseline),
         records_markdown(records, frame),
     ]
     sections += [guard_section] if guard_section else []

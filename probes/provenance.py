@@ -123,7 +123,9 @@ def shared_protocol(infos: Mapping[Path, Mapping | None]) -> str:
     except (EcgposError, KeyError, TypeError, ValueError):  # written by another version: not restated
         return ""
     tasks = list(dict.fromkeys(t for i in runs for t in i.get("tasks", [])))
-    return protocol_markdown(cfg, tasks, window, fs)
+    # a raw-signal row's feature key (probes.features.raw_source) is {"raw": {...}}
+    raw = any(str(key).startswith('{"raw":') for i in runs for key in dict(i.get("sources") or {}).values())
+    return protocol_markdown(cfg, tasks, window, fs, raw)
 
 
 def merged_records(

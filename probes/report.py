@@ -186,9 +186,12 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     return "\n".join(parts)
 
 
-def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: float) -> str:
+def protocol_markdown(
+    cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: float, raw_baseline: bool = False
+) -> str:
     """summary.md section: the probe protocol of these task names as a reviewer needs it, from the run's
-    settings; `window` samples at `fs` Hz is the encoder's input window."""
+    settings; `window` samples at `fs` Hz is the encoder's input window; raw_baseline: a "raw signal"
+    row is in the tables."""
     p = cfg.protocol
     datasets = [TASKS[t].dataset if t in TASKS else "custom" for t in tasks]
     drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs if e < p.epochs)  # a drop after the last epoch is none
@@ -207,6 +210,15 @@ def protocol_markdown(cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: f
         f"- Features: the frozen encoder's features averaged over each record's windows of {window} samples "
         f"({seconds}): " + "; ".join(pooling[d] for d in dict.fromkeys(datasets) if d in pooling) + ". A record "
         "shorter than one window is zero-padded at the end.",
+        *(
+            [
+                f"- Raw-signal baseline: the centre window only, on every dataset (averaging raw windows "
+                f"would blur beats that do not line up), block-averaged to {cfg.raw_fs:g} Hz and flattened "
+                f"({12 * (window // max(1, round(fs / cfg.raw_fs)))} features)."
+            ]
+            if raw_baseline
+            else []
+        ),
         f"- Probe: one linear layer, binary cross-entropy, Adam (lr {p.lr:g}, weight decay {p.weight_decay:g}), "
         f"batch {p.batch_size}, {p.epochs} epochs, "
         + (f"lr x {p.lr_drop_factor:g} from epoch {drops} on (epochs counted from 1)" if drops else "constant lr")

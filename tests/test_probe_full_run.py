@@ -41,7 +41,12 @@ def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
     assert len(results) == 2 * 5 * 2  # (encoder + raw) x tasks x seeds
     assert set(results["task"]) == {"ptbxl-super", "ptbxl-sub", "ptbxl-form", "ptbxl-rhythm", "cpsc2018"}
     assert (results[results["task"] == "ptbxl-super"]["n_train"] == 124).all()
-    assert "| Encoder | Super | Sub | Form | Rhythm | CPSC2018 |" in (tmp_path / "out" / "summary.md").read_text()
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "| Encoder | Super | Sub | Form | Rhythm | CPSC2018 |" in summary
+    assert "- Raw-signal baseline: the centre window only, on every dataset" in summary  # CPSC2018 rows pool 4
+    # PTB-XL's test patients with several recordings: resampled as patients there; CPSC2018 names one each
+    units = results.groupby("task")["bootstrap_unit"].agg(set).to_dict()
+    assert units["cpsc2018"] == {"record"} and units["ptbxl-super"] == {"patient"}
     assert "| Encoder | Super |" in out
     assert (tmp_path / "out" / "summary.png").is_file()
     info = json.loads((tmp_path / "out" / "probe.json").read_text())

@@ -95,6 +95,9 @@ def test_summary_states_the_protocol_a_reviewer_needs():
     ):
         assert needle in text, needle
     assert "ISC" not in protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0)
+    assert "Raw-signal" not in text
+    raw = protocol_markdown(cfg, ["cpsc2018"], 2250, 250.0, raw_baseline=True)
+    assert "- Raw-signal baseline: the centre window only" in raw and "(2700 features)" in raw
     short = ProbeConfig(protocol=dataclasses.replace(cfg.protocol, epochs=40))  # the drop would come after the end
     assert "constant lr" in protocol_markdown(short, ["cpsc2018"], 2250, 250.0)
 
