@@ -259,7 +259,8 @@ def carving_line(levels: Levels, violation: dict[str, float]) -> str:
         "equally) violate the Push margin alpha d(x~, x) > d(x^, x~) "
         f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
         "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
-        "perturbation; a high fraction suggests the range needs further carving."
+        "perturbation; a high fraction suggests the range needs further carving (to choose the depth by it, "
+        "measure it on val or train, not test)."
     )
 
 

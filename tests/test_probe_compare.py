@@ -156,6 +156,7 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     assert cli("probe", "--compare", folder, "--reference", "paper") == 0
     out = capsys.readouterr().out
     assert "| against-paper − Stage 0 (published) | " in out and " †" in out
+    assert "prints the largest test AUROC over its epochs" in out  # how the published numbers were chosen
     assert "**† Our test set is smaller than the published one**" in out
     assert "against-paper, Super: 29 of 2158" in out
     merged = probe_folder.root / "against-paper-merged"
