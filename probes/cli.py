@@ -129,8 +129,15 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+GUARD_NOT_RUN = (
+    "the encoder records no pretraining shards and no --pretraining-index was given, so neither overlap with "
+    "pretraining records nor one recording in two splits under two file names was checked"
+)
+
+
 def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Path, log) -> tuple[list, str]:
-    """The leakage guard: (overlaps per task, summary section); nothing when there is no pretraining index."""
+    """The leakage guard: (overlaps per task, summary section); no overlaps, and a section saying so, when
+    there is no pretraining index."""
     folders = args.pretraining_index or recorded_pretraining(enc.source, enc.info)
     guarded = [t.name for t in tasks if t.name in GUARDED_TASKS]
     if not folders:
@@ -142,7 +149,8 @@ def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Pa
             )
         if args.exclude_overlap:
             raise EcgposError("--exclude-overlap needs --pretraining-index (the encoder records no pretraining shards)")
-        return [], ""
+        print(f"leakage guard: not run ({GUARD_NOT_RUN})")
+        return [], f"## Pretraining overlap (leakage guard)\n\nNot run: {GUARD_NOT_RUN}."
     index = load_pretraining(folders, log)
     overlaps = []
     for task in tasks:

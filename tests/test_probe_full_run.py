@@ -44,6 +44,9 @@ def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "| Encoder | Super | Sub | Form | Rhythm | CPSC2018 |" in summary
     assert "- Raw-signal baseline: the centre window only, on every dataset" in summary  # CPSC2018 rows pool 4
+    # no pretraining index (a random encoder): the summary says what the guard did not check
+    assert "## Pretraining overlap (leakage guard)\n\nNot run: the encoder records no pretraining shards" in summary
+    assert "leakage guard: not run (" in out
     # PTB-XL's test patients with several recordings: resampled as patients there; CPSC2018 names one each
     units = results.groupby("task")["bootstrap_unit"].agg(set).to_dict()
     assert units["cpsc2018"] == {"record"} and units["ptbxl-super"] == {"patient"}
