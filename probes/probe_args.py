@@ -17,7 +17,9 @@ EPILOG = """\
 --data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
 --splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/; chapman/ for csn).
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
-(WFDB record path relative to <dir>, or absolute) followed by one 0/1 column per class.
+(WFDB record path relative to <dir>, or absolute) followed by one 0/1 column per class, optionally
+preceded by a `patient_id` column (then no patient may be in two splits, and the bootstrap resamples
+patients).
 Features are cached in --cache-dir (default $ECGPOS_CACHE/probe-features, else
 ~/.cache/ecgpos/probe-features), keyed by the encoder's weights hash and architecture, dataset,
 preprocessing spec and window count: a second run on the same encoder extracts nothing, except

@@ -121,7 +121,8 @@ def read_table(path: Path, **kwargs: object) -> pd.DataFrame:
 
 
 def _custom_task(folder: Path) -> TaskDef:
-    """A custom task: classes are the columns after `record` in train.csv."""
+    """A custom task: classes are the columns after `record` in train.csv; a `patient_id` column may
+    come before `record`."""
     path = folder / "train.csv"
     if not path.is_file():
         raise EcgposError(f"custom task folder {folder} has no train.csv (needs train.csv, val.csv, test.csv)")
@@ -138,7 +139,9 @@ def _custom_task(folder: Path) -> TaskDef:
     if not classes:
         raise EcgposError(f"{path}: no class columns after 'record'")
     files = {s: str((folder / f"{s}.csv").resolve()) for s in SPLITS}
-    return TaskDef(f"custom:{folder.name}", "custom", files, "record", classes, folder.name, ("record",))
+    # an optional patient column before `record`: no patient in two splits, and intervals resample patients
+    meta = ("patient_id", "record") if "patient_id" in header[: header.index("record")] else ("record",)
+    return TaskDef(f"custom:{folder.name}", "custom", files, "record", classes, folder.name, meta)
 
 
 def resolve_task(name: str) -> TaskDef:

@@ -106,3 +106,25 @@ def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys
     encoders = set(pd.read_csv(tmp_path / "out" / "results.csv")["encoder"])
     assert len(encoders) == 2 and "trained" in encoders, encoders
     assert any(name.startswith("random-init (") for name in encoders), encoders
+
+
+@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+def test_custom_task_with_patients(capsys, tmp_path):
+    """A `patient_id` column before `record`: a patient in two splits is refused, and a test split with
+    patients of several recordings is bootstrapped by patient."""
+    folder = _custom_task(tmp_path / "patients")
+    for split in ("train", "val", "test"):
+        frame = pd.read_csv(folder / f"{split}.csv")
+        frame.insert(0, "patient_id", [f"{split}-{i // 2}" for i in range(len(frame))])  # two recordings each
+        frame.to_csv(folder / f"{split}.csv", index=False)
+    flags = ("--encoder", f"random:{TINY0}", "--seeds", "1", "--epochs", "2", "--bootstrap", "100")
+    rc, _, err = probe_custom(capsys, folder, tmp_path, *flags)
+    assert rc == 0, err
+    results = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert list(results["bootstrap_unit"]) == ["patient"]
+    test = pd.read_csv(folder / "test.csv")
+    test.loc[0, "patient_id"] = "train-3"
+    test.to_csv(folder / "test.csv", index=False)
+    rc, _, err = probe_custom(capsys, folder, tmp_path, *flags)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "patient train-3 has records in both train and test" in err
