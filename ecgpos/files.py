@@ -281,6 +281,10 @@ def read_safetensors(path: str | Path, what: str = "weights") -> dict[str, Any]:
     if not path.is_file():
         raise EcgposError(f"{path} is missing: no {what}")
     try:
+        path.open("rb").close()
+    except PermissionError:  # safetensors would report it as a missing file
+        raise EcgposError(f"permission denied: {path} (the {what}) is not readable by this user") from None
+    try:
         state = load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as err:
         raise EcgposError(f"{path} is not a readable safetensors file: {str(err).splitlines()[0]}") from None
@@ -291,3 +295,15 @@ def read_safetensors(path: str | Path, what: str = "weights") -> dict[str, Any]:
             f"{', ...' if len(broken) > 3 else ''}): the run diverged or the file is damaged"
         )
     return state
+
+
+def make_public(folder: Path) -> None:
+    """Give `folder` and the files in it the permissions the user's umask asks for: mkdtemp and
+    safetensors create owner-only files, which the user's collaborators (or jobs under another
+    account) could not read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for file in folder.iterdir():
+        if file.is_file():
+            file.chmod(0o666 & ~umask)

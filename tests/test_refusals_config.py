@@ -5,11 +5,16 @@ is gone, models and worker counts no machine can hold, and `preprocess --num-par
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from refusal_helpers import FAST, PRETRAIN, one_line_error, run
+import torch
+from refusal_helpers import FAST, PRETRAIN, TINY0, one_line_error, run
 
 from ecgpos.errors import ConfigError
 from ecgpos.runs.run_config import load_run_config
@@ -134,3 +139,44 @@ def test_preprocess_refuses_more_workers_than_the_machine_serves(capsys, tmp_pat
     rc, _, err = run(capsys, *args)
     one_line_error(rc, err, "preprocess", "--workers 3 is more than this machine's")
     assert not out.exists()
+
+
+@contextlib.contextmanager
+def unreadable(path: Path) -> Iterator[None]:
+    """`path` unreadable inside the block: mode 000 and, for root (which reads any file), the effective
+    uid of nobody."""
+    path.chmod(0)
+    as_root = os.geteuid() == 0
+    if as_root:
+        os.seteuid(65534)
+    try:
+        yield
+    finally:
+        if as_root:
+            os.seteuid(0)
+        path.chmod(0o644)
+
+
+def test_a_file_the_user_may_not_read_is_one_line(capsys, tmp_path):
+    config = tmp_path / "stage0.yaml"
+    shutil.copy(TINY0, config)
+    with unreadable(config):
+        rc, _, err = run(capsys, *PRETRAIN[:3], "--config", config, "--check-config")
+    one_line_error(rc, err, "pretrain", f"permission denied: {config}")
+
+
+def test_weights_the_user_may_not_read_say_so():
+    from safetensors.torch import save_file
+
+    from ecgpos.errors import EcgposError
+    from ecgpos.files import read_safetensors
+
+    folder = Path(tempfile.mkdtemp(dir="/tmp"))  # a folder anyone may enter (pytest's own are owner-only)
+    try:
+        folder.chmod(0o755)
+        path = folder / "model.safetensors"
+        save_file({"w": torch.zeros(2)}, str(path))
+        with unreadable(path), pytest.raises(EcgposError, match="permission denied: .* is not readable"):
+            read_safetensors(path)  # safetensors itself reports "No such file or directory"
+    finally:
+        shutil.rmtree(folder)

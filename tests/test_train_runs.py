@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,11 @@ def test_tiny_stage0_run_writes_everything_and_learns(run0: Path) -> None:
     assert [s for s, _ in list_checkpoints(run0)] == [20, 40]
     state = json.loads((newest_checkpoint(run0) / "trainer_state.json").read_text())
     assert (state["step"], state["epoch"], state["batch_in_epoch"]) == (40, 6, 4)  # 6 steps per epoch
+    umask = os.umask(0)
+    os.umask(umask)
+    # the weights too (safetensors writes files owner-only): a run is read by collaborators and other jobs
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in newest_checkpoint(run0).iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
     info = json.loads((run0 / "run_info.json").read_text())
     assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["stage0"] is None
     for name in ("recon-step-0000020.png", "recon-step-0000040.png", "curves.png"):

@@ -105,8 +105,9 @@ def _usage() -> str:
 
 
 def run_command(name: str, argv: Sequence[str]) -> int:
-    """Run one command's main; user errors and missing optional packages become one line on stderr and
-    exit code 2, Ctrl-C one `interrupted:` line and 130, SIGTERM one `terminated:` line and 143."""
+    """Run one command's main; user errors, missing optional packages and files the user may not read
+    or write become one line on stderr and exit code 2, Ctrl-C one `interrupted:` line and 130,
+    SIGTERM one `terminated:` line and 143."""
     with _SIGTERM.installed():
         return _run(name, argv)
 
@@ -120,6 +121,10 @@ def _run(name: str, argv: Sequence[str]) -> int:
         return int(module.main(list(argv)) or 0)
     except EcgposError as err:
         print(f"ecgpos {name}: error: {err}", file=sys.stderr)
+        return 2
+    except PermissionError as err:  # a file or folder this user may not read or write: the user's to fix
+        where = " and ".join(str(f) for f in (err.filename, err.filename2) if f is not None)
+        print(f"ecgpos {name}: error: permission denied: {where or err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:  # an optional package imported where it is first used
         missing = from_import_error(err)

@@ -28,8 +28,8 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.card import probe_section
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
 from ecgpos.export.load import read_export_config
-from ecgpos.export.writer import check_reload, make_public, write_export
-from ecgpos.files import make_output_folder, recover_replaced, replace_folder, user_path
+from ecgpos.export.writer import check_reload, write_export
+from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
 from ecgpos.inference.resolve import load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary

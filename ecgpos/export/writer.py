@@ -9,7 +9,6 @@ is replaced (re-running a pipeline works); any other non-empty DIR is refused.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -103,12 +102,3 @@ def check_reload(out: Path, module: nn.Module, inputs: np.ndarray) -> float:
     if not diff <= EXACT_TOL:
         raise EcgposError(f"reloaded export differs from the training encoder (max abs diff {diff:.2e})")
     return diff
-
-
-def make_public(folder: Path) -> None:
-    """mkdtemp (and safetensors) create owner-only files; an export is meant to be shared."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for file in folder.iterdir():
-        file.chmod(0o666 & ~umask)

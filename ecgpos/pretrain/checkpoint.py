@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ecgpos.errors import ConfigError, EcgposError
-from ecgpos.files import atomic_write_json, recover_replaced, replace_folder
+from ecgpos.files import atomic_write_json, make_public, recover_replaced, replace_folder
 from ecgpos.runs.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints, read_trainer_state
 
 
@@ -78,6 +78,7 @@ def save_checkpoint(accelerator: Any, run_dir: str | Path, step: int, trainer_st
     accelerator.save_state(str(tmp), safe_serialization=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        make_public(tmp)  # safetensors writes the weights owner-only
         atomic_write_json(tmp / STATE_FILE, {**trainer_state, "step": step, "rng": rng}, compact=True)
         replace_folder(tmp, final)  # the same step saved again (e.g. a signal right after a periodic save)
         prune_checkpoints(run_dir, keep)
