@@ -37,34 +37,28 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
 from ecgpos.files import atomic_path
-from ecgpos.runs.run_folder import RUN_INFO
+from ecgpos.runs.run_folder import RUN_INFO, listed_folders, read_json_object
 from probes.datasets import RecordLocator, prepared_record, record_stamp
 from probes.tasks import SPLITS
 
 CACHE_VERSION = 2  # 2: [stamp of the record's files, fingerprint] per record (1: the fingerprint alone)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text()) if path.is_file() else {}
-    except ValueError:
-        return {}
-
-
 def recorded_pretraining(source: str, info: dict) -> list[Path]:
     """Shard folders an encoder was pretrained on, as recorded: an export's `shards`, a run's run_info.json
     `shards`, and those of a Stage-1 run's Stage-0 run or export."""
-    folders: list[str] = list(info.get("shards") or [])
+    folders = listed_folders(info.get("shards"))
     todo, seen = [Path(source)], set()
     while todo:
         path = todo.pop()
         if path.resolve() in seen:
             continue
         seen.add(path.resolve())
-        run_info = _read_json(path / RUN_INFO)
-        folders += list(run_info.get("shards") or [])
-        folders += list(_read_json(path / CONFIG_FILE).get("training", {}).get("shards") or [])
-        if run_info.get("stage0"):
+        run_info = read_json_object(path / RUN_INFO)
+        folders += listed_folders(run_info.get("shards"))
+        training = read_json_object(path / CONFIG_FILE).get("training")
+        folders += listed_folders(training.get("shards") if isinstance(training, dict) else None)
+        if isinstance(run_info.get("stage0"), str):
             todo.append(Path(str(run_info["stage0"])))
     return [Path(f) for f in dict.fromkeys(map(str, folders))]
 

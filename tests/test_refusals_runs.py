@@ -309,3 +309,41 @@ def test_export_of_a_file_given_as_run_folder_says_it_is_a_file(capsys, tmp_path
     rc, _, err = run(capsys, "export", "--run-dir", not_a_folder, "--out", tmp_path / "enc")
     one_line_error(rc, err, "export", "is a file, not a run folder")
     assert not (tmp_path / "enc").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda info: [], "is damaged: a JSON list, not the run's record"),
+        (lambda info: {**info, "stage0_encoder": "x"}, "is damaged: stage0_encoder is not an object"),
+        (
+            lambda info: {**info, "stage0_encoder": {**info["stage0_encoder"], "bogus": 1}},
+            "is damaged: unknown config key(s): stage0_encoder.bogus",
+        ),
+        (
+            lambda info: {**info, "stage0_encoder": {**info["stage0_encoder"], "depth": "two"}},
+            "is damaged: stage0_encoder.depth: expected an integer",
+        ),
+    ],
+)
+def test_a_damaged_run_record_is_one_line(capsys, tmp_path, stage1_run, damage, needle):
+    """run_info.json that is JSON but not the run's record: every command reading the run says so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(stage1_run, run_dir)
+    info = json.loads((run_dir / "run_info.json").read_text())
+    (run_dir / "run_info.json").write_text(json.dumps(damage(info)))
+    rc, _, err = run(capsys, "export", "--run-dir", run_dir, "--out", tmp_path / "export")
+    one_line_error(rc, err, "export", needle)
+    assert not (tmp_path / "export").exists()
+
+
+def test_damaged_recorded_shards_name_no_folder(capsys, tmp_path, stage1_run):
+    """A `shards` entry that is not a list of folders is descriptive only: the export goes on without it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(stage1_run, run_dir)
+    info = json.loads((run_dir / "run_info.json").read_text())
+    (run_dir / "run_info.json").write_text(json.dumps({**info, "shards": 5}))
+    rc, _, err = run(capsys, "export", "--run-dir", run_dir, "--out", tmp_path / "export")
+    assert rc == 0, err
+    training = json.loads((tmp_path / "export" / "config.json").read_text())["training"]
+    assert all(str(f) != "5" for f in training.get("shards") or [])

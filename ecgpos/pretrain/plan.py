@@ -133,7 +133,9 @@ def other_pool(plan: RunPlan) -> str | None:
     """Why a Stage-1 run's shards are not the pool its Stage 0 was pretrained on (None when they are,
     or when that pool is unknown). The preprint trains both stages on one pool; a warning, not a
     refusal, because a deliberate transfer, or the same shards mounted elsewhere, is legitimate."""
-    pool = plan.stage0_info.get("shards")
+    from ecgpos.runs.run_folder import listed_folders
+
+    pool = listed_folders(plan.stage0_info.get("shards"))
     if not pool:
         return None
     pool, ours = {str(Path(f)) for f in pool}, {str(f.resolve()) for f in plan.shards}

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from ecgpos.config import load_config, read_yaml
+from ecgpos.config import from_dict, load_config, read_yaml
 from ecgpos.errors import EcgposError
 from ecgpos.files import read_safetensors
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
@@ -85,9 +85,12 @@ def read_run_info(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        info = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise EcgposError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(info, dict):
+        raise EcgposError(f"{path} is damaged: a JSON {type(info).__name__}, not the run's record (an object)")
+    return info
 
 
 def is_run_dir(path: str | Path) -> bool:
@@ -118,7 +121,13 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
     if cfg.stage == 1:
         if "stage0_encoder" not in info:
             raise EcgposError(f"{run_dir / RUN_INFO} lacks stage0_encoder: cannot rebuild the Stage-1 model")
-        stage0 = STMEMEncoder(EncoderConfig(**info["stage0_encoder"]))
+        if not isinstance(info["stage0_encoder"], dict):
+            raise EcgposError(f"{run_dir / RUN_INFO} is damaged: stage0_encoder is not an object")
+        try:
+            stage0_config = from_dict(EncoderConfig, info["stage0_encoder"], "stage0_encoder.")
+        except EcgposError as err:
+            raise EcgposError(f"{run_dir / RUN_INFO} is damaged: {err}") from None
+        stage0 = STMEMEncoder(stage0_config)
     model = build_model(cfg, stage0)
     state = read_safetensors(checkpoint / WEIGHTS_FILE, "checkpoint weights")
     try:
@@ -129,19 +138,21 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
     return model, cfg, checkpoint, info
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when it is missing, unreadable or not an object (what is read
+    through here is descriptive: the model card and the leakage guard's shard folders)."""
     try:
-        return json.loads(path.read_text()) if path.is_file() else {}
+        found = json.loads(path.read_text()) if path.is_file() else {}
     except (json.JSONDecodeError, UnicodeDecodeError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _shards_summary(shards: Any) -> dict[str, Any]:
     """Source corpora and record count of the shard folder(s), from their preprocess.json files."""
-    folders = [shards] if isinstance(shards, (str, Path)) else list(shards or [])
     sources, records = [], 0
-    for folder in folders:
-        info = _read_json(Path(str(folder)) / "preprocess.json")
+    for folder in listed_folders(shards):
+        info = read_json_object(Path(str(folder)) / "preprocess.json")
         settings = info.get("settings") if isinstance(info.get("settings"), dict) else {}
         sources.append(str(info.get("source") or settings.get("source") or folder))
         counts = info.get("counts") if isinstance(info.get("counts"), dict) else {}
@@ -154,7 +165,7 @@ def _shards_summary(shards: Any) -> dict[str, Any]:
 
 def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) -> dict[str, Any]:
     """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`."""
-    run_info = {**_read_json(run_dir / RUN_INFO), **{k: v for k, v in info.items() if _jsonable(v)}}
+    run_info = {**read_json_object(run_dir / RUN_INFO), **{k: v for k, v in info.items() if _jsonable(v)}}
     config = read_yaml(run_dir / RUN_CONFIG) if (run_dir / RUN_CONFIG).is_file() else {}
     optim, train = config.get("optim", {}) or {}, config.get("train", {}) or {}
     push_pull = config.get("push_pull", {}) or {}
@@ -187,14 +198,21 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
 
 def _pretraining_folders(run_info: dict[str, Any]) -> list[str]:
     """Shard folders of the run and, for a Stage-1 run, of its Stage-0 run or export (both pretrained it)."""
-    folders = [str(f) for f in run_info.get("shards") or []]
+    folders = listed_folders(run_info.get("shards"))
     stage0 = run_info.get("stage0")
     if stage0 and isinstance(stage0, str):
-        folders += [str(f) for f in _read_json(Path(stage0) / RUN_INFO).get("shards") or []]
-        folders += [
-            str(f) for f in (_read_json(Path(stage0) / "config.json").get("training") or {}).get("shards") or []
-        ]
+        folders += listed_folders(read_json_object(Path(stage0) / RUN_INFO).get("shards"))
+        training = read_json_object(Path(stage0) / "config.json").get("training")
+        folders += listed_folders(training.get("shards") if isinstance(training, dict) else None)
     return list(dict.fromkeys(folders))
+
+
+def listed_folders(value: Any) -> list[str]:
+    """A recorded `shards` value as folder names: a list, or one folder; anything else (a damaged
+    record) names none."""
+    if isinstance(value, (str, Path)):
+        return [str(value)]
+    return [str(f) for f in value if isinstance(f, (str, Path))] if isinstance(value, list) else []
 
 
 def _jsonable(value: Any) -> bool:
