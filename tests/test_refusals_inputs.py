@@ -203,6 +203,42 @@ def test_score_refuses_bad_out_and_labels_before_scoring(capsys, tmp_path, real_
     assert not (tmp_path / "s.csv").exists()
 
 
+def test_score_refuses_labels_that_would_be_silently_miscounted_before_scoring(capsys, tmp_path, real_record, tiny_run):
+    """A label both --nominal and --anomalous was counted as anomalous only, a --nominal label no row
+    carries was left out of the AUROC, and a record id listed twice with two labels took the last one,
+    each after every record was scored, exit 0; a --labels folder was said not to exist."""
+    from ecgpos.cli.score import read_labels
+    from ecgpos.inference.scoring import auroc_by_level
+
+    np.save(tmp_path / "x.npy", read_wfdb_record(real_record).signal)
+    out = tmp_path / "o" / "s.csv"
+    args = ["score", "--run", tiny_run, "--input", tmp_path / "x.npy", "--fs", "500", "--leads", LEADS]
+    args += ["--out", out, "--no-progress"]
+    labels = tmp_path / "labels.csv"
+    labels.write_text("record_id,label\nx,a\ny,b\nz,c\n")
+    cases = [
+        (["--nominal", "a,b", "--anomalous", "b"], "labels both nominal and anomalous: b"),
+        (["--nominal", "a,q", "--anomalous", "b"], "has no record labelled --nominal q (its labels: 'a', 'b', 'c')"),
+        (["--nominal", "q", "--anomalous", "b,r"], "has no record labelled --nominal q; --anomalous r ("),
+    ]
+    for flags, needle in cases:
+        rc, stdout, err = run(capsys, *args, "--labels", labels, *flags)
+        one_line_error(rc, err, "score", needle)
+        assert "scored" not in stdout and not out.parent.exists()  # refused before any record was scored
+    duplicated = tmp_path / "duplicated.csv"
+    duplicated.write_text("record_id,label\nx,a\ny,b\nx,b\n")
+    rc, stdout, err = run(capsys, *args, "--labels", duplicated, "--nominal", "a", "--anomalous", "b")
+    one_line_error(rc, err, "score", "record 'x' is listed twice with different labels, 'a' (line 2) and 'b' (line 4)")
+    assert "scored" not in stdout and not out.parent.exists()
+    rc, _, err = run(capsys, *args, "--labels", tmp_path, "--nominal", "a", "--anomalous", "b")
+    one_line_error(rc, err, "score", f"--labels {tmp_path} is a folder, not a CSV file")
+    assert not out.parent.exists()
+    duplicated.write_text("record_id,label\nx,a\ny,b\nx,a\n")  # the same label twice is one record
+    assert read_labels(duplicated) == {"x": "a", "y": "b"}
+    with pytest.raises(EcgposError, match="labels both nominal and anomalous: b"):
+        auroc_by_level(["x", "y"], {"stage0": [0.1, 0.2]}, {"x": "a", "y": "b"}, ["a", "b"], ["b"])
+
+
 def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
     """A folder at FILE.skipped.csv, FILE.ids.txt or FILE.summary.md was an IsADirectoryError
     traceback after every record was processed, with FILE already written and its ids missing."""

@@ -10,6 +10,8 @@ longer than 300 s is scored on its centre 300 s, counted in the closing line and
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
+A label both nominal and anomalous, a listed label no row of CSV carries, or a record id listed twice
+with different labels is refused before any record is scored.
 With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
 preprint's two-channel OR rule (ecgpos.inference.flags). A = stage0 score > t_rec, B = stage1 score >
 t_sub, at the common percentile q* of D_fit whose OR-rule rate there is at most --fpr (default 0.05).
@@ -111,14 +113,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _names(text: str | None, flag: str) -> list[str]:
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    """The comma-separated names of `flag`, each once, in the order given."""
+    names = list(dict.fromkeys(n.strip() for n in (text or "").split(",") if n.strip()))
     if not names:
         raise EcgposError(f"--labels needs {flag} A[,B...]")
     return names
 
 
 def read_labels(path: Path) -> dict[str, str]:
-    """record_id -> label from a CSV with those two columns."""
+    """record_id -> label from a CSV with those two columns; a record id listed twice with two
+    different labels is refused (the same label twice is one record)."""
+    if path.is_dir():
+        raise EcgposError(f"--labels {path} is a folder, not a CSV file")
     if not path.is_file():
         raise EcgposError(f"--labels {path} does not exist")
     try:
@@ -126,9 +132,41 @@ def read_labels(path: Path) -> dict[str, str]:
             reader = csv.DictReader(handle)
             if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
                 raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
-            return {row["record_id"]: row["label"] for row in reader}
+            labels: dict[str, str] = {}
+            lines: dict[str, int] = {}  # the line of each record id's first row
+            for row in reader:
+                record_id, label = row["record_id"], row["label"]
+                if labels.get(record_id, label) != label:
+                    raise EcgposError(
+                        f"--labels {path}: record {record_id!r} is listed twice with different labels, "
+                        f"{labels[record_id]!r} (line {lines[record_id]}) and {label!r} (line {reader.line_num})"
+                    )
+                labels[record_id] = label
+                lines.setdefault(record_id, reader.line_num)
+            return labels
     except (UnicodeDecodeError, csv.Error) as err:
         raise EcgposError(f"--labels {path} is not a readable CSV: {err}") from None
+
+
+def check_label_names(path: Path, labels: dict[str, str], nominal: list[str], anomalous: list[str]) -> None:
+    """Refuse, before any record is scored, a name both --nominal and --anomalous, and any listed
+    name that no row of --labels carries (the AUROC would silently leave it out)."""
+    both = sorted(set(nominal) & set(anomalous))
+    if both:
+        raise EcgposError(f"labels both nominal and anomalous: {', '.join(both)}")
+    held = sorted({label for label in labels.values() if label})  # a short row's label is None
+    missing = [
+        f"{flag} {','.join(absent)}"
+        for flag, names in (("--nominal", nominal), ("--anomalous", anomalous))
+        if (absent := [name for name in names if name not in held])
+    ]
+    if missing:
+        shown = ", ".join(repr(label) for label in held[:20]) + (
+            f", ... ({len(held)} in all)" if len(held) > 20 else ""
+        )
+        raise EcgposError(
+            f"--labels {path} has no record labelled {'; '.join(missing)} (its labels: {shown or 'none'})"
+        )
 
 
 def summary_markdown(
@@ -170,9 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.labels is not None:
         nominal, anomalous = _names(args.nominal, "--nominal"), _names(args.anomalous, "--anomalous")
         labels = read_labels(args.labels)
-        for flag, names in (("--nominal", nominal), ("--anomalous", anomalous)):
-            if not set(names) & set(labels.values()):  # AUROC needs both sides: say so before scoring
-                raise EcgposError(f"--labels {args.labels} has no record labelled {flag} {','.join(names)}")
+        check_label_names(args.labels, labels, nominal, anomalous)  # a mistyped name fails before scoring
     elif args.nominal is not None or args.anomalous is not None:
         raise EcgposError("--nominal/--anomalous need --labels CSV")
     elif args.calibration is not None:

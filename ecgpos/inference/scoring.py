@@ -173,9 +173,13 @@ def auroc_by_level(
     nominal: Sequence[str],
     anomalous: Sequence[str],
 ) -> tuple[dict[str, float], dict[str, int]]:
-    """AUROC of anomalous (positive) vs nominal records per level, and the record counts used."""
+    """AUROC of anomalous (positive) vs nominal records per level, and the record counts used;
+    EcgposError for a label both nominal and anomalous or a side without scored records."""
     from ecgpos.metrics import auroc_columns  # sklearn's roc_auc_score, without needing scikit-learn
 
+    both = sorted(set(nominal) & set(anomalous))
+    if both:  # its records would count as anomalous only
+        raise EcgposError(f"labels both nominal and anomalous: {', '.join(both)}")
     y, rows = [], []
     for row, record_id in enumerate(ids):
         label = labels.get(record_id)
