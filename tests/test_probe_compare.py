@@ -325,3 +325,37 @@ def test_paired_difference_over_different_class_counts_is_one_line() -> None:
     ]
     with pytest.raises(EcgposError, match="'b' and 'a' score 3 and 2 classes of task custom:task"):
         paired_differences(sets, ["a", "b"], 10)
+
+
+def test_export_takes_the_probe_results_of_its_own_encoder_only(capsys, tmp_path, probe_folder, tiny_run):
+    """`export --probe-results` of another encoder's folder put that encoder's AUROCs in this model card."""
+    from refusal_helpers import one_line_error, run
+
+    own = probe_folder("own", "--encoder", tiny_run)
+    other = probe_folder("another-encoder")  # a random-init encoder: other weights
+    capsys.readouterr()  # what the probes printed
+    rc, _, err = run(capsys, "export", "--run-dir", tiny_run, "--out", tmp_path / "enc", "--probe-results", own)
+    assert rc == 0 and "warning" not in err, err
+    assert "| own |" in (tmp_path / "enc" / "README.md").read_text()
+    rc, _, err = run(capsys, "export", "--run-dir", tiny_run, "--out", tmp_path / "enc2", "--probe-results", other)
+    one_line_error(rc, err, "export", f"--probe-results {other} probed other weights than the checkpoint exported")
+    assert not (tmp_path / "enc2").exists()
+    bare = tmp_path / "bare"  # a results.csv alone cannot tell which encoder it probed: said, not refused
+    bare.mkdir()
+    shutil.copyfile(own / "results.csv", bare / "results.csv")
+    rc, _, err = run(capsys, "export", "--run-dir", tiny_run, "--out", tmp_path / "enc3", "--probe-results", bare)
+    assert rc == 0 and "does not record which encoder it probed (no probe.json): not checked" in err, err
+
+
+def test_compare_takes_a_probe_json_of_another_structure_as_an_unchecked_folder(capsys, probe_folder):
+    """A probe.json that is valid JSON but not what a probe writes (an array; an object whose parts are of
+    other types) was an AttributeError or TypeError traceback; it is read as unreadable JSON is: the folder's
+    rows are merged and summary.md names its protocol as one that cannot be checked."""
+    first, second = probe_folder("pj-first"), probe_folder("pj-second")
+    for text in ("[]", '{"config": []}', '{"records": {"x": []}}', '{"sources": null}', '{"tasks": [[1]]}'):
+        (second / "probe.json").write_text(text)
+        capsys.readouterr()
+        assert cli("probe", "--compare", first, second, "--bootstrap", "0") == 0, text
+        out = capsys.readouterr().out
+        assert "- **pj-second**: no probe.json (hand-made or older folder): its protocol cannot be checked" in out
+        assert "| pj-second − pj-first |" in out  # its rows are merged all the same

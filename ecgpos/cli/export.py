@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.card import probe_section
-from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE
+from ecgpos.export.card import check_probed_encoder, probe_section
+from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE, weights_hash
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, write_export
 from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--probe-results",
         type=user_path,
         default=None,
-        help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card",
+        help="folder written by `ecgpos probe` (summary.md / results.csv) for the model card; its rows "
+        "must include this encoder's",
     )
     return parser
 
@@ -92,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
     module = loaded.module.to("cpu").float().eval()
+    if args.probe_results is not None:
+        checkpoint = loaded.info.get("checkpoint") if isinstance(loaded.info, dict) else None
+        what = f"the checkpoint exported ({checkpoint or args.run_dir})"
+        warning = check_probed_encoder(args.probe_results, weights_hash(module), what)
+        if warning:
+            print(f"ecgpos export: warning: {warning}", file=sys.stderr)
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
     unfinished = unfinished_note(training)
     if unfinished:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,40 @@ def probe_section(folder: str | Path) -> str:
     except (UnicodeDecodeError, csv.Error) as err:
         raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
     raise EcgposError(f"--probe-results {folder}: no summary.md or results.csv there (run `ecgpos probe` first)")
+
+
+def probed_weights(folder: str | Path) -> set[str] | None:
+    """The weights hashes (`weights_hash`) of the encoders a probe folder's rows come from, from its
+    probe.json (`sources`: each row label's feature key); None when the folder does not record them
+    (a results.csv written by hand or by another tool)."""
+    try:
+        sources = json.loads((Path(folder) / "probe.json").read_text()).get("sources")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(sources, dict):
+        return None
+    found = set()
+    for key in sources.values():
+        try:
+            found.add(json.loads(key)["encoder"])
+        except (TypeError, ValueError, KeyError):
+            continue  # a baseline without weights (the raw signal)
+    return found
+
+
+def check_probed_encoder(folder: str | Path, weights_sha256: str, what: str) -> str | None:
+    """Refuse a probe folder whose rows are all of other encoders than the one exported (EcgposError);
+    a warning line when the folder cannot tell which encoders it probed, else None."""
+    found = probed_weights(folder)
+    if found is None:
+        return f"--probe-results {folder} does not record which encoder it probed (no probe.json): not checked"
+    if weights_sha256 not in found:
+        raise EcgposError(
+            f"--probe-results {folder} probed other weights than {what}: its rows would describe another "
+            "encoder in this model card; probe this run or its export (`ecgpos probe --encoder ...`) and pass "
+            "that folder"
+        )
+    return None
 
 
 def _training_lines(training: dict[str, Any]) -> list[str]:
