@@ -19,6 +19,7 @@ from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
 from ecgpos.pretrain.data import StepBatchSampler
+from ecgpos.pretrain.records import read_index
 from ecgpos.runs.run_folder import list_checkpoints, newest_checkpoint
 
 
@@ -95,6 +96,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, capsys: p
     rc = pretrain(0, shards, run, "--set", "optim.steps=6", "--set", "train.checkpoint_every=1")
     err = capsys.readouterr().err.strip()
     assert rc == 1 and "non-finite loss" in err and "step 3" in err and "step-0000002" in err
+    # the record behind it is named: damaged shards, not a diverging run
+    record = read_index(shards).record_id[bad_record]
+    assert f"its batch holds NaN or inf samples of {record} (" in err and "row " in err, err
     assert [s for s, _ in list_checkpoints(run)] == [1, 2]
     assert max(r["step"] for r in metrics(run)) == 2
     info = json.loads((run / "run_info.json").read_text())

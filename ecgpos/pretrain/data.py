@@ -223,6 +223,15 @@ class StepBatchSampler(Sampler):
             step += 1
 
 
+def non_finite_records(dataset: ShardDataset, sampler: StepBatchSampler, step: int) -> str:
+    """Which records of optimizer step `step`'s (0-based) global batch hold NaN or inf samples, as
+    'ID (shard row N), ...' ('' when none): what a non-finite loss from damaged shards is reported with."""
+    epoch, _ = sampler.position(step)
+    index = dataset.index
+    bad = [int(i) for i in sampler.global_batch_indices(step) if not torch.isfinite(dataset[(int(i), epoch)]).all()]
+    return ", ".join(f"{index.record_id[i]} ({index.paths[index.shard[i]]} row {index.row[i]})" for i in bad)
+
+
 # Loader workers are forked where the OS can: they inherit the trainer's stop-signal handlers, so
 # SIGUSR1 or Ctrl-C sent to the whole process group does not kill them, whatever the interpreter's
 # default (forkserver from Python 3.14, whose server process would die of such a signal). SIGTERM, whose

@@ -41,6 +41,7 @@ from ecgpos.pretrain.data import (
     eval_batches,
     eval_loader,
     model_input,
+    non_finite_records,
     train_loader,
 )
 from ecgpos.pretrain.guard import NonFiniteGuard
@@ -222,10 +223,12 @@ class Trainer:
         self.step = bad.step - 1  # the weights are those after this step
         self._write_run_info(finished=False, failed=f"non-finite loss or grad norm at step {bad.step}")
         if self.acc.is_main_process:
+            damaged = non_finite_records(self.train_set, self.sampler, bad.step - 1)
             print(
                 f"ecgpos pretrain: error: non-finite loss or gradient at step {bad.step} "
-                f"(loss {bad.loss}, grad norm {bad.grad_norm}); that update and any after it were skipped. "
-                f"Last good checkpoint: {last or 'none'}",
+                f"(loss {bad.loss}, grad norm {bad.grad_norm}); that update and any after it were skipped"
+                + (f"; its batch holds NaN or inf samples of {damaged}: damaged shards" if damaged else "")
+                + f". Last good checkpoint: {last or 'none'}",
                 file=sys.stderr,
             )
         return True
