@@ -19,7 +19,7 @@ from ecgpos.files import (
     make_output_folder,
     remove_abandoned_temporaries,
 )
-from ecgpos.inference.resolve import unfinished_note
+from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
 from probes.datasets import check_records, task_locator
 from probes.encoder import load_probe_encoder, random_twin
 from probes.features import FeatureSource, cached_note, encoder_source, raw_source
@@ -103,6 +103,7 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out is None:
         print(summary_markdown(frame, notes, sections))
         return 0
+    refuse_model_folder(args.out)
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
     into_input = args.out.resolve() in infos
@@ -234,6 +235,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     if args.data_root is not None and not args.data_root.is_dir():
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
+    refuse_model_folder(args.out)
     for folder in args.pretraining_index or ():  # not after the output folders are made
         pretraining_spec(folder)
     cfg = probe_config(args)

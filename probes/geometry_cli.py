@@ -47,6 +47,7 @@ from ecgpos.files import (
     remove_abandoned_temporaries,
     user_path,
 )
+from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record, task_locator
 from probes.geometry import GeometryResult, UnmeasurableError, check_classes, geometry, plot_geometry
@@ -314,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if folder is not None and not folder.is_dir():  # as `ecgpos probe`: also where a custom task needs neither
             raise EcgposError(f"{flag} {folder} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line now, not after the work
+    refuse_model_folder(args.out)
     device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)

@@ -15,6 +15,7 @@ import torch
 from refusal_helpers import (
     FAST,
     PRETRAIN,
+    TINY0,
     copy_record,
     one_line_error,
     run,
@@ -347,3 +348,16 @@ def test_damaged_recorded_shards_name_no_folder(capsys, tmp_path, stage1_run):
     assert rc == 0, err
     training = json.loads((tmp_path / "export" / "config.json").read_text())["training"]
     assert all(str(f) != "5" for f in training.get("shards") or [])
+
+
+def test_results_are_not_written_into_a_run_or_an_export_folder(capsys, tiny_run, export, shared_data):
+    data = ["--data-root", shared_data, "--splits", shared_data / "merl_splits"]
+    probe = ["--encoder", f"random:{TINY0}", "--task", "ptbxl-super"]
+    before = {folder: sorted(p.name for p in folder.iterdir()) for folder in (tiny_run, export)}
+    for folder, kind in ((export, "an exported encoder"), (tiny_run, "a training run")):
+        rc, _, err = run(capsys, "probe", *probe, *data, "--out", folder)
+        one_line_error(rc, err, "probe", f"--out {folder} is {kind} folder")
+        geometry = ["--encoder", export, "--task", "ptbxl-rhythm", "--nominal", "SR,STACH", "--anomalous", "AFIB"]
+        rc, _, err = run(capsys, "geometry", *geometry, *data, "--out", folder)
+        one_line_error(rc, err, "geometry", f"--out {folder} is {kind} folder")
+    assert {folder: sorted(p.name for p in folder.iterdir()) for folder in (tiny_run, export)} == before

@@ -122,3 +122,13 @@ def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
     raise EcgposError(
         f"{path} is neither a training run folder (config.yaml + checkpoints/) nor an export folder (config.json)"
     )
+
+
+def refuse_model_folder(path: str | Path, flag: str = "--out") -> None:
+    """EcgposError when an output folder is a training run or an exported encoder: results written
+    there would mix with, and could overwrite, what the folder is read for."""
+    if path is None:
+        return
+    kind = "an exported encoder" if is_export_dir(path) else "a training run" if is_run_dir(path) else None
+    if kind:
+        raise EcgposError(f"{flag} {path} is {kind} folder: give the results a folder of their own")
