@@ -258,7 +258,7 @@ def _finished(req: BuildRequest) -> Summary | None:
     final = req.out / "preprocess.json"
     if not final.exists():
         return None
-    done = manifest.read_json(final)
+    done = manifest.read_finished(req.out)
     manifest.check_settings(done.get("settings", {}), req.settings(), req.out)
     manifest.check_sources(done.get("sources"), req.sources(), req.out)
     c, message = done["counts"], f" (already complete in {req.out}; left untouched)"
@@ -383,13 +383,13 @@ def _build(
 def check(out: Path) -> Summary:
     """Verify a set (SLURM's final step): every chunk done, shards match sidecars and hold what
     preprocessing writes (readable, 12 leads, finite standardised signals); merge if needed."""
-    plan = manifest.read_plan(out)
+    plan = manifest.read_plan(out, SOURCES)
     _remove_abandoned(out, sys.stderr)
     source = SOURCES[plan["settings"]["source"]]
     final = out / "preprocess.json"
     done = final.exists()
     counts = manifest.merge(out, plan, source.INDEX_COLUMNS, write=False)
-    if done and manifest.read_json(final)["counts"] != counts:
+    if done and manifest.read_finished(out)["counts"] != counts:
         raise EcgposError(f"{final} disagrees with the chunks it was merged from")
     expected = PreprocessSpec.from_dict(plan["settings"]["spec"])
     for path in shard_paths(out):  # NaN, garbage or a wrong lead count is not "complete"

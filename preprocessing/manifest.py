@@ -15,7 +15,7 @@ import hashlib
 import io
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import h5py
@@ -72,11 +72,136 @@ def write_json(path: Path, data: dict, compact: bool = False) -> None:
     atomic_write_bytes(path, (text + "\n").encode())
 
 
-def read_json(path: Path) -> dict:
+def read_json(path: Path) -> object:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise EcgposError(f"cannot read {path}: {err}".splitlines()[0]) from None
+
+
+# What the readers below need of each file: key -> (JSON type(s), required[, the fields of an object value]).
+# A file that parses but lacks them (hand-edited, or overwritten by another tool) is refused in one line
+# naming the file and what to do, never a KeyError or TypeError deep inside a merge or --check. (JSON
+# true/false pass as integers: bool is an int, and these numbers are only compared and added.)
+Fields = Mapping[str, tuple]
+FINISHED_FIELDS: Fields = {
+    "counts": (
+        dict,
+        True,
+        {"found": (int, True), "stored": (int, True), "skipped": (int, True), "long_records": (int, False)},
+    ),
+    "settings": (dict, False),  # absent: a set of an earlier ecgpos (check_settings names what is missing)
+    "sources": ((dict, type(None)), False),  # absent or null: written before sources were recorded
+}
+PLAN_FIELDS: Fields = {
+    "settings": (dict, True, {"source": (str, True), "spec": (dict, True)}),
+    "found": (int, True),
+    "num_chunks": (int, True),
+    "notes": (dict, False),
+    "sources": ((dict, type(None)), False),
+}
+SIDECAR_FIELDS: Fields = {
+    "found": (int, True),
+    "index": (list, True),
+    "skipped": (list, True),
+    "long_records": (int, False),  # absent from sets written before it was counted
+}
+_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true/false",
+    type(None): "null",
+}
+
+
+def _kind(value: object) -> str:
+    return _NAMES.get(type(value), type(value).__name__)
+
+
+def _problem(data: object, fields: Fields, prefix: str = "") -> str | None:
+    """What keeps `data` from being a JSON object with `fields` (None if nothing); nested keys are dotted."""
+    if not isinstance(data, dict):
+        return f"{f'{prefix[:-1]!r} is' if prefix else 'holds'} {_kind(data)}, not an object"
+    for key, (types, required, *inner) in fields.items():
+        name, kinds = prefix + key, types if isinstance(types, tuple) else (types,)
+        if key not in data:
+            if required:
+                return f"no {name!r}"
+            continue
+        if not isinstance(data[key], kinds):
+            return f"{name!r} is {_kind(data[key])}, not {' or '.join(_NAMES[t] for t in kinds)}"
+        if inner and (problem := _problem(data[key], inner[0], name + ".")):
+            return problem
+    return None
+
+
+def _damaged(path: Path, problem: str, fix: str) -> EcgposError:
+    return EcgposError(f"{path} is damaged ({problem}); {fix}")
+
+
+def read_finished(out: Path) -> dict:
+    """preprocess.json of a finished set, with the counts (and settings, sources) its readers use."""
+    path = out / "preprocess.json"
+    data = read_json(path)
+    problem = _problem(data, FINISHED_FIELDS)
+    if problem:
+        raise _damaged(
+            path,
+            problem,
+            f"delete it and rerun the command (or `ecgpos preprocess --check --out {out}`) to merge it again "
+            "from the chunks",
+        )
+    return data
+
+
+def _read_plan_file(path: Path, out: Path, sources: Collection[str] = ()) -> dict:
+    """chunks/plan.json with the fields merge and --check use (`sources`: the source names known, if checked)."""
+    data = read_json(path)
+    problem = _problem(data, PLAN_FIELDS)
+    if not problem and sources and data["settings"]["source"] not in sources:
+        problem = f"'settings.source' is {data['settings']['source']!r}, not one of {', '.join(sources)}"
+    if problem:
+        raise _damaged(
+            path, problem, f"it pins the settings and records of the set, so use a new --out (or remove {out})"
+        )
+    return data
+
+
+def read_sidecar(out: Path, chunk: int, index_columns: Sequence[str]) -> dict:
+    """chunks/chunk-k.json: its index rows (each with a record_id, only index.csv columns) and skipped rows."""
+    path = sidecar_path(out, chunk)
+    data = read_json(path)
+    problem = _problem(data, SIDECAR_FIELDS)
+    if not problem:
+        problem = _rows_problem(data["index"], "index", "record_id", (*INDEX_BASE, *index_columns))
+    if not problem:
+        problem = _rows_problem(data["skipped"], "skipped", "reason", SKIPPED_COLUMNS)
+    if problem:
+        also = " and preprocess.json" if (out / "preprocess.json").exists() else ""  # else a rerun finds it done
+        raise _damaged(
+            path,
+            problem,
+            f"delete it{also} and rerun the preprocess command (the --part that owns chunk {chunk}, if the set "
+            "was made in parts) to redo that chunk",
+        )
+    return data
+
+
+def _rows_problem(rows: list, name: str, key: str, columns: Sequence[str]) -> str | None:
+    """What keeps a sidecar's rows from being CSV rows of `columns`, each with a string `key`."""
+    known = set(columns)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            return f"{name} row {i} is {_kind(row)}, not an object"
+        if not isinstance(row.get(key), str):
+            return f"{name} row {i} has no {key!r} string"
+        extra = [k for k in row if k not in known]
+        if extra:
+            return f"{name} row {i} has field(s) that are no column of {name}.csv: {', '.join(map(repr, extra[:3]))}"
+    return None
 
 
 def check_settings(found: dict, wanted: dict, out: Path) -> None:
@@ -121,8 +246,8 @@ def write_or_check_plan(
     }
     path = chunk_dir(out) / "plan.json"
     if path.exists():
-        old = read_json(path)
-        check_settings(old.get("settings", {}), settings, out)
+        old = _read_plan_file(path, out)
+        check_settings(old["settings"], settings, out)
         if sources is not None:
             check_sources(old.get("sources"), sources, out)
         if old.get("records_sha256") != plan["records_sha256"]:
@@ -144,11 +269,12 @@ def write_or_check_plan(
     return plan
 
 
-def read_plan(out: Path) -> dict:
+def read_plan(out: Path, sources: Collection[str] = ()) -> dict:
+    """chunks/plan.json of `out`; `sources`: the source names this ecgpos reads (checked when given)."""
     path = chunk_dir(out) / "plan.json"
     if not path.exists():
         raise EcgposError(f"{out} has no {path.relative_to(out)}: no preprocessing run was started there")
-    return read_json(path)
+    return _read_plan_file(path, out, sources)
 
 
 def missing_chunks(out: Path, num_chunks: int) -> list[int]:
@@ -178,7 +304,7 @@ def merge(out: Path, plan: dict, index_columns: Sequence[str], write: bool = Tru
         )
     index_rows, skipped_rows, shards, long_records = [], [], [], 0
     for k in range(plan["num_chunks"]):
-        side = read_json(sidecar_path(out, k))
+        side = read_sidecar(out, k, index_columns)
         if side.get("found") != len(side["index"]) + len(side["skipped"]):
             raise EcgposError(f"chunk {k}: stored + skipped != found in its sidecar")
         if side["index"]:

@@ -51,12 +51,45 @@ def _values(protocols: Mapping[Path, Mapping[str, str]], key: str) -> dict[Path,
     return {f: p.get(key, "not recorded") for f, p in protocols.items()}
 
 
+# What --compare reads of a probe.json, by key (any may be absent): a JSON type; [type]: an array of
+# such items; a dict: an object whose keys have those shapes ("*": every value).
+_INFO_SHAPE: dict = {
+    "protocol": {"*": str},
+    "config": {"protocol": dict},
+    "spec": dict,
+    "task_folders": {"*": str},
+    "sources": dict,
+    "kinds": {"*": str},
+    "tasks": [str],
+    "records": {"*": {"*": {"*": dict}}},  # encoder -> task -> split -> counts
+    "pretraining_overlap": {"*": dict},
+    "split_copies": {"*": dict},
+    "guard": {"*": {"pretraining_overlap": {"*": dict}, "split_copies": {"*": dict}}},
+}
+
+
+def _fits(value: object, shape: object) -> bool:
+    if isinstance(shape, type):
+        return isinstance(value, shape)
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(_fits(item, shape[0]) for item in value)
+    if not isinstance(value, dict):
+        return False
+    for key, inner in shape.items():
+        values = value.values() if key == "*" else [value[key]] if key in value else []
+        if not all(_fits(v, inner) for v in values):
+            return False
+    return True
+
+
 def read_info(folder: Path) -> dict | None:
-    """A probe folder's probe.json, None when absent or unreadable."""
+    """A probe folder's probe.json, None when absent, unreadable, or not of the shape --compare reads
+    (valid JSON of another structure): such a folder is merged as one whose protocol cannot be checked."""
     try:
-        return json.loads((Path(folder) / INFO_FILE).read_text())
+        info = json.loads((Path(folder) / INFO_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return info if _fits(info, _INFO_SHAPE) else None
 
 
 def sources(info: Mapping | None) -> dict[str, str]:

@@ -25,16 +25,20 @@ from ecgpos.runs.run_folder import METRICS_FILE, TB_DIR
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
-    """Keep only records with step <= last_step (and drop a half-written last line)."""
+    """Keep only records with step <= last_step. A line that is no record is dropped as well: a
+    half-written last line, or one that is not a JSON object or whose step is not a number."""
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+            if not isinstance(record, dict):
+                continue
+            step = int(record.get("step", 0))
+        except (ValueError, TypeError, OverflowError):  # unreadable JSON; a step such as "x", null, [1] or inf
             continue
-        if int(record.get("step", 0)) <= last_step:
+        if step <= last_step:
             kept.append(line)
     atomic_write_text(path, "".join(k + "\n" for k in kept))
 
