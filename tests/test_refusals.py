@@ -310,3 +310,21 @@ def test_every_preprocessing_path_refuses_unsupported_rates(real_record):
         with pytest.raises(SignalError) as info:
             preprocess_signal(x, fs, CANONICAL_LEADS, DEFAULT_SPEC)
         assert info.value.reason == "sampling_rate"
+
+
+def test_a_header_that_is_no_wfdb_header_is_skipped_as_unreadable(capsys, tmp_path, real_record, export):
+    """Text in the signal-count field is no WFDB header: it was skipped as a malformed sampling rate."""
+    folder = tmp_path / "src" / "WFDBRecords" / "01" / "010"
+    copy_record(real_record, folder, "JS00001")
+    copy_record(real_record, folder, "JS00002", lambda t: "this is not a header\n")
+    rc, _, err = run(
+        capsys, "preprocess", "ecg-arrhythmia", "--src", tmp_path / "src", "--subset", "all", "--out", tmp_path / "out"
+    )
+    assert rc == 0, err
+    [row] = read_rows(tmp_path / "out" / "skipped.csv")
+    assert (row["record_id"], row["reason"]) == ("JS00002", "unreadable") and "bad WFDB record line" in row["detail"]
+    rc, _, err = run(
+        capsys, "embed", "--encoder", export, "--input", tmp_path / "src", "--out", tmp_path / "f.csv", "--no-progress"
+    )
+    assert rc == 0, err
+    assert [r["reason"] for r in read_rows(tmp_path / "f.skipped.csv")] == ["unreadable"]

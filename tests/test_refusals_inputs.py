@@ -45,6 +45,9 @@ def test_npy_without_real_samples_is_one_line(capsys, tmp_path, real_record, exp
     (tmp_path / "empty.npy").write_bytes(b"")
     rc, _, err = _embed_npy(capsys, export, tmp_path / "empty.npy", tmp_path / "e.csv")
     one_line_error(rc, err, "embed", "not a readable .npy array")
+    (tmp_path / "words.npy").write_text("hello world")  # NumPy itself calls this "pickled (object) data"
+    rc, _, err = _embed_npy(capsys, export, tmp_path / "words.npy", tmp_path / "w.csv")
+    one_line_error(rc, err, "embed", "is not a .npy file: it does not begin with NumPy's header")
     np.save(tmp_path / "none.npy", np.zeros((0, 12, 5000), np.float32))
     rc, _, err = _embed_npy(capsys, export, tmp_path / "none.npy", tmp_path / "n.csv")
     one_line_error(rc, err, "embed", "holds no records: shape (0, 12, 5000)")

@@ -67,6 +67,8 @@ def wfdb_header_fs(header_text: str, spec: PreprocessSpec | None = None) -> floa
         if not line or line.startswith("#"):
             continue
         fields = line.split()
+        if len(fields) > 1 and not fields[1].isdigit():  # the signal count: text here is no WFDB header
+            raise SignalError("unreadable", f"bad WFDB record line {line[:60]!r}")
         if len(fields) < 3:
             raise SignalError("sampling_rate", "header states no sampling rate (WFDB would assume 250 Hz)")
         match = _WFDB_RATE.match(fields[2])

@@ -169,6 +169,10 @@ def npy_source(
         raise EcgposError(f"--fs: {err.detail}") from None
     names = [name.strip() for name in leads.split(",") if name.strip()]
     try:
+        with path.open("rb") as handle:
+            magic = handle.read(6)
+        if magic and magic != b"\x93NUMPY" and not magic.startswith(b"PK"):  # np.load would call it pickled data
+            raise EcgposError(f"{path} is not a .npy file: it does not begin with NumPy's header")
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as err:  # EOFError: an empty file
         raise EcgposError(f"{path} is not a readable .npy array: {err}") from None
