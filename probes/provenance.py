@@ -3,7 +3,8 @@
 Numbers probed with other epochs, seeds, windows, preprocessing, bootstrap resamples, data, splits or
 custom task folders are not the same measurement; `--compare` still merges them (a protocol sweep is
 a legitimate comparison), but names every setting that differs in summary.md so the table is not
-read as one protocol. A folder without probe.json (hand-made or older) is named as unchecked.
+read as one protocol. A folder without a readable probe.json (missing, damaged, hand-made or older)
+is named as unchecked.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
         if len(set(values.values())) > 1 or MIXED in values.values():
             lines.append(f"- **{key}**: " + "; ".join(f"{f.name}: {v}" for f, v in values.items()))
     lines += [
-        f"- **{f.name}**: no {INFO_FILE} (hand-made or older folder): its protocol cannot be checked"
+        f"- **{f.name}**: no readable {INFO_FILE} (missing, damaged, or a hand-made or older folder): "
+        "its protocol cannot be checked"
         for f, i in infos.items()
         if i is None
     ]

@@ -357,5 +357,5 @@ def test_compare_takes_a_probe_json_of_another_structure_as_an_unchecked_folder(
         capsys.readouterr()
         assert cli("probe", "--compare", first, second, "--bootstrap", "0") == 0, text
         out = capsys.readouterr().out
-        assert "- **pj-second**: no probe.json (hand-made or older folder): its protocol cannot be checked" in out
+        assert "- **pj-second**: no readable probe.json (missing, damaged, or a hand-made or older folder)" in out
         assert "| pj-second − pj-first |" in out  # its rows are merged all the same
