@@ -99,7 +99,17 @@ def test_verify_passes_then_fails_on_tampered_weights(
     export0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     assert cli("verify", export0) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("PASS")
+    out = capsys.readouterr().out
+    assert out.strip().splitlines()[-1].startswith("PASS") and "(within atol 0.0001 + rtol 0.001" in out
+    assert "NOTE" not in out
+    # the stated tolerances are descriptive (outside the config hash): an edit is named, never applied
+    loose = tmp_path / "loose"
+    shutil.copytree(export0, loose)
+    config = json.loads((loose / CONFIG_FILE).read_text())
+    config["test_vectors"]["atol"] = 1e9
+    (loose / CONFIG_FILE).write_text(json.dumps(config))
+    assert cli("verify", loose) == 0
+    assert "NOTE config.json: test_vectors states atol 1000000000.0" in capsys.readouterr().out
     tampered = tmp_path / "tampered"
     shutil.copytree(export0, tampered)
     blob = bytearray((tampered / WEIGHTS_FILE).read_bytes())

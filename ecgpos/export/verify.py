@@ -10,7 +10,7 @@ from pathlib import Path
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import export_folder, load_encoder, read_export_config
-from ecgpos.export.vectors import compare, load_vectors, run_vectors
+from ecgpos.export.vectors import ATOL, RTOL, compare, load_vectors, run_vectors
 from ecgpos.models.features import resolve_device
 
 
@@ -52,8 +52,16 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
             _line(
                 res["ok"],
                 labels[key],
-                res["detail"] or f"max abs diff {res['max_abs']:.2e}, max rel diff {res['max_rel']:.2e}",
+                res["detail"]
+                or f"max abs diff {res['max_abs']:.2e}, max rel diff {res['max_rel']:.2e} "
+                f"(within atol {ATOL:g} + rtol {RTOL:g} x |expected|)",
             )
+        )
+    stated = config.get("test_vectors") if isinstance(config.get("test_vectors"), dict) else {}
+    if {k: stated.get(k) for k in ("atol", "rtol")} not in ({"atol": ATOL, "rtol": RTOL}, {"atol": None, "rtol": None}):
+        lines.append(  # descriptive and outside the config hash: an edit there must not loosen the check
+            f"NOTE {CONFIG_FILE}: test_vectors states atol {stated.get('atol')!r}, rtol {stated.get('rtol')!r}; "
+            f"verify applies its own, atol {ATOL:g} and rtol {RTOL:g}"
         )
     passed = all(res["ok"] for res in results.values())
     if "decoders" in config:  # `score` refuses decoders that do not load: so does verify
