@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -28,6 +27,7 @@ from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
 from ecgpos.workers import mapped_in_workers, max_workers, usable_cpus
 from preprocessing import code15, ecg_arrhythmia, manifest
+from preprocessing.progress import Progress
 from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
 SOURCES: dict[str, ModuleType] = {ecg_arrhythmia.NAME: ecg_arrhythmia, code15.NAME: code15}
@@ -153,40 +153,6 @@ def _results(req: BuildRequest, refs: list[RecordRef]) -> Iterator[Iterator[tupl
         yield (result for batch in done for result in batch)
 
 
-# --- progress ---------------------------------------------------------------------------------
-
-
-class Progress:
-    """A tqdm bar on a terminal; otherwise one plain line per finished shard."""
-
-    def __init__(self, total: int, stream: TextIO = sys.stderr) -> None:
-        self.stream, self.total, self.done, self.start = stream, total, 0, time.monotonic()
-        self.bar = None
-        if stream.isatty():
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="rec", file=stream, desc="preprocess")
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def chunk_done(self, chunk: int, stored: int, skipped: int) -> None:
-        if self.bar is None:
-            rate = self.done / max(time.monotonic() - self.start, 1e-9)
-            print(
-                f"ecgpos preprocess: chunk {chunk}: stored {stored}, skipped {skipped} "
-                f"({self.done}/{self.total} records, {rate:.0f} rec/s)",
-                file=self.stream,
-                flush=True,
-            )
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 # --- the run ----------------------------------------------------------------------------------
 
 
@@ -261,8 +227,26 @@ def _finished(req: BuildRequest) -> Summary | None:
     done = manifest.read_finished(req.out)
     manifest.check_settings(done.get("settings", {}), req.settings(), req.out)
     manifest.check_sources(done.get("sources"), req.sources(), req.out)
-    c, message = done["counts"], f" (already complete in {req.out}; left untouched)"
+    c, message = done["counts"], f" (already complete in {req.out}; left untouched{_source_changed(req)})"
     return Summary(c["stored"], c["skipped"], c["found"], True, message, c.get("long_records", 0))
+
+
+def _source_changed(req: BuildRequest) -> str:
+    """'; ...' when --src now lists other records than the finished set was built from ('' otherwise, or
+    when that cannot be told: --src gone, or the set's plan removed)."""
+    if not req.src.is_dir() or not (manifest.chunk_dir(req.out) / "plan.json").is_file():
+        return ""
+    try:
+        refs, _ = SOURCES[req.dataset].find_records(req.src, req.subset)
+        plan = manifest.read_plan(req.out)
+    except EcgposError:
+        return ""
+    if manifest.records_digest(refs) == plan.get("records_sha256"):
+        return ""
+    return (
+        f"; but {req.src} now lists {len(refs)} records, not the {plan['found']} it was built from: "
+        "preprocess into a new --out to include them"
+    )
 
 
 def _remove_abandoned(out: Path, stream: TextIO) -> None:

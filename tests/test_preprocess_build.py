@@ -260,7 +260,7 @@ def test_ctrl_c_or_sigterm_to_the_process_group_is_one_line_and_the_rerun_comple
 def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
     import io
 
-    from preprocessing.build import Progress
+    from preprocessing.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

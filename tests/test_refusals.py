@@ -198,7 +198,13 @@ def test_finished_out_refuses_other_sources(capsys, tmp_path, real_record):
     base = ["preprocess", "ecg-arrhythmia", "--subset", "all", "--out", out]
     assert run(capsys, *base, "--src", tmp_path / "src")[0] == 0
     assert json.loads((out / "preprocess.json").read_text())["sources"]["src"] == str((tmp_path / "src").resolve())
-    assert run(capsys, *base, "--src", tmp_path / "src")[0] == 0  # the same command: already complete
+    rc, out_text, err = run(capsys, *base, "--src", tmp_path / "src")  # the same command: already complete
+    assert rc == 0 and "left untouched)" in out_text + err and "now lists" not in out_text + err
+    copy_record(real_record, src, "JS00002")  # a record added to the source since: said, the set kept
+    before = (out / "index.csv").read_bytes()
+    rc, out_text, err = run(capsys, *base, "--src", tmp_path / "src")
+    assert rc == 0 and "now lists 2 records, not the 1 it was built from" in out_text + err, out_text + err
+    assert (out / "index.csv").read_bytes() == before
     for other in (tmp_path / "does-not-exist", tmp_path):
         rc, _, err = run(capsys, *base, "--src", other)
         one_line_error(rc, err, "preprocess", "other sources")
