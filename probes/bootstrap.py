@@ -68,20 +68,13 @@ def stratified_indices(
     labels = np.asarray(labels).reshape(len(labels), -1)
     rng = np.random.default_rng(seed)
     groups = strata(labels, min_stratum)
-    positives = labels.sum(axis=0)
-    scorable = (positives > 0) & (positives < len(labels))
     out = _draw(groups, len(labels), n_boot, rng)
-
-    def short() -> np.ndarray:
-        drawn = labels[out][:, :, scorable].sum(axis=1)  # (B, scorable classes)
-        return ((drawn == 0) | (drawn == len(labels))).any(axis=1)
-
     for _ in range(max_redraws):
-        bad = np.flatnonzero(short())
+        bad = np.flatnonzero(_short(labels, multiplicities(out, len(labels))))
         if not len(bad):
             return out
         out[bad] = _draw(groups, len(labels), len(bad), rng)
-    return out[~short()]
+    return out[~_short(labels, multiplicities(out, len(labels)))]
 
 
 def patient_clusters(groups: Sequence[str] | None) -> np.ndarray | None:
