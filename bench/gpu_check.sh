@@ -5,7 +5,7 @@
 #   bash bench/gpu_check.sh                      (from the repository root; logs under $OUT or gpu_out/)
 # Every step has its own timeout, cut to what is left of BUDGET seconds, so one hang cannot eat the
 # call; the summary table comes last. Knobs (for a dry run on a CPU): CONFIGS, BATCH, STEPS, WARMUP,
-# E2E_STEPS, WORKERS, BUDGET, PYTEST_EXTRA (more pytest arguments), PYTEST_PATHS (what it runs).
+# E2E_STEPS, WORKERS, BUDGET, PYTEST_EXTRA and PYTEST_GPU_EXTRA (more pytest arguments), PYTEST_PATHS (what it runs).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-gpu_out}
@@ -21,6 +21,8 @@ E2E_STEPS=${E2E_STEPS:-400}
 WORKERS=${WORKERS:-6}
 BUDGET=${BUDGET:-560}
 PYTEST_EXTRA=${PYTEST_EXTRA--n 14 --dist loadfile}  # pytest-xdist is in the GPU image; a file per worker keeps module fixtures built once
+PYTEST_GPU_EXTRA=${PYTEST_GPU_EXTRA--n 4}  # the four GPU checks side by side: three short ones beside the compile
+# -rP: each GPU check's own "ok ..." line (its figure) goes to the log
 PYTEST_PATHS=${PYTEST_PATHS:-tests}
 START=$(date +%s)
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -88,12 +90,13 @@ read -r -a configs <<< "$CONFIGS"
 e2e=()
 [ -d "$SHARDS" ] && e2e=(--e2e "$SHARDS" --e2e-steps "$E2E_STEPS" --set "train.num_workers=$WORKERS")
 # Most wanted first, so a short budget drops the reference runs, not the tests or the figures. The GPU
-# checks get a step of their own, on an idle machine: their compiled run spends minutes in a cold compile,
-# which started among the suite's workers did not end within 185 s. Then the rest of the suite, every
+# checks get a step of their own, on an idle machine (113 s there on an H100): their compiled run compiles cold, and
+# started among the suite's workers it did not end within 185 s. Then the rest of the suite, every
 # failure listed (no -x).
 # shellcheck disable=SC2086  # PYTEST_EXTRA and PYTEST_PATHS are lists of arguments
 if [ -z "${SKIP_PYTEST:-}" ]; then
-    step "pytest GPU checks" 300 "passed|failed|error|skipped" "$PY" -m pytest -q -p no:cacheprovider tests/test_train_cuda.py
+    step "pytest GPU checks" 300 "passed|failed|error|skipped" "$PY" -m pytest -q -rP -p no:cacheprovider \
+        $PYTEST_GPU_EXTRA tests/test_train_cuda.py
     step "pytest" 300 "passed|failed|error|skipped" "$PY" -m pytest -q -m "not slurm" -p no:cacheprovider \
         --ignore=tests/test_train_cuda.py $PYTEST_EXTRA $PYTEST_PATHS
 fi
