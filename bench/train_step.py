@@ -11,12 +11,14 @@ uses --stage0 (a run or export folder) or a random Stage-0 encoder of the config
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
 and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
 and checkpoint at the end) for --e2e-steps steps on those shards and prints its samples/s (from
-metrics.jsonl, first record excluded) and the ratio to the bare step.
+metrics.jsonl, first record excluded) and the ratio to the bare step. --profile N adds where N steps' device
+time goes (bench/step_profile.py: top kernels, the share outside matmuls and attention).
 The last line is the figure.
 
     python bench/train_step.py --config configs/stage0.yaml [--batch 64] [--steps 10] [--warmup 3]
     python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
     python bench/train_step.py --config configs/stage0.yaml --e2e SHARDS [--e2e-steps 300]
+    python bench/train_step.py --config configs/stage0.yaml --compile reduce-overhead --profile 5
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from torch._dynamo.utils import counters
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step_profile.py
 
 from ecgpos.errors import EcgposError  # noqa: E402
 from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
@@ -157,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--e2e", type=Path, nargs="+", metavar="SHARDS", help="also run the real trainer on these")
     parser.add_argument("--e2e-steps", type=int, default=300)
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="also profile N steps: top kernels, time outside matmuls"
+    )
     return parser
 
 
@@ -243,6 +249,10 @@ def main() -> None:
         share = f" stage0_forward_ms={s0 * 1e3:.1f} stage0_forward_share={s0 / seconds:.2f}"
         assert not any(p.requires_grad for p in model.stage0.parameters())
     rate = batch / seconds
+    if args.profile:
+        from step_profile import profile_steps
+
+        print(profile_steps(step, args.profile, args.warmup + args.steps, device))
     end_to_end = ""
     if args.e2e:
         e2e_rate = e2e(args, overrides, stage0, batch)

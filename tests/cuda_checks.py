@@ -1,6 +1,6 @@
 """GPU checks of the trainer, run by tests/test_train_cuda.py in a subprocess that sees the GPU.
 
-    python tests/cuda_checks.py {bf16-learns,no-sync,compiled-agrees,stage0-precision} WORKDIR
+    python tests/cuda_checks.py {bf16-learns,no-sync,compiled-agrees,compiled-accum-agrees,stage0-precision} WORKDIR
 
 Each check raises (exit 1) on failure and prints one line starting with "ok" on success.
 """
@@ -96,16 +96,24 @@ def no_sync(work: Path) -> None:
     print("ok 5 steady-state steps without a host-device sync")
 
 
-def compiled_agrees(work: Path) -> None:
+def compiled_agrees(work: Path, grad_accum: int = 1) -> None:
     """Same seed, eager and compiled as "auto" compiles on one GPU (CUDA graphs): the same loss curve
-    within bf16 noise."""
-    common = ("--set", "optim.steps=20", "--set", "train.mixed_precision=bf16")
+    within bf16 noise. With grad_accum 2 the CUDA-graph replays of the second micro-batch add to the
+    gradients the first one left, which a graph that overwrote its outputs would lose."""
+    common = (
+        "--set",
+        "optim.steps=20",
+        "--set",
+        "train.mixed_precision=bf16",
+        "--set",
+        f"train.grad_accum={grad_accum}",
+    )
     assert trainer(work, "eager", *common).run() == 0
     assert trainer(work, "compiled", *common, "--set", "train.compile=reduce-overhead").run() == 0
     eager, compiled = losses(work / "eager"), losses(work / "compiled")
     worst = max(abs(a - b) / abs(a) for a, b in zip(eager, compiled))
     assert len(eager) == len(compiled) == 20 and worst < 0.03, (eager, compiled)
-    print(f"ok compiled vs eager: largest relative loss difference {worst:.4f} over 20 steps")
+    print(f"ok compiled vs eager, grad_accum {grad_accum}: largest relative loss difference {worst:.4f} over 20 steps")
 
 
 def stage0_precision(work: Path) -> None:  # noqa: ARG001
@@ -118,6 +126,7 @@ CHECKS = {
     "bf16-learns": bf16_learns,
     "no-sync": no_sync,
     "compiled-agrees": compiled_agrees,
+    "compiled-accum-agrees": lambda work: compiled_agrees(work, grad_accum=2),
     "stage0-precision": stage0_precision,
 }
 

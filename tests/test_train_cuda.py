@@ -1,7 +1,7 @@
 """The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
-device, the compiled model follows the eager one, and Stage 1's frozen Stage-0 pass runs in the
-caller's precision. The suite itself hides CUDA (conftest.py), so each check runs in a subprocess that
-sees the machine's devices (tests/cuda_checks.py)."""
+device, the compiled model follows the eager one (also when gradients accumulate over two
+micro-batches), and Stage 1's frozen Stage-0 pass runs in the caller's precision. The suite itself hides
+CUDA (conftest.py), so each check runs in a subprocess that sees the machine's devices (tests/cuda_checks.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,9 @@ def has_cuda() -> bool:
     return done.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize("check", ["bf16-learns", "no-sync", "compiled-agrees", "stage0-precision"])
+@pytest.mark.parametrize(
+    "check", ["bf16-learns", "no-sync", "compiled-agrees", "compiled-accum-agrees", "stage0-precision"]
+)
 def test_on_the_gpu(check: str, tmp_path: Path) -> None:
     if not has_cuda():
         pytest.skip("no CUDA device")
