@@ -54,12 +54,6 @@ def resolve_compile(mode: bool | str, device: torch.device, num_processes: int =
     return mode
 
 
-def uses_cuda_graphs(mode: bool | str, device: torch.device) -> bool:
-    """Whether a resolved `train.compile` runs the model as CUDA graphs on this device (Inductor's
-    "reduce-overhead" and "max-autotune" do on CUDA)."""
-    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
-
-
 def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
     """Compile the whole model in place (a resolved `train.compile`: false, true = "default", or a
     torch.compile mode); false leaves it eager. In place keeps the state-dict keys, so checkpoints of

@@ -53,7 +53,6 @@ from ecgpos.pretrain.optim import (
     eager_pass,
     resolve_compile,
     resolve_mixed_precision,
-    uses_cuda_graphs,
 )
 from ecgpos.pretrain.plan import RunPlan, other_pool
 from ecgpos.pretrain.records import check_resumed_records, read_index, records_digest, split_index
@@ -114,7 +113,6 @@ class Trainer:
         self.objective = self.acc.unwrap_model(self.model)  # the bare module: draw_noise, eval passes
         self.compile_mode = resolve_compile(cfg.train.compile, self.acc.device, self.acc.num_processes)
         compile_model(self.objective, self.compile_mode)
-        self.cuda_graphs = uses_cuda_graphs(self.compile_mode, self.acc.device)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.guard = NonFiniteGuard(self.acc.device, p)
         self.stat_keys: list[str] | None = None
@@ -186,11 +184,6 @@ class Trainer:
             with contextlib.nullcontext() if sync else acc.no_sync(self.model):
                 # drawn outside the (compiled) forward, which then needs no generator and is one graph
                 draw = step_generator(cfg.train.seed, step, slice_index, device=acc.device)
-                if self.cuda_graphs:
-                    # every micro-batch starts a new CUDA-graph step: the last one's backward has run and
-                    # its stats are copies, so its graph buffers may be reused; without this, the second
-                    # micro-batch of grad_accum > 1 overwrote tensors the first one's graph still tracked
-                    torch.compiler.cudagraph_mark_step_begin()
                 out = self.model(x, noise=self.objective.draw_noise(len(x), draw, acc.device))
                 acc.backward(out["loss"] / cfg.train.grad_accum)
             # "loss" and whatever terms the objective reports in "log" go to metrics.jsonl
