@@ -197,7 +197,7 @@ def main() -> None:
         loss.backward()
     optimizer.zero_grad(set_to_none=True)
     flops_per_sample = counter.get_total_flops() / batch
-    compile_mode = resolve_compile(cfg.train.compile, device)
+    compile_mode = resolve_compile(cfg.train.compile, device, grad_accum=cfg.train.grad_accum)
     compile_model(model, compile_mode)  # in place; latent_tokens (a method) stays eager
     sums = torch.zeros(1, dtype=torch.float64, device=device)
 

@@ -187,6 +187,11 @@ def test_train_compile_takes_a_bool_or_a_mode_and_is_operational() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert resolve_compile("auto", cpu) is False and resolve_compile("auto", cuda) == "reduce-overhead"
     assert resolve_compile("auto", cuda, num_processes=2) is False and resolve_compile(True, cpu) is True
+    # CUDA graphs stop at the second micro-batch: auto compiles accumulation without them, explicit modes are refused
+    assert resolve_compile("auto", cuda, grad_accum=2) is True and resolve_compile(True, cuda, grad_accum=2) is True
+    assert resolve_compile("reduce-overhead", cpu, grad_accum=2) == "reduce-overhead"
+    with pytest.raises(ConfigError, match="CUDA graphs.*grad_accum 2"):
+        resolve_compile("reduce-overhead", cuda, grad_accum=2)
     assert load_run_config("tiny/stage0", ["train.compile=true"]).train.compile is True
     assert load_run_config("tiny/stage0", ["train.compile=off"]).train.compile is False  # YAML reads off as false
     for mode in ("default", "reduce-overhead", "max-autotune-no-cudagraphs"):

@@ -1,7 +1,8 @@
 """The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
 device, the compiled model follows the eager one (also when gradients accumulate over two
-micro-batches), and Stage 1's frozen Stage-0 pass runs in the caller's precision. The suite itself hides
-CUDA (conftest.py), so each check runs in a subprocess that sees the machine's devices (tests/cuda_checks.py)."""
+micro-batches, compiled without CUDA graphs), and Stage 1's frozen Stage-0 pass runs in the caller's
+precision. The suite itself hides CUDA (conftest.py), so each check runs in a subprocess that sees
+the machine's devices (tests/cuda_checks.py)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ import os
 import torch
 from torch import nn
 
+from ecgpos.errors import ConfigError
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.runs.run_config import RunConfig
 
@@ -45,12 +46,30 @@ def resolve_mixed_precision(mode: str) -> str:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def resolve_compile(mode: bool | str, device: torch.device, num_processes: int = 1) -> bool | str:
+def uses_cuda_graphs(mode: bool | str, device: torch.device) -> bool:
+    """Whether a resolved `train.compile` runs the model as CUDA graphs on this device (Inductor's
+    "reduce-overhead" and "max-autotune" do on CUDA)."""
+    return device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
+
+
+def resolve_compile(mode: bool | str, device: torch.device, num_processes: int = 1, grad_accum: int = 1) -> bool | str:
     """`train.compile` for this run: "auto" is "reduce-overhead" (Inductor + CUDA graphs) on a single
     CUDA process, where it measured 1.9x (Stage 0) and 1.5x (Stage 1) the eager step on an H200, and
-    eager elsewhere (the CPU, and several processes, where CUDA graphs around DDP are unmeasured)."""
+    eager elsewhere (the CPU, and several processes, where CUDA graphs around DDP are unmeasured).
+
+    CUDA graphs with several micro-batches per step (grad_accum > 1) stop at the second micro-batch's
+    backward ("accessing tensor output of CUDAGraphs that has been overwritten", torch 2.11 on an H200,
+    also with cudagraph_mark_step_begin before each forward), so "auto" compiles them without CUDA graphs
+    (Inductor's default mode) and an explicit CUDA-graph mode is refused before the run starts."""
     if mode == "auto":
-        return "reduce-overhead" if device.type == "cuda" and num_processes == 1 else False
+        if device.type != "cuda" or num_processes != 1:
+            return False
+        return "reduce-overhead" if grad_accum == 1 else True
+    if grad_accum > 1 and uses_cuda_graphs(mode, device):
+        raise ConfigError(
+            f"train.compile={mode} runs CUDA graphs, which fail with train.grad_accum {grad_accum}: use "
+            f"train.compile=auto or default (Inductor without CUDA graphs), or train.grad_accum=1"
+        )
     return mode
 
 

@@ -111,7 +111,9 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         self.objective = self.acc.unwrap_model(self.model)  # the bare module: draw_noise, eval passes
-        self.compile_mode = resolve_compile(cfg.train.compile, self.acc.device, self.acc.num_processes)
+        self.compile_mode = resolve_compile(
+            cfg.train.compile, self.acc.device, self.acc.num_processes, cfg.train.grad_accum
+        )
         compile_model(self.objective, self.compile_mode)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.guard = NonFiniteGuard(self.acc.device, p)
