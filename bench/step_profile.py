@@ -49,6 +49,8 @@ def profile_steps(step: Callable[[int], None], steps: int, first: int, device: t
     for event in prof.events():
         if device.type == "cuda" and event.device_type != torch.autograd.DeviceType.CUDA:
             continue
+        if getattr(event, "is_user_annotation", False) or "#" in event.name:
+            continue  # a range such as "Optimizer.step#AdamW.step" spans kernels that are counted themselves
         if device.type != "cuda" and not event.name.startswith("aten::"):
             continue
         micros = event.device_time if device.type == "cuda" else event.self_cpu_time_total
