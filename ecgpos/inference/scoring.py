@@ -28,7 +28,7 @@ from torch import nn
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.inference.flags import Calibration, Decomposition, calibrate, channel_flags, check_fit_size, decompose
-from ecgpos.inference.inputs import Source, source_windows
+from ecgpos.inference.inputs import Source, finite_outputs, source_windows
 from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
 
@@ -160,6 +160,8 @@ def score_records(
         return window_scores(models, windows, masks, device, batch_size)
 
     for record_id, means in record_means(records, scores, batch_size):
+        if not finite_outputs(record_id, means, result.skipped, prog, "scores"):
+            continue
         result.ids.append(record_id)
         for level, value in means.items():
             result.scores[level].append(float(value))
