@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.probe_scores import check_probe_results
+from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
 from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
@@ -51,6 +51,7 @@ def read_results(folder: Path) -> pd.DataFrame:
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
+    read_result_rows(path)  # every row whole, its seed, fraction and AUROCs in range: one line otherwise
     frame = read_table(path, keep_default_na=True)
     text = [c for c in ("excluded_val", "excluded_test", "note") if c in frame.columns]
     frame[text] = frame[text].astype(object).fillna("")  # an all-empty column reads as float NaN
