@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target
 from ecgpos.inference.inputs import open_source
+from ecgpos.inference.labels import label_coverage
 from ecgpos.inference.outputs import (
     check_writable,
     long_note,
@@ -121,14 +123,15 @@ def _names(text: str | None, flag: str) -> list[str]:
 
 
 def read_labels(path: Path) -> dict[str, str]:
-    """record_id -> label from a CSV with those two columns; a record id listed twice with two
-    different labels is refused (the same label twice is one record)."""
+    """record_id -> label from a CSV with those two columns (a spreadsheet's byte-order mark is read as
+    none); a record id listed twice with two different labels, or a row with a blank id or label, is
+    refused (the same label twice is one record)."""
     if path.is_dir():
         raise EcgposError(f"--labels {path} is a folder, not a CSV file")
     if not path.is_file():
         raise EcgposError(f"--labels {path} does not exist")
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
                 raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
@@ -136,6 +139,11 @@ def read_labels(path: Path) -> dict[str, str]:
             lines: dict[str, int] = {}  # the line of each record id's first row
             for row in reader:
                 record_id, label = row["record_id"], row["label"]
+                if not (record_id or "").strip() or not (label or "").strip():
+                    blank = "record_id" if not (record_id or "").strip() else "label"
+                    raise EcgposError(
+                        f"--labels {path} line {reader.line_num}: blank {blank} ({record_id!r},{label!r})"
+                    )
                 if labels.get(record_id, label) != label:
                     raise EcgposError(
                         f"--labels {path}: record {record_id!r} is listed twice with different labels, "
@@ -355,6 +363,10 @@ def _labelled_summary(
             f"like {result.ids[0]!r}, its ids like {next(iter(labels), '')!r}; a folder's records are named by "
             f"their path below it); the scores are in {args.out}"
         )
+    coverage = label_coverage(labels, result.ids, result.skipped, args.labels)
+    for line in coverage:
+        print(f"ecgpos score: note: {line}", file=sys.stderr)
+    notes = [*notes, *coverage]
     aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
     report, section = None, ""
     if fit_labels is not None:

@@ -168,6 +168,9 @@ def score_records(
     return result
 
 
+MIN_CLASS_RECORDS = 2
+
+
 def auroc_by_level(
     ids: Sequence[str],
     scores: dict[str, Sequence[float]],
@@ -189,10 +192,10 @@ def auroc_by_level(
             y.append(int(label in anomalous))
             rows.append(row)
     counts = {"nominal": y.count(0), "anomalous": y.count(1), "unlabelled": len(ids) - len(y)}
-    if not counts["nominal"] or not counts["anomalous"]:
+    if min(counts["nominal"], counts["anomalous"]) < MIN_CLASS_RECORDS:
         raise EcgposError(
             f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
-            "records; AUROC needs both"
+            f"records; an AUROC needs at least {MIN_CLASS_RECORDS} of each (with one, it is 0 or 1 by chance)"
         )
     labels_column = np.asarray(y)[:, None]
     aurocs = {
