@@ -51,7 +51,8 @@ class PreprocessSpec:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
         if self.window < self.fs:  # a shorter window holds no heartbeat (nor a 1-sample z-score a signal)
             raise ConfigError(
-                f"preprocess.window must hold at least one second ({self.fs} samples at fs={self.fs}), got {self.window}"
+                f"preprocess.window must hold at least one second ({self.fs} samples at fs={self.fs}), "
+                f"got {self.window}"
             )
         if self.filter_order > MAX_FILTER_ORDER:  # scipy designs an order in the millions for hours
             raise ConfigError(f"preprocess.filter_order must be at most {MAX_FILTER_ORDER}, got {self.filter_order}")

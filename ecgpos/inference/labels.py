@@ -28,7 +28,8 @@ def label_coverage(
     lines = []
     if dropped:
         lines.append(
-            f"{len(dropped)} labelled record(s) of --labels {source} were skipped and are in no AUROC: {_listed(dropped)}"
+            f"{len(dropped)} labelled record(s) of --labels {source} were skipped and are in no AUROC: "
+            f"{_listed(dropped)}"
         )
     if unmatched:
         lines.append(
