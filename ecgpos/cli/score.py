@@ -47,6 +47,7 @@ from ecgpos.inference.outputs import (
     write_long_rows,
     write_skipped,
     write_skipped_rows,
+    written_together,
 )
 from ecgpos.inference.scoring import (
     LEVELS,
@@ -259,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     listed, long = skipped_path(args.out), long_path(args.out)
     # replaced together: never another run's skipped or long list, summary or flags beside these scores
     paths = [args.out, listed, long, summary, flags]
-    with atomic_paths(paths) as (tmp, skipped_tmp, long_tmp, summary_tmp, flags_tmp):
+    with written_together(args.out), atomic_paths(paths) as (tmp, skipped_tmp, long_tmp, summary_tmp, flags_tmp):
         with tmp.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
