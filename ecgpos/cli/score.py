@@ -10,8 +10,10 @@ longer than 300 s is scored on its centre 300 s, counted in the closing line and
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
-A label both nominal and anomalous, a listed label no row of CSV carries, or a record id listed twice
-with different labels is refused before any record is scored.
+A label both nominal and anomalous, a listed label no row of CSV carries, a blank id or label, or a
+record id listed twice with different labels is refused before any record is scored; labelled ids that
+match no record and labelled records that were skipped are named (stderr and the summary), and a class
+left with fewer than 2 scored records is refused.
 With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
 preprint's two-channel OR rule (ecgpos.inference.flags). A = stage0 score > t_rec, B = stage1 score >
 t_sub, at the common percentile q* of D_fit whose OR-rule rate there is at most --fpr (default 0.05).

@@ -52,19 +52,26 @@ def _table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def _rows(folder: Path, results: Path) -> list[dict[str, str]]:
+    try:
+        return read_result_rows(results)
+    except EcgposError as err:
+        raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
+
+
 def probe_section(folder: str | Path) -> str:
     """Markdown for a probe results folder: its summary.md if present, else results.csv as a table."""
     folder = Path(folder)
     summary, results = folder / "summary.md", folder / "results.csv"
     try:
         if results.is_file():  # the summary is made from these rows: they must match the stored scores
-            check_probe_results(folder, read_result_rows(results))
+            check_probe_results(folder, _rows(folder, results))
         if summary.is_file():
             body = summary.read_text().strip()
             # demote headings so the summary nests under the card's own section
             return "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
         if results.is_file():
-            return _table(read_result_rows(results))
+            return _table(_rows(folder, results))
     except (UnicodeDecodeError, csv.Error) as err:
         raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
     raise EcgposError(f"--probe-results {folder}: no summary.md or results.csv there (run `ecgpos probe` first)")

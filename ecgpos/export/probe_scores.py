@@ -118,7 +118,7 @@ def read_result_rows(path: str | Path) -> list[dict[str, str]]:
             reader = csv.reader(handle)
             header = next(reader, None)
             if not header:
-                raise EcgposError(f"{path} is empty: not a probe results file")
+                raise EcgposError(f"{path}: cannot read CSV (the file is empty): not a probe results file")
             rows = []
             for fields in reader:
                 if not fields:
@@ -132,7 +132,7 @@ def read_result_rows(path: str | Path) -> list[dict[str, str]]:
                 _check_row(path, reader.line_num, row)
                 rows.append(row)
     except (UnicodeDecodeError, csv.Error) as err:
-        raise EcgposError(f"{path} is not a readable CSV: {err}") from None
+        raise EcgposError(f"{path}: cannot read CSV ({type(err).__name__}: {str(err).splitlines()[0]})") from None
     return rows
 
 
