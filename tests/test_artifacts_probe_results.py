@@ -82,3 +82,12 @@ def test_damaged_test_scores_are_refused(probed, tmp_path, capsys):
         save_scores([damaged, *sets[1:]], bad)
         rc, _, err = run(capsys, "probe", "--compare", bad, "--out", tmp_path / f"cmp-{name}")
         one_line_error(rc, err, "probe", needles[name])
+
+
+def test_a_seed_its_probe_json_does_not_name_is_refused(probed, tmp_path, capsys):
+    bad = _copy(probed, tmp_path / "bad", scores=False)
+    frame = pd.read_csv(bad / "results.csv", keep_default_na=False)
+    frame.loc[1, "seed"] = 7  # the probe ran seeds 0 and 1
+    frame.to_csv(bad / "results.csv", index=False)
+    rc, _, err = run(capsys, "probe", "--compare", bad, "--out", tmp_path / "cmp")
+    one_line_error(rc, err, "probe", "line 3: seed 7 is not one of the 2 seeds")

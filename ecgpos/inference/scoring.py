@@ -202,6 +202,9 @@ def auroc_by_level(
         level: float(auroc_columns(np.asarray(values, dtype=np.float64)[rows][:, None], labels_column)[0])
         for level, values in scores.items()
     }
+    broken = [level for level, value in aurocs.items() if not 0 <= value <= 1]
+    if broken:  # scores are finite (score_records skips the others): a NaN here is a bug, never a result
+        raise EcgposError(f"the AUROC of {', '.join(broken)} is not a number in [0, 1]; no summary written")
     return aurocs, counts
 
 
