@@ -52,9 +52,12 @@ def atomic_path(path: str | Path, suffix: str = "") -> Iterator[Path]:
 @contextlib.contextmanager
 def atomic_paths(paths: Sequence[str | Path], suffixes: Sequence[str] = ()) -> Iterator[list[Path]]:
     """`atomic_path` for files that belong together (features and their ids, scores and their skipped
-    records), the first being the one readers look for. On success the first is deleted, the others
-    renamed into place, then the first: an interruption leaves the earlier set whole, or no first
-    file, never a first file beside the other files of another run. On error every temporary is removed.
+    records), the first being the one readers look for. On success the earlier set is renamed aside
+    (the first file first), the new files renamed into place (the first last), and the asides deleted:
+    an interruption leaves the earlier set whole, or no first file, never a first file beside the other
+    files of another run; a rename that fails (a full disk, a file made read-only or a folder in a file's
+    place since the command began) puts the earlier set back whole before the error goes on. On error in
+    the block every temporary is removed and the earlier set is untouched.
     A file of the set whose temporary the block did not write is deleted in its turn instead: an
     earlier run's file that this run has none of (a summary of a run without labels, the features of
     a run that embedded nothing) never stays beside this run's files.
@@ -65,16 +68,39 @@ def atomic_paths(paths: Sequence[str | Path], suffixes: Sequence[str] = ()) -> I
     tmps = [temporary_path(p, s) for p, s in zip(paths, [*suffixes, *[""] * (len(paths) - len(suffixes))])]
     try:
         yield tmps
-        paths[0].unlink(missing_ok=True)
-        for tmp, path in [*zip(tmps[1:], paths[1:]), (tmps[0], paths[0])]:
-            if tmp.exists():
-                os.replace(tmp, path)
-            else:
-                path.unlink(missing_ok=True)
+        _replace_set(tmps, paths)
     finally:
         for tmp in tmps:
             if tmp.exists():
                 tmp.unlink()
+
+
+def _replace_set(tmps: Sequence[Path], paths: Sequence[Path]) -> None:
+    """Move the files at `paths` aside, rename `tmps` (those written) into place, then delete the asides;
+    on any failure undo what was done, so the earlier set stays whole."""
+    asides: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    try:
+        for path in paths:  # the first first: a reader then finds no set rather than a mixed one
+            if path.is_file() or path.is_symlink():
+                aside = temporary_path(path, ".old")
+                os.replace(path, aside)
+                asides.append((aside, path))
+        for tmp, path in [*zip(tmps[1:], paths[1:]), (tmps[0], paths[0])]:
+            if tmp.exists():
+                os.replace(tmp, path)
+                placed.append(path)
+    except BaseException:
+        for path in placed:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for aside, path in reversed(asides):
+            with contextlib.suppress(OSError):
+                os.replace(aside, path)
+        raise
+    for aside, _ in asides:
+        with contextlib.suppress(OSError):
+            aside.unlink()
 
 
 def temporary_path(path: str | Path, suffix: str = "") -> Path:

@@ -164,6 +164,7 @@ class Levels:
 
 def load_levels(path: str) -> Levels:
     """A nested run or export; the Stage-1 objective (decoder) when the folder provides one."""
+    from ecgpos.export.decoders import NoDecoders
     from ecgpos.inference.resolve import resolve_encoder, unfinished_note
     from ecgpos.inference.scoring import load_recon_models
 
@@ -176,7 +177,7 @@ def load_levels(path: str) -> Levels:
     stage1, note = None, ""
     try:
         stage1 = load_recon_models(path).levels.get("stage1")
-    except EcgposError as err:
+    except NoDecoders as err:  # damaged or foreign decoders are refused, not taken for absent ones
         note = str(err)
     if stage1 is not None:
         module = stage1.nested_encoder()

@@ -30,6 +30,7 @@ from ecgpos.ecg.fingerprint import (
     FingerprintIndex,
     blocks_per_lead,
     fingerprint,
+    fingerprint_problem,
     max_distance,
 )
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
@@ -75,16 +76,41 @@ class PretrainingIndex:
         return sum(len(i) for i in self.by_spec.values())
 
 
-def _indexed_prints(folder: Path) -> dict[str, str] | None:
-    """record_id -> fingerprint from index.csv, or None when the column is absent or incomplete."""
+def _indexed_prints(folder: Path, spec: PreprocessSpec) -> tuple[dict[str, str] | None, list[tuple[str, str]]]:
+    """record_id -> fingerprint from index.csv (None when the column is absent or incomplete), and
+    (record_id, 'line N: why') of each row whose fingerprint cannot be one of this spec's windows."""
     path = folder / "index.csv"
     if not path.is_file():
-        return None
-    with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
+        return None, []
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:
+            rows = list(csv.DictReader(handle))
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise EcgposError(f"leakage guard: {path} is not a readable CSV: {err}") from None
     if not rows or not all(row.get("fingerprint") for row in rows):
-        return None
-    return {row["record_id"]: row["fingerprint"] for row in rows}
+        return None, []
+    prints, damaged = {}, []
+    for line, row in enumerate(rows, start=2):
+        why = fingerprint_problem(row["fingerprint"], spec.fs, spec.window, len(spec.leads))
+        if not row.get("record_id"):
+            raise EcgposError(f"leakage guard: {path} line {line} has no record_id")
+        if why:
+            damaged.append((row["record_id"], f"line {line}: {why}"))
+        else:
+            prints[row["record_id"]] = row["fingerprint"]
+    return prints, damaged
+
+
+def _recomputed(folder: Path, spec: PreprocessSpec, wanted: set[str] | None) -> dict[str, str]:
+    """Fingerprints computed from the stored signals of `folder` (of the records in `wanted` only, when given)."""
+    try:
+        return {
+            rid: fingerprint(x, spec.fs, spec.window, spec.dtype)
+            for rid, x in iter_shard_records(folder)
+            if wanted is None or rid in wanted
+        }
+    except (OSError, KeyError, ValueError) as err:
+        raise EcgposError(f"leakage guard: the shards of {folder} cannot be read to fingerprint them: {err}") from None
 
 
 def pretraining_spec(folder: Path) -> PreprocessSpec:
@@ -110,13 +136,28 @@ def load_pretraining(folders: Sequence[Path], log: Callable[[str], None] = print
     for folder in index.folders:
         spec = pretraining_spec(folder)
         target = index.by_spec.setdefault(spec, FingerprintIndex(max_distance=max_distance(spec.fs, spec.window)))
-        prints = _indexed_prints(folder)
+        prints, damaged = _indexed_prints(folder, spec)
         if prints is None:
-            prints = {rid: fingerprint(x, spec.fs, spec.window, spec.dtype) for rid, x in iter_shard_records(folder)}
+            prints = _recomputed(folder, spec, None)
             index.computed += len(prints)
             log(
                 f"leakage guard: {folder} has no fingerprints in index.csv; fingerprinted its {len(prints)} "
                 "records from the shards"
+            )
+        elif damaged:  # never left out: a copy behind a damaged fingerprint would read as "no overlap"
+            fixed = _recomputed(folder, spec, {rid for rid, _ in damaged})
+            lost = [f"{rid} ({why})" for rid, why in damaged if rid not in fixed]
+            if lost:
+                raise EcgposError(
+                    f"leakage guard: {folder / 'index.csv'} holds a damaged fingerprint that its shards cannot "
+                    f"replace (no stored record of that id): {lost[0]}"
+                )
+            prints.update(fixed)
+            index.computed += len(fixed)
+            rid, why = damaged[0]
+            log(
+                f"leakage guard: {folder / 'index.csv'} holds {len(damaged)} damaged fingerprint(s) (e.g. {rid}, "
+                f"{why}); fingerprinted those records again from the shards"
             )
         target.extend((f"{folder.name}:{rid}", fp) for rid, fp in prints.items())
     return index
@@ -141,7 +182,10 @@ def probe_fingerprints(
     store: dict[str, list[str]] = {
         k: v
         for k, v in (loaded.items() if isinstance(loaded, dict) else ())
-        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)
+        if isinstance(v, list)
+        and len(v) == 2
+        and all(isinstance(x, str) for x in v)
+        and not fingerprint_problem(v[1], spec.fs, spec.window, len(spec.leads))
     }
     located = {k: locator.locate(k) for k in dict.fromkeys(keys)}
     stamps = {k: record_stamp(*found) for k, found in located.items() if found is not None}

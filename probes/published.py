@@ -54,6 +54,14 @@ def read_reference(name: str) -> tuple[pd.DataFrame, str]:
     bad = [c for c in table.columns if (numbers[c].isna() & table[c].notna()).any()]
     if bad:
         raise EcgposError(f"{path}: column(s) {', '.join(bad)} hold values that are not numbers")
+    out_of_range = [
+        f"{model} {column} {value:g}"
+        for model, row in numbers.iterrows()
+        for column, value in row.items()
+        if pd.notna(value) and not 0 <= value <= 1
+    ]
+    if out_of_range:  # a percentage or a typo would be compared with AUROCs as if it were one
+        raise EcgposError(f"{path}: {out_of_range[0]} is not an AUROC (a finite number in [0, 1])")
     return numbers.astype(float), source
 
 

@@ -3,6 +3,7 @@ became of every split row), a bar chart; --compare."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.probe_scores import check_probe_results
+from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 from ecgpos.files import atomic_path, atomic_write_text
 from probes.intervals import INTERVAL_COLUMNS
 from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
@@ -51,6 +52,7 @@ def read_results(folder: Path) -> pd.DataFrame:
     path = Path(folder) / "results.csv"
     if not path.is_file():
         raise EcgposError(f"{folder}: no results.csv (not a probe output folder)")
+    _check_named_seeds(folder, read_result_rows(path))  # rows whole, seeds, fractions, AUROCs: one line otherwise
     frame = read_table(path, keep_default_na=True)
     text = [c for c in ("excluded_val", "excluded_test", "note") if c in frame.columns]
     frame[text] = frame[text].astype(object).fillna("")  # an all-empty column reads as float NaN
@@ -59,6 +61,24 @@ def read_results(folder: Path) -> pd.DataFrame:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")
     check_probe_results(folder, frame.to_dict("records"))
     return frame
+
+
+def _check_named_seeds(folder: Path, rows: Sequence[dict]) -> None:
+    """Refuse a results.csv row whose seed is not one of those its folder's probe.json names (`config.seeds`
+    N: seeds 0..N-1): rows pasted from another run would be averaged as this one's."""
+    try:
+        count = json.loads((Path(folder) / "probe.json").read_text())["config"]["seeds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no probe.json of a probe run (a --compare output, a hand-made folder): nothing names them
+    if not isinstance(count, int) or isinstance(count, bool):
+        return
+    for line, row in enumerate(rows, start=2):
+        seed = row.get("seed", "")
+        if str(seed).strip() and float(seed) not in range(count):
+            raise EcgposError(
+                f"{Path(folder) / 'results.csv'} line {line}: seed {seed} is not one of the {count} seeds "
+                f"(0 to {count - 1}) its probe.json names"
+            )
 
 
 def _fraction_label(fraction: float) -> str:

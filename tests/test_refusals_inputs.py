@@ -153,9 +153,10 @@ def test_out_over_the_input_is_refused(capsys, tmp_path, real_record, tiny_shard
         rc, _, err = run(capsys, "score", "--run", tiny_run, "--input", source, "--out", out, "--no-progress")
         one_line_error(rc, err, "score", "would overwrite or join the input")
         assert sorted(p.name for p in shards.iterdir()) == kept
-    # features beside the shards under another name are fine
+    # nor beside the shards under another name: a shard folder holds shards only
     rc, _, err = run(capsys, "embed", "--encoder", export, "--input", shards, "--out", shards / "f.h5", "--no-progress")
-    assert rc == 0, err
+    one_line_error(rc, err, "embed", "inside the shard folder")
+    assert sorted(p.name for p in shards.iterdir()) == kept
 
 
 def test_interrupted_feature_write_keeps_the_previous_file(tmp_path, export):

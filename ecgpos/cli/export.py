@@ -26,11 +26,12 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.card import check_probed_encoder, probe_section
+from ecgpos.export.decoders import DECODERS_FILE
 from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE, weights_hash
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, write_export
 from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
-from ecgpos.inference.resolve import load_run_encoder, unfinished_note
+from ecgpos.inference.resolve import artifact_above, load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.runs.run_folder import training_summary
 
@@ -60,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXPORT_FILES = {CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, VECTORS_FILE, ONNX_FILE, f"{ONNX_FILE}.data", DECODERS_FILE}
+"""What an export folder holds; re-exporting replaces the whole folder, so it refuses one holding anything else."""
+
+
 def _prepare_out(out: Path) -> bool:
     """True when `out` holds an earlier export (replaced on success); refuse any other non-empty path."""
+    inside = artifact_above(out.parent)
+    if inside is not None:  # an export inside another export, a run or a shard folder would be read as part of it
+        raise EcgposError(f"--out {out} is inside {inside[1]} {inside[0]}: give the export a folder of its own")
     if not out.exists():
         make_output_folder(out, create=False)  # a file above it: one line before the export is built
         return False
@@ -70,9 +78,16 @@ def _prepare_out(out: Path) -> bool:
     if out.is_dir() and (out / CONFIG_FILE).is_file():
         try:
             read_export_config(out)
-            return True
         except EcgposError:
             pass
+        else:
+            foreign = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES)
+            if foreign:  # replacing the folder would delete them without a word
+                raise EcgposError(
+                    f"{out} holds files an export does not own ({', '.join(foreign[:5])}"
+                    f"{', ...' if len(foreign) > 5 else ''}); move them out before re-exporting into it"
+                )
+            return True
     raise EcgposError(f"{out} exists and is not an ecgpos export folder; refusing to overwrite it")
 
 

@@ -10,8 +10,10 @@ longer than 300 s is scored on its centre 300 s, counted in the closing line and
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
 per level (higher score = more anomalous), printed and written to FILE's `.summary.md` (scores.summary.md).
-A label both nominal and anomalous, a listed label no row of CSV carries, or a record id listed twice
-with different labels is refused before any record is scored.
+A label both nominal and anomalous, a listed label no row of CSV carries, a blank id or label, or a
+record id listed twice with different labels is refused before any record is scored; labelled ids that
+match no record and labelled records that were skipped are named (stderr and the summary), and a class
+left with fewer than 2 scored records is refused.
 With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
 preprint's two-channel OR rule (ecgpos.inference.flags). A = stage0 score > t_rec, B = stage1 score >
 t_sub, at the common percentile q* of D_fit whose OR-rule rate there is at most --fpr (default 0.05).
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +39,7 @@ from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target
 from ecgpos.inference.inputs import open_source
+from ecgpos.inference.labels import label_coverage
 from ecgpos.inference.outputs import (
     check_writable,
     long_note,
@@ -45,6 +49,7 @@ from ecgpos.inference.outputs import (
     write_long_rows,
     write_skipped,
     write_skipped_rows,
+    written_together,
 )
 from ecgpos.inference.scoring import (
     LEVELS,
@@ -121,14 +126,15 @@ def _names(text: str | None, flag: str) -> list[str]:
 
 
 def read_labels(path: Path) -> dict[str, str]:
-    """record_id -> label from a CSV with those two columns; a record id listed twice with two
-    different labels is refused (the same label twice is one record)."""
+    """record_id -> label from a CSV with those two columns (a spreadsheet's byte-order mark is read as
+    none); a record id listed twice with two different labels, or a row with a blank id or label, is
+    refused (the same label twice is one record)."""
     if path.is_dir():
         raise EcgposError(f"--labels {path} is a folder, not a CSV file")
     if not path.is_file():
         raise EcgposError(f"--labels {path} does not exist")
     try:
-        with path.open(newline="") as handle:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
             reader = csv.DictReader(handle)
             if not reader.fieldnames or not {"record_id", "label"} <= set(reader.fieldnames):
                 raise EcgposError(f"--labels {path}: needs columns record_id,label (found {reader.fieldnames})")
@@ -136,6 +142,11 @@ def read_labels(path: Path) -> dict[str, str]:
             lines: dict[str, int] = {}  # the line of each record id's first row
             for row in reader:
                 record_id, label = row["record_id"], row["label"]
+                if not (record_id or "").strip() or not (label or "").strip():
+                    blank = "record_id" if not (record_id or "").strip() else "label"
+                    raise EcgposError(
+                        f"--labels {path} line {reader.line_num}: blank {blank} ({record_id!r},{label!r})"
+                    )
                 if labels.get(record_id, label) != label:
                     raise EcgposError(
                         f"--labels {path}: record {record_id!r} is listed twice with different labels, "
@@ -251,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     listed, long = skipped_path(args.out), long_path(args.out)
     # replaced together: never another run's skipped or long list, summary or flags beside these scores
     paths = [args.out, listed, long, summary, flags]
-    with atomic_paths(paths) as (tmp, skipped_tmp, long_tmp, summary_tmp, flags_tmp):
+    with written_together(args.out), atomic_paths(paths) as (tmp, skipped_tmp, long_tmp, summary_tmp, flags_tmp):
         with tmp.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["record_id"] + [f"{level}_score" for level in levels])
@@ -355,6 +366,10 @@ def _labelled_summary(
             f"like {result.ids[0]!r}, its ids like {next(iter(labels), '')!r}; a folder's records are named by "
             f"their path below it); the scores are in {args.out}"
         )
+    coverage = label_coverage(labels, result.ids, result.skipped, args.labels)
+    for line in coverage:
+        print(f"ecgpos score: note: {line}", file=sys.stderr)
+    notes = [*notes, *coverage]
     aurocs, counts = auroc_by_level(result.ids, result.scores, labels, nominal, anomalous)
     report, section = None, ""
     if fit_labels is not None:

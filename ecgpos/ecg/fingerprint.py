@@ -41,6 +41,25 @@ def max_distance(fs: float, window: int, leads: int = 12) -> int:
     return int(round(MAX_DISTANCE * leads * blocks_per_lead(fs, window) / DEFAULT_BITS))
 
 
+def hex_length(fs: float, window: int, leads: int = 12) -> int:
+    """Hex digits of a fingerprint of this window (0: too short to have one)."""
+    blocks = blocks_per_lead(fs, window)
+    return 0 if blocks < MIN_BLOCKS else 2 * -(-leads * blocks // 8)
+
+
+def fingerprint_problem(text: object, fs: float, window: int, leads: int = 12) -> str:
+    """Why `text` cannot be a fingerprint of this window ('' when it can): the wrong length or not hex.
+    A fingerprint a few digits short splits into other per-lead bands and matches nothing, which would
+    read as "no overlap"; one too long or not hex cannot be compared at all."""
+    want = hex_length(fs, window, leads)
+    if not isinstance(text, str) or len(text) != want:
+        got = len(text) if isinstance(text, str) else type(text).__name__
+        return f"fingerprint of {got} hex digits, not the {want} of a {window}-sample window at {fs:g} Hz"
+    if want and not all(c in "0123456789abcdefABCDEF" for c in text):
+        return "fingerprint is not hexadecimal"
+    return ""
+
+
 def fingerprint(signal: np.ndarray, fs: float, window: int, dtype: str = "float16") -> str:
     """Hex fingerprint of a preprocessed (leads, T) record (the stored precision `dtype` applied first);
     "" when the window is shorter than MIN_BLOCKS blocks."""
@@ -78,6 +97,8 @@ class FingerprintIndex:
 
     def add(self, name: str, hex_print: str) -> None:
         bits = _bits(hex_print)
+        if self._bitrows and len(bits) != len(self._bitrows[0]):  # would match nothing, silently
+            raise ValueError(f"fingerprint of {name} has {len(bits)} bits, the index {len(self._bitrows[0])}")
         i = len(self.names)
         self.names.append(name)
         self.prints.append(hex_print)
@@ -105,6 +126,8 @@ class FingerprintIndex:
         index's), nearest first."""
         max_distance = self.max_distance if max_distance is None else max_distance
         bits = _bits(hex_print)
+        if self._bitrows and len(bits) != len(self._bitrows[0]):
+            raise ValueError(f"a fingerprint of {len(bits)} bits looked up in an index of {len(self._bitrows[0])}")
         candidates: set[int] = set()
         for key in self._band_keys(bits):
             candidates.update(self._bands.get(key, ()))

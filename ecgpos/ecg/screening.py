@@ -14,7 +14,8 @@ names (missing_lead / duplicate_lead / unknown_lead), the rate (sampling_rate ou
 supported range; unexpected_fs when a corpus fixes another), no samples at all (empty), shorter
 than one window after resampling (too_short, unless pad_short; before the amplitude checks, which
 a handful of samples can fail by chance), NaN/inf (non_finite), every sample zero (all_zero), every
-lead flat (flat), a median lead amplitude no ECG in mV has (units: uV or ADC counts), more dead
+lead flat (flat), a median lead amplitude no ECG in mV has, or any one lead's (units: uV or ADC
+counts, damaged samples), more dead
 leads than allowed (dead_leads), limb leads that break Einthoven's or Goldberger's relations
 (lead_mismatch: swapped, inverted or misnamed leads; `ecgpos.ecg.limbs`; not checked when a limb
 lead is dead, nor with `ScreenPolicy(check_limb_leads=False)`).
@@ -57,6 +58,10 @@ MAX_MEDIAN_PTP_MV = 100.0
 """Above this median lead peak-to-peak a record is not in mV (an ECG lead spans about 0.5-5 mV; even
 heavy baseline wander leaves the median lead far below 100 mV): it is uV or ADC counts. Features
 would hardly change (leads are z-scored), but the 10 uV dead-lead threshold would be 1000x off."""
+MAX_LEAD_PTP_MV = 1000.0
+"""Above this peak-to-peak a single lead is not an ECG in mV, whatever the other leads hold: no 16-bit
+recorder at a usual gain spans more than a few hundred mV. The median check alone would let one lead
+of counts (or of 1e300, which z-scoring turns into NaN) through beside eleven good ones."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,16 @@ def screen_record(
             "units",
             f"median lead peak-to-peak {median:.4g} is not an ECG in mV (about 0.5-5 mV): samples in uV "
             "or ADC counts? convert to mV (uV / 1000, counts / gain)",
+        )
+    wild = ptp > MAX_LEAD_PTP_MV
+    if uncal is not None:
+        wild &= ~uncal
+    if wild.any():
+        worst = int(np.argmax(np.where(wild, ptp, -np.inf)))
+        raise SignalError(
+            "units",
+            f"lead {CANONICAL_LEADS[worst]} spans {ptp[worst]:.4g} peak-to-peak, no ECG lead in mV (at most "
+            f"{MAX_LEAD_PTP_MV:g}): a lead in uV or ADC counts, or damaged samples",
         )
     count = int(dead.sum())
     if count > policy.max_dead_leads:

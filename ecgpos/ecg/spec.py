@@ -49,6 +49,11 @@ class PreprocessSpec:
             )
         if self.window <= 0 or self.filter_order <= 0:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
+        if self.window < self.fs:  # a shorter window holds no heartbeat (nor a 1-sample z-score a signal)
+            raise ConfigError(
+                f"preprocess.window must hold at least one second ({self.fs} samples at fs={self.fs}), "
+                f"got {self.window}"
+            )
         if self.filter_order > MAX_FILTER_ORDER:  # scipy designs an order in the millions for hours
             raise ConfigError(f"preprocess.filter_order must be at most {MAX_FILTER_ORDER}, got {self.filter_order}")
         if self.units != "mV":  # every reader converts to mV; another value would only mislabel the data

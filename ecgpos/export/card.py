@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.probe_scores import check_probe_results
+from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 
 PAPER_TITLE = (
     "When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on Reconstruction-Based Anomaly Detection"
@@ -52,21 +52,26 @@ def _table(rows: list[dict[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def _rows(folder: Path, results: Path) -> list[dict[str, str]]:
+    try:
+        return read_result_rows(results)
+    except EcgposError as err:
+        raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
+
+
 def probe_section(folder: str | Path) -> str:
     """Markdown for a probe results folder: its summary.md if present, else results.csv as a table."""
     folder = Path(folder)
     summary, results = folder / "summary.md", folder / "results.csv"
     try:
         if results.is_file():  # the summary is made from these rows: they must match the stored scores
-            with results.open(newline="") as handle:
-                check_probe_results(folder, csv.DictReader(handle))
+            check_probe_results(folder, _rows(folder, results))
         if summary.is_file():
             body = summary.read_text().strip()
             # demote headings so the summary nests under the card's own section
             return "\n".join("##" + line if line.startswith("#") else line for line in body.splitlines())
         if results.is_file():
-            with results.open(newline="") as handle:
-                return _table(list(csv.DictReader(handle)))
+            return _table(_rows(folder, results))
     except (UnicodeDecodeError, csv.Error) as err:
         raise EcgposError(f"--probe-results {folder}: not a probe results folder ({err})") from None
     raise EcgposError(f"--probe-results {folder}: no summary.md or results.csv there (run `ecgpos probe` first)")

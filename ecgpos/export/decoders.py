@@ -4,17 +4,20 @@ The clinical export is encoder-only. Reconstruction-based anomaly scores (`ecgpo
 carving criterion need each level's decoder as well, so an export may carry them in
 `decoders.safetensors` (keys `stage0.*` = the Stage-0 per-lead decoder, `stage1.*` = the Stage-1
 one) with their settings under `decoders` in config.json:
-    {"file", "sha256", "settings_sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
+    {"file", "sha256", "encoder_sha256", "settings_sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
      "stage1": {"decoder", "mask_ratio", "norm_target", "push_pull"}}
 A level is present only when its decoder was available at export time. `sha256` binds the decoder
-weights, `settings_sha256` the rest of the entry (settings change scores as weights do); the encoder
-is loaded by `load_encoder`, with its own checks. Exports written before settings_sha256 existed
-have their settings checked against the weights' shapes only.
+weights, `encoder_sha256` the encoder weights they were trained with (config.json's weights_sha256:
+decoders copied from another run's export, entry and all, are refused), `settings_sha256` the rest of
+the entry, that binding included (settings change scores as weights do); the encoder is loaded by
+`load_encoder`, with its own checks. Exports written before settings_sha256 or encoder_sha256 existed
+load with a warning: their settings are checked against the weights' shapes only, their encoder not at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,11 @@ from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 
 DECODERS_FILE = "decoders.safetensors"
 LEVELS = ("stage0", "stage1")
+_warned_unbound: set[str] = set()
+
+
+class NoDecoders(EcgposError):
+    """An encoder-only export: nothing to reconstruct with (not a damaged one: that is a plain EcgposError)."""
 
 
 def decoder_settings(model: nn.Module) -> dict[str, Any]:
@@ -48,8 +56,9 @@ def decoder_settings(model: nn.Module) -> dict[str, Any]:
     return out
 
 
-def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]:
-    """Write the decoders of `models` (level -> objective module) to out/DECODERS_FILE; the config entry."""
+def write_decoders(out: Path, models: Mapping[str, nn.Module], encoder_sha256: str) -> dict[str, Any]:
+    """Write the decoders of `models` (level -> objective module) to out/DECODERS_FILE; the config entry,
+    bound to the encoder weights they decode (`encoder_sha256`, the export's weights_sha256)."""
     from safetensors.torch import save_file
 
     state = {
@@ -58,7 +67,7 @@ def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]
         for k, v in model.decoder.state_dict().items()
     }
     save_file(state, str(out / DECODERS_FILE), metadata={"format": "ecgpos-decoders"})
-    entry: dict[str, Any] = {"file": DECODERS_FILE, "sha256": state_sha256(state)}
+    entry: dict[str, Any] = {"file": DECODERS_FILE, "sha256": state_sha256(state), "encoder_sha256": encoder_sha256}
     entry.update({level: decoder_settings(model) for level, model in models.items()})
     entry["settings_sha256"] = settings_sha256(entry)
     return entry
@@ -67,6 +76,33 @@ def write_decoders(out: Path, models: Mapping[str, nn.Module]) -> dict[str, Any]
 def settings_sha256(entry: Mapping[str, Any]) -> str:
     """`json_sha256` of a decoders entry without its own settings_sha256."""
     return json_sha256({key: value for key, value in entry.items() if key != "settings_sha256"})
+
+
+def check_decoder_binding(folder: Path, entry: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Refuse a decoders entry edited after export (settings_sha256) or written for other encoder
+    weights (encoder_sha256 vs config.json's weights_sha256: decoders copied from another run would
+    give that run's scores); an entry without these hashes (an older export) warns once."""
+    if "settings_sha256" in entry and settings_sha256(entry) != entry["settings_sha256"]:
+        raise EcgposError(
+            f"{folder / CONFIG_FILE} was edited after export: its decoders settings no longer match "
+            "settings_sha256; re-export the run instead"
+        )
+    bound = entry.get("encoder_sha256")
+    if bound is not None and bound != config.get("weights_sha256"):
+        raise EcgposError(
+            f"{folder / DECODERS_FILE} belongs to other encoder weights (decoders encoder_sha256 "
+            f"{str(bound)[:12]}... != weights_sha256 {str(config.get('weights_sha256'))[:12]}...): decoders copied "
+            "from another run's export? re-export this run with --with-decoders"
+        )
+    missing = [key for key in ("settings_sha256", "encoder_sha256") if key not in entry]
+    if missing and str(folder.resolve()) not in _warned_unbound:
+        _warned_unbound.add(str(folder.resolve()))
+        print(
+            f"ecgpos: warning: {folder / CONFIG_FILE}'s decoders entry has no {' or '.join(missing)} (an older "
+            "export, or an edited one): its decoder settings are checked against the weights' shapes only, and "
+            "nothing shows they belong to this encoder; re-export to bind them",
+            file=sys.stderr,
+        )
 
 
 def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: str, what: str) -> nn.Module:
@@ -85,18 +121,14 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     folder = Path(folder)
     entry = config.get("decoders")
     if not isinstance(entry, Mapping):
-        raise EcgposError(
+        raise NoDecoders(
             f"{folder} is an encoder-only export: re-export the run with "
             "`ecgpos export --with-decoders` to score reconstructions"
         )
     state = read_safetensors(folder / str(entry.get("file", DECODERS_FILE)), "decoder weights")
     if state_sha256(state) != entry.get("sha256"):
         raise EcgposError(f"{folder / DECODERS_FILE} does not match config.json (decoders sha256 differs)")
-    if "settings_sha256" in entry and settings_sha256(entry) != entry["settings_sha256"]:
-        raise EcgposError(
-            f"{folder / CONFIG_FILE} was edited after export: its decoders settings no longer match "
-            "settings_sha256; re-export the run instead"
-        )
+    check_decoder_binding(folder, entry, config)
     # the encoder as `embed` loads it: weights hash, edited arch/preprocess and strict load all refused
     encoder = load_encoder(folder).encoder
     stage0 = encoder.stage0 if config["arch"].get("kind") == "nested" else encoder

@@ -22,7 +22,7 @@ from torch import nn
 from ecgpos.ecg.screening import DEFAULT_POLICY, Screened, ScreenPolicy, as_samples, screen_record
 from ecgpos.ecg.signal import MAX_WHOLE_SECONDS, record_span
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.errors import EcgposError
+from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import (
     CONFIG_FILE,
     CONFIG_HASH_FIELDS,
@@ -206,6 +206,8 @@ class ExportedEncoder(nn.Module):
             raise EcgposError(f"num_windows must be an integer >= 1, got {num_windows!r}")
         signal = as_samples(signal)
         features = embed_signal(self, signal, fs, list(leads), self.spec, num_windows=num_windows, device=self.device)
+        if not np.isfinite(features).all():  # never handed out as a result, as `ecgpos embed` skips it
+            raise SignalError("non_finite", "the record's features are not finite")
         if record_span(signal.shape[-1], fs) != (0, signal.shape[-1]):  # screening passed: a (leads, time) array
             # one message for every record, so the default filter shows it once per calling line
             warnings.warn(

@@ -9,6 +9,7 @@ every row whose logits are stored and refuse a folder where the two disagree.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import zipfile
@@ -74,7 +75,7 @@ def load_scores(folder: str | Path, renames: dict[str, str] | None = None) -> li
     try:
         with np.load(path, allow_pickle=False) as data:
             index = json.loads(str(data["index"]))
-            return [
+            sets = [
                 ScoreSet(
                     (renames or {}).get(e["encoder"], e["encoder"]),
                     e["task"],
@@ -87,12 +88,92 @@ def load_scores(folder: str | Path, renames: dict[str, str] | None = None) -> li
                 )
                 for i, e in enumerate(index)
             ]
+            for found in sets:
+                _check_set(path, found)
+            return sets
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
         raise _unreadable(path, err) from None
 
 
+AUROC_COLUMNS = (
+    "val_auroc",
+    "test_auroc",
+    "test_auroc_low",
+    "test_auroc_high",
+    "mean_auroc_low",
+    "mean_auroc_high",
+    "macro_auroc",
+)
+
+
+def read_result_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of a probe folder's results.csv, each checked (EcgposError naming the file and line):
+    as many fields as the header (a truncated copy has fewer), a whole seed, a fraction in (0, 1], and
+    every AUROC finite and in [0, 1]. An empty AUROC (or NaN) is kept only in a row whose `note` says why
+    (the probe writes one when a split had no rows): otherwise a mean and its interval would be taken
+    over numbers no probe can produce."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            if not header:
+                raise EcgposError(f"{path}: cannot read CSV (the file is empty): not a probe results file")
+            rows = []
+            for fields in reader:
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise EcgposError(
+                        f"{path} line {reader.line_num}: {len(fields)} fields where the header has {len(header)} "
+                        "(a truncated or hand-edited copy?)"
+                    )
+                row = dict(zip(header, fields))
+                _check_row(path, reader.line_num, row)
+                rows.append(row)
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise EcgposError(f"{path}: cannot read CSV ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return rows
+
+
+def _check_row(path: Path, line: int, row: Mapping[str, str]) -> None:
+    where = f"{path} line {line}"
+    if "seed" in row:
+        seed = _number(row["seed"])
+        if not (math.isfinite(seed) and seed >= 0 and seed == int(seed)):
+            raise EcgposError(f"{where}: seed {row['seed']!r} is not a whole number")
+    if "fraction" in row:
+        fraction = _number(row["fraction"])
+        if not 0 < fraction <= 1:
+            raise EcgposError(f"{where}: fraction {row['fraction']!r} is not a share of the labels in (0, 1]")
+    explained = bool(str(row.get("note", "")).strip())
+    for column in [c for c in AUROC_COLUMNS if c in row]:
+        text = str(row[column]).strip()
+        value = _number(text)
+        if (not text or math.isnan(value)) and (explained or column != "test_auroc" and column != "macro_auroc"):
+            continue  # no number, and the row says why (or an optional column: no bootstrap, no val)
+        if not 0 <= value <= 1:
+            raise EcgposError(f"{where}: {column} {text!r} is not an AUROC (a finite number in [0, 1])")
+
+
 def _unreadable(path: Path, err: Exception) -> EcgposError:
     return EcgposError(f"{path}: not a readable probe test-score file ({type(err).__name__}: {err})")
+
+
+def _check_set(path: Path, found: ScoreSet) -> None:
+    """One line unless a set's logits are finite, one (N, C) per seed its index names, over 0/1 labels of its N keys."""
+    what = f"{path}: {found.encoder}, {found.task}, fraction {found.fraction:g}"
+    scores, labels = np.asarray(found.scores), np.asarray(found.labels)
+    if not isinstance(found.seeds, list) or not all(isinstance(x, int) and x >= 0 for x in found.seeds):
+        raise EcgposError(f"{what}: seeds {found.seeds!r} are not whole numbers")
+    if scores.ndim != 3 or scores.shape[0] != len(found.seeds):
+        raise EcgposError(f"{what}: logits of shape {scores.shape} for the {len(found.seeds)} seeds its index names")
+    if labels.shape != scores.shape[1:] or len(found.keys) != labels.shape[0]:
+        raise EcgposError(f"{what}: {len(found.keys)} keys and labels {labels.shape} for logits {scores.shape}")
+    if not np.isfinite(scores).all():
+        raise EcgposError(f"{what}: logits hold NaN or inf")
+    if not np.isin(labels, (0, 1)).all():
+        raise EcgposError(f"{what}: labels other than 0 and 1")
 
 
 def macro_aurocs(labels: np.ndarray, scores: np.ndarray) -> np.ndarray:
@@ -115,8 +196,6 @@ def _stored(folder: Path) -> dict[tuple[str, str, float, int], float]:
     out = {}
     try:
         for s in load_scores(folder):
-            if s.scores.ndim != 3 or s.labels.shape != s.scores.shape[1:]:
-                continue  # an older writer paired these logits with another set's labels: not checkable
             for seed, macro in zip(s.seeds, macro_aurocs(s.labels, s.scores)):
                 out[(str(s.encoder), str(s.task), s.fraction, int(seed))] = float(macro)
     except (ValueError, TypeError) as err:  # readable, but not numbers where numbers belong

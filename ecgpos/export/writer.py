@@ -82,7 +82,7 @@ def write_export(
     if decoders:
         from ecgpos.export.decoders import write_decoders
 
-        config["decoders"] = write_decoders(out, decoders)
+        config["decoders"] = write_decoders(out, decoders, config["weights_sha256"])
     config["config_sha256"] = config_sha256(config)
     if onnx:
         from ecgpos.export.onnx_export import export_onnx

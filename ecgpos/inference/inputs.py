@@ -248,6 +248,21 @@ def source_windows(
     bar.close()
 
 
+def finite_outputs(
+    record_id: str, outputs: dict[str, Any], skipped: list[tuple[str, str, str]], prog: str, what: str
+) -> bool:
+    """True when every value of a record's `outputs` (name -> array) is finite; otherwise the record is
+    appended to `skipped` as `non_finite` and reported on stderr, whatever its input format: no NaN or
+    inf is ever written as a feature or a score (an extreme but finite sample can overflow on the way)."""
+    bad = [name for name, values in outputs.items() if not np.isfinite(np.asarray(values, dtype=np.float64)).all()]
+    if not bad:
+        return True
+    detail = f"its {what} ({', '.join(bad)}) are not finite: samples beyond what float32 preprocessing can hold?"
+    skipped.append((record_id, "non_finite", detail))
+    print(f"{prog}: skipped {record_id}: non_finite: {detail}", file=sys.stderr)
+    return False
+
+
 def embed_records(
     encoder: ExportedEncoder,
     source: Source,
@@ -265,6 +280,8 @@ def embed_records(
         return {"features": window_features(encoder, windows, batch_size, encoder.device)}
 
     for record_id, means in record_means(records, features, batch_size):
+        if not finite_outputs(record_id, means, result.skipped, "ecgpos embed", "features"):
+            continue
         result.ids.append(record_id)
         result.features.append(means["features"])
     return result

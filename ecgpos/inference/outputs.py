@@ -8,9 +8,10 @@ earlier run's files together (`ecgpos.files.atomic_paths`), so no file of anothe
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from ecgpos.ecg.shards import SHARD_GLOB
 from ecgpos.errors import EcgposError
 from ecgpos.export.load import ExportedEncoder
 from ecgpos.files import atomic_paths, remove_abandoned_temporaries, write_test
+from ecgpos.inference.resolve import artifact_above
 
 OUTPUT_SUFFIXES = (".csv", ".h5", ".npz", ".npy")
 LONG_COLUMNS = ("record_id", "duration_s", "used_from_s", "used_to_s")
@@ -66,9 +68,24 @@ def check_writable(
                 )
     if suffixes and out.suffix not in suffixes:
         raise EcgposError(f"--out {out}: give a file name ending in {' or '.join(suffixes)}")
+    inside = artifact_above(out.parent)  # an export's test vectors, a run's files, a shard folder's index
+    if inside is not None:
+        raise EcgposError(f"--out {out} is inside {inside[1]} {inside[0]}: write the results elsewhere")
     write_test(out, f"--out {out}")
     # what a killed run of this command left beside these files (the folder is the user's: only ours)
     remove_abandoned_temporaries(out.parent, {path.name for path in [*output_paths(out), *also]})
+
+
+@contextlib.contextmanager
+def written_together(out: Path) -> Iterator[None]:
+    """Around an `atomic_paths` block writing --out FILE's set: an OSError (a full disk, a file made
+    read-only since the start) becomes one line saying the earlier files are kept, as they are."""
+    try:
+        yield
+    except OSError as err:
+        raise EcgposError(
+            f"cannot write {out} and the files beside it ({err.strerror or err}); the earlier ones are kept"
+        ) from None
 
 
 def write_skipped(out: Path, skipped: Sequence[tuple[str, str, str]], also: Sequence[Path] = ()) -> Path:

@@ -125,10 +125,32 @@ def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
 
 
 def refuse_model_folder(path: str | Path, flag: str = "--out") -> None:
-    """EcgposError when an output folder is a training run or an exported encoder: results written
-    there would mix with, and could overwrite, what the folder is read for."""
+    """EcgposError when an output folder is, or lies inside, a training run, an exported encoder or a
+    shard folder: results written there would mix with, and could overwrite, what the folder is read for
+    (an export's test vectors, a run's checkpoints, a shard beside the shards)."""
     if path is None:
         return
+    path = Path(path)
     kind = "an exported encoder" if is_export_dir(path) else "a training run" if is_run_dir(path) else None
     if kind:
         raise EcgposError(f"{flag} {path} is {kind} folder: give the results a folder of their own")
+    inside = artifact_above(path)
+    if inside is not None:
+        raise EcgposError(f"{flag} {path} is inside {inside[1]} {inside[0]}: give the results a folder of their own")
+
+
+def artifact_above(path: str | Path) -> tuple[Path, str] | None:
+    """(folder, what) of the nearest export, run or shard folder that `path` is or lies inside; None if none."""
+    from ecgpos.ecg.shards import SHARD_GLOB
+    from ecgpos.export.format import WEIGHTS_FILE
+
+    for folder in [Path(path).absolute(), *Path(path).absolute().parents]:
+        if not folder.is_dir():
+            continue
+        if is_export_dir(folder) and (folder / WEIGHTS_FILE).is_file():
+            return folder, "the exported encoder"
+        if is_run_dir(folder):
+            return folder, "the training run"
+        if (folder / "preprocess.json").is_file() or next(folder.glob(SHARD_GLOB), None) is not None:
+            return folder, "the shard folder"
+    return None

@@ -28,7 +28,7 @@ from torch import nn
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.inference.flags import Calibration, Decomposition, calibrate, channel_flags, check_fit_size, decompose
-from ecgpos.inference.inputs import Source, source_windows
+from ecgpos.inference.inputs import Source, finite_outputs, source_windows
 from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
 
@@ -160,10 +160,15 @@ def score_records(
         return window_scores(models, windows, masks, device, batch_size)
 
     for record_id, means in record_means(records, scores, batch_size):
+        if not finite_outputs(record_id, means, result.skipped, prog, "scores"):
+            continue
         result.ids.append(record_id)
         for level, value in means.items():
             result.scores[level].append(float(value))
     return result
+
+
+MIN_CLASS_RECORDS = 2
 
 
 def auroc_by_level(
@@ -187,16 +192,19 @@ def auroc_by_level(
             y.append(int(label in anomalous))
             rows.append(row)
     counts = {"nominal": y.count(0), "anomalous": y.count(1), "unlabelled": len(ids) - len(y)}
-    if not counts["nominal"] or not counts["anomalous"]:
+    if min(counts["nominal"], counts["anomalous"]) < MIN_CLASS_RECORDS:
         raise EcgposError(
             f"--labels give {counts['nominal']} nominal and {counts['anomalous']} anomalous scored "
-            "records; AUROC needs both"
+            f"records; an AUROC needs at least {MIN_CLASS_RECORDS} of each (with one, it is 0 or 1 by chance)"
         )
     labels_column = np.asarray(y)[:, None]
     aurocs = {
         level: float(auroc_columns(np.asarray(values, dtype=np.float64)[rows][:, None], labels_column)[0])
         for level, values in scores.items()
     }
+    broken = [level for level, value in aurocs.items() if not 0 <= value <= 1]
+    if broken:  # scores are finite (score_records skips the others): a NaN here is a bug, never a result
+        raise EcgposError(f"the AUROC of {', '.join(broken)} is not a number in [0, 1]; no summary written")
     return aurocs, counts
 
 
