@@ -285,6 +285,7 @@ def run(req: BuildRequest, stream: TextIO = sys.stderr) -> Summary:
     finished = _finished(req)
     if finished:
         return finished
+    manifest.check_out_folder(req.out)
     if not req.src.is_dir():
         raise EcgposError(f"--src {req.src} is not a folder")
     refs, notes = source.find_records(req.src, req.subset)

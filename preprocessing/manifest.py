@@ -21,7 +21,7 @@ from pathlib import Path
 import h5py
 
 from ecgpos import __version__
-from ecgpos.ecg.shards import shard_name, shard_paths
+from ecgpos.ecg.shards import SHARD_GLOB, shard_name, shard_paths
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
@@ -267,6 +267,25 @@ def write_or_check_plan(
     chunk_dir(out).mkdir(parents=True, exist_ok=True)
     write_json(path, plan)
     return plan
+
+
+def check_out_folder(out: Path) -> None:
+    """ConfigError when `out` holds files but is no set that preprocessing started (no chunks/): someone's
+    data, among which a set's files could not be told apart from it. (Shard files without a plan are
+    named by `write_or_check_plan`.)"""
+    if not out.is_dir() or chunk_dir(out).is_dir():
+        return
+    foreign = sorted(p.name for p in out.iterdir() if not _temporary(p.name) and not p.match(SHARD_GLOB))
+    if foreign:
+        raise ConfigError(
+            f"--out {out} is a non-empty folder that is not a preprocessing output ({len(foreign)} entries, e.g. "
+            f"{foreign[0]}); give a new or empty folder"
+        )
+
+
+def _temporary(name: str) -> bool:
+    """A temporary file of ecgpos.files (a part starting beside this one, or one a kill left)."""
+    return name.startswith(".") and ".tmp" in name
 
 
 def read_plan(out: Path, sources: Collection[str] = ()) -> dict:

@@ -404,3 +404,13 @@ def test_demo_seeds_are_any_non_negative_integer(capsys, tmp_path):
     assert not (tmp_path / "d").exists()
     assert [p.seed for p in synthetic.random_params(2, 3)] == [300_009, 300_010]  # seeds that fitted are kept
     assert all(0 <= p.seed < 2**32 for p in synthetic.random_params(3, 10**20))
+
+
+def test_preprocess_into_a_folder_of_other_files_is_refused(capsys, tmp_path, real_record):
+    """--out a folder holding someone's files (not a set preprocess started) is one line, and nothing is written."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept")
+    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", real_record.parent, "--subset", "all", "--out", out)
+    one_line_error(rc, err, "preprocess", "is a non-empty folder that is not a preprocessing output")
+    assert "e.g. notes.txt" in err and sorted(p.name for p in out.iterdir()) == ["notes.txt"]

@@ -183,6 +183,30 @@ def test_corrupt_newest_checkpoint_falls_back_then_refuses(capsys, tmp_path, tin
     one_line_error(rc, err.replace("does not load", "warning does not load"), "pretrain", "none of the")
 
 
+def test_incomplete_newest_checkpoint_is_set_aside_not_overwritten(capsys, tmp_path, tiny_run, tiny_shards):
+    """A step-N folder that lost its trainer state is renamed step-N.corrupt with its files, and the run
+    resumes from the one before: the save of step N then writes a new folder instead of replacing it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_run, run_dir)
+    newest = run_dir / "checkpoints" / "step-0000004"
+    (newest / "trainer_state.json").unlink()
+    weights = (newest / "model.safetensors").read_bytes()
+    args = [*PRETRAIN, "--shards", tiny_shards, "--run-dir", run_dir, *FAST, "--set", "optim.steps=4"]
+    rc, _, err = run(capsys, *args, "--set", "train.checkpoint_every=2", "--resume", "auto")
+    assert rc == 0 and "Traceback" not in err, err
+    assert "checkpoint step-0000004 is incomplete (lacks trainer_state.json); renamed step-0000004.corrupt" in err
+    aside = run_dir / "checkpoints" / "step-0000004.corrupt"
+    assert (aside / "model.safetensors").read_bytes() == weights and not (aside / "trainer_state.json").exists()
+    info = json.loads((run_dir / "run_info.json").read_text())
+    assert info["resumed_from"].endswith("step-0000002")
+    assert info["skipped_checkpoints"][0] == {
+        "checkpoint": str((run_dir / "checkpoints" / "step-0000004").resolve()),
+        "reason": "incomplete: lacks trainer_state.json",
+        "moved_to": str(aside.resolve()),
+    }
+    assert (run_dir / "checkpoints" / "step-0000004" / "trainer_state.json").is_file()
+
+
 @pytest.mark.parametrize(
     "value",
     [

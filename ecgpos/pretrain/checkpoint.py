@@ -26,7 +26,15 @@ import torch
 
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_json, make_public, recover_replaced, replace_folder
-from ecgpos.runs.run_folder import CHECKPOINT_DIR, STATE_FILE, checkpoint_name, list_checkpoints, read_trainer_state
+from ecgpos.runs.run_folder import (
+    CHECKPOINT_DIR,
+    STATE_FILE,
+    WEIGHTS_FILE,
+    checkpoint_name,
+    incomplete_checkpoints,
+    list_checkpoints,
+    read_trainer_state,
+)
 
 
 def _b64(data: bytes) -> str:
@@ -140,12 +148,15 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
     trainer state) is reported in one line on stderr and the previous one is tried; the next
     complete checkpoint then restores every state in full, so nothing of the broken one remains.
     Once one loads, the broken ones are renamed step-N.corrupt: kept for inspection, but no longer
-    taken for the run's newest checkpoint (by export, pruning or the next resume).
+    taken for the run's newest checkpoint (by export, pruning or the next resume). So are step-N
+    folders that lack their trainer state or weights, at once: a later save of their step would
+    otherwise replace them without a word.
     No checkpoint at all: start fresh. Checkpoints, but none loads: EcgposError (exit 2).
     """
     if accelerator.is_main_process:  # a checkpoint a killed save set aside is put back first (run lock held)
         remove_partial(run_dir)
     accelerator.wait_for_everyone()
+    incomplete = _set_aside_incomplete(accelerator, Path(run_dir).resolve())
     found = list_checkpoints(Path(run_dir).resolve())  # absolute: run_info.json is read from anywhere
     skipped: list[dict[str, str]] = []
     for _, path in reversed(found):
@@ -172,13 +183,32 @@ def resume_checkpoint(accelerator: Any, run_dir: str | Path) -> Resumed:
                     file=sys.stderr,
                     flush=True,
                 )
-        return Resumed(state, path, skipped)
+        return Resumed(state, path, incomplete + skipped)
     if found:
         raise EcgposError(
             f"none of the {len(found)} checkpoints in {Path(run_dir) / CHECKPOINT_DIR} loads "
             f"(newest: {skipped[0]['reason']}); start a new --run-dir"
         )
-    return Resumed()
+    return Resumed(skipped=incomplete)
+
+
+def _set_aside_incomplete(accelerator: Any, run_dir: Path) -> list[dict[str, str]]:
+    """Rename every incomplete step-N folder to step-N.corrupt (main process; collective call); their
+    skipped_checkpoints entries."""
+    skipped = []
+    for path in incomplete_checkpoints(run_dir):
+        lacks = [name for name in (STATE_FILE, WEIGHTS_FILE) if not (path / name).is_file()]
+        skipped.append({"checkpoint": str(path), "reason": f"incomplete: lacks {' and '.join(lacks)}"})
+        if accelerator.is_main_process:
+            skipped[-1]["moved_to"] = str(_aside(path))
+            print(
+                f"ecgpos pretrain: checkpoint {path.name} is incomplete (lacks {' and '.join(lacks)}); "
+                f"renamed {Path(skipped[-1]['moved_to']).name}",
+                file=sys.stderr,
+                flush=True,
+            )
+    accelerator.wait_for_everyone()  # no process lists checkpoints while the main one renames
+    return skipped
 
 
 def check_resumed_slices(state: dict[str, Any], run_dir: Path, num_processes: int, grad_accum: int) -> None:

@@ -56,6 +56,15 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def incomplete_checkpoints(run_dir: str | Path) -> list[Path]:
+    """step-N folders that lack the trainer state or the weights: never written so by a save (which renames
+    a finished .tmp folder), so damaged afterwards; no resume can use them."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and _CHECKPOINT_NAME.match(p.name) and not is_complete(p))
+
+
 def set_aside_checkpoints(run_dir: str | Path) -> list[Path]:
     """Checkpoints that a save of the same step renamed aside (.step-N.old-PID) and a kill kept from
     being deleted or renamed back; the trainer puts them back when it resumes (under the run lock)."""

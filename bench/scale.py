@@ -1,0 +1,317 @@
+"""Benchmark: the paper's pretraining corpus simulated; each cost per record at several corpus sizes.
+
+For each N of --sizes, writes a synthetic corpus of N records in the shard format `ecgpos preprocess`
+leaves (shards, index.csv with fingerprints, preprocess.json; through the preprocessing's own shard
+and manifest writers, generated 10 s 250 Hz signals instead of read and filtered ones) and measures:
+
+- `ecgpos pretrain` (tiny Stage 0, fresh process) from launch to its first step's log line, and a
+  resume from its checkpoint to the first step after it;
+- the trainer's and each loader worker's peak RSS over --steps steps at 6 workers, and the loader's
+  samples/s at 6 workers (bench/loader.py's measurement);
+- the leakage guard: loading the N pretraining fingerprints as `ecgpos probe --pretraining-index`
+  does at start-up (`probes.leakage.load_pretraining`), then matching the fingerprints of a
+  --probe-set-record probe set (CSN's size by default) against them as `task_overlap` does (random
+  probe fingerprints, 1 % of them near-copies of pretraining records, which must all be found);
+
+and once, on a --score-records shard folder (PTB-XL's size by default), `ecgpos score` of the tiny
+Stage-0 run. Prints one table of each cost per record at each N; the last line is the worst growth of
+a per-record cost from the smallest to the largest N. Corpora are removed unless --keep.
+
+    python bench/scale.py [--sizes 1000,10000,165000] [--work DIR] [--keep] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import psutil  # noqa: E402
+
+from ecgpos.ecg.fingerprint import FingerprintIndex, fingerprint  # noqa: E402
+from ecgpos.ecg.shards import shard_name, write_shard  # noqa: E402
+from ecgpos.ecg.spec import PreprocessSpec  # noqa: E402
+from ecgpos.errors import EcgposError  # noqa: E402
+from preprocessing import ecg_arrhythmia, manifest  # noqa: E402
+from preprocessing.build import BuildRequest  # noqa: E402
+from preprocessing.records import RecordRef  # noqa: E402
+
+CONFIG = ROOT / "configs" / "tiny" / "stage0.yaml"
+LENGTH = 2500  # samples: a 10 s record at the spec's 250 Hz
+WORKERS = 6
+
+
+# --- the synthetic corpus ------------------------------------------------------------------------------
+
+
+def _signals(rng: np.random.Generator, n: int, spec: PreprocessSpec) -> np.ndarray:
+    """(n, 12, LENGTH) standardised signals: a random walk's 0.2 s-scale wander plus noise, every lead
+    distinct, so that fingerprints differ as those of different recordings do."""
+    base = rng.standard_normal((n, len(spec.leads), LENGTH // 50), dtype=np.float32)
+    x = np.repeat(base, 50, axis=-1) + 0.3 * rng.standard_normal((n, len(spec.leads), LENGTH), dtype=np.float32)
+    x -= x.mean(axis=-1, keepdims=True)
+    x /= x.std(axis=-1, keepdims=True)
+    return x.astype(spec.dtype)
+
+
+def write_corpus(out: Path, records: int, per_shard: int = 1000, seed: int = 0, prefix: str = "SIM") -> float:
+    """A finished shard set of `records` synthetic records in `out`; returns the seconds it took."""
+    started = time.perf_counter()
+    spec = PreprocessSpec()
+    req = BuildRequest(
+        ecg_arrhythmia.NAME, Path(f"/simulated/{prefix}"), out, spec, records_per_shard=per_shard, max_dead_leads=2
+    )
+    refs = [RecordRef(f"{prefix}{i:07d}", f"{prefix}/{prefix}{i:07d}") for i in range(records)]
+    chunks = [refs[i : i + per_shard] for i in range(0, records, per_shard)]
+    out.mkdir(parents=True, exist_ok=True)
+    plan = manifest.write_or_check_plan(out, req.settings(), refs, len(chunks), {}, req.sources())
+    rng = np.random.default_rng(seed)
+    for k, chunk in enumerate(chunks):
+        x = _signals(rng, len(chunk), spec)
+        rows = [
+            {
+                "shard": shard_name(k),
+                "row": row,
+                "source": ecg_arrhythmia.NAME,
+                "record_id": ref.record_id,
+                "patient_id": "",
+                "age": "",
+                "sex": "",
+                "length": LENGTH,
+                "dead_leads": "",
+                "fingerprint": fingerprint(x[row], spec.fs, spec.window, spec.dtype),
+                "duration_s": "10",
+                "dx": "",
+            }
+            for row, ref in enumerate(chunk)
+        ]
+        ids = [ref.record_id for ref in chunk]
+        write_shard(out / shard_name(k), list(x), ids, spec, attrs={"source": ecg_arrhythmia.NAME, "chunk": k})
+        sidecar = {"chunk": k, "shard": shard_name(k), "found": len(chunk), "index": rows, "skipped": []}
+        manifest.write_json(manifest.sidecar_path(out, k), {**sidecar, "long_records": 0}, compact=True)
+    manifest.merge(out, plan, ecg_arrhythmia.INDEX_COLUMNS)
+    return time.perf_counter() - started
+
+
+# --- pretraining: start-up, resume, memory ---------------------------------------------------------------
+
+
+class PeakRss(threading.Thread):
+    """Peak RSS of a process and of each of its descendants, sampled every 0.2 s."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.root = psutil.Process(pid)
+        self.peak: dict[int, int] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.2):
+            try:
+                procs = [self.root, *self.root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            for proc in procs:
+                try:
+                    self.peak[proc.pid] = max(self.peak.get(proc.pid, 0), proc.memory_info().rss)
+                except psutil.NoSuchProcess:
+                    pass
+
+
+def _pretrain(shards: Path, run_dir: Path, steps: int, until: int, resume: bool) -> tuple[float, float, dict]:
+    """Run `ecgpos pretrain`; after the log line of step `until` ask it to checkpoint and stop (USR1).
+    Returns (seconds to the first step's log line, seconds to step `until`'s, peak RSS by pid)."""
+    cmd = [
+        sys.executable, "-m", "ecgpos", "pretrain", "--stage", "0", "--config", str(CONFIG),
+        "--shards", str(shards), "--run-dir", str(run_dir), "--resume", "auto",
+        "--set", f"optim.steps={steps}", "--set", "train.log_every=1", "--set", f"train.num_workers={WORKERS}",
+        "--set", f"train.checkpoint_every={steps}", "--set", f"train.figure_every={steps}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    rss = PeakRss(proc.pid)
+    rss.start()
+    first = last = None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = [*tail[-20:], line]
+        if line.startswith("step "):
+            if first is None:
+                first = time.perf_counter() - started
+            if int(line.split()[1].split("/")[0]) >= until and last is None:
+                last = time.perf_counter() - started
+                proc.send_signal(signal.SIGUSR1)
+    proc.wait()
+    rss.done.set()
+    rss.join()
+    if proc.returncode != 0 or first is None or last is None:
+        raise EcgposError(f"ecgpos pretrain failed ({proc.returncode}): {''.join(tail)[-2000:]}")
+    if resume:
+        return first, last, {}
+    return first, last, {pid: value for pid, value in rss.peak.items() if pid != proc.pid} | {0: rss.peak[proc.pid]}
+
+
+# --- the leakage guard ------------------------------------------------------------------------------------
+
+
+def guard_costs(shards: Path, probe_records: int, seed: int = 1) -> tuple[float, float]:
+    """(seconds to load the pretraining fingerprints, seconds to match the probe set against them)."""
+    from probes.leakage import load_pretraining
+
+    started = time.perf_counter()
+    index = load_pretraining([shards], log=lambda _: None)
+    loaded = time.perf_counter() - started
+    (prints,) = index.by_spec.values()
+    rng = np.random.default_rng(seed)
+    bits = rng.integers(0, 2, (probe_records, len(prints.prints[0]) * 4), dtype=np.uint8)
+    copies = rng.choice(len(prints), size=max(1, probe_records // 100), replace=False)
+    for k, source in enumerate(copies):  # a copy: its pretraining record with a few bits flipped
+        bits[k] = np.unpackbits(np.frombuffer(bytes.fromhex(prints.prints[source]), dtype=np.uint8))
+        bits[k, rng.choice(bits.shape[1] - 4, 5, replace=False)] ^= 1
+    hexes = [np.packbits(row).tobytes().hex() for row in bits]
+    started = time.perf_counter()
+    found = [k for k, hex_print in enumerate(hexes) if prints.match(hex_print)]
+    matched = time.perf_counter() - started
+    if found != list(range(len(copies))):
+        raise EcgposError(f"leakage guard found {len(found)} matches, {len(copies)} copies were planted")
+    return loaded, matched
+
+
+def _timed(cmd: list[str]) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise EcgposError(f"{' '.join(cmd[2:5])} failed: {proc.stderr.strip()[-2000:]}")
+    return time.perf_counter() - started
+
+
+# --- the table ----------------------------------------------------------------------------------------------
+
+# (row label, unit, per record or for the whole N)
+ROWS = {
+    "write": ("synthetic corpus written", "ms/record"),
+    "startup": ("pretrain start-up to first step", "ms/record"),
+    "resume": ("resume to first step", "ms/record"),
+    "rss_trainer": ("trainer peak RSS", "kB/record"),
+    "rss_worker": ("loader worker peak RSS (max)", "kB/record"),
+    "loader": ("loader at 6 workers", "samples/s"),
+    "guard_load": ("guard: load N fingerprints (probe start-up)", "us/record"),
+    "guard_match": ("guard: match the probe set", "us/(probe x N/1000)"),
+}
+SCALE = {"write": 1e3, "startup": 1e3, "resume": 1e3, "rss_trainer": 1e-3, "rss_worker": 1e-3, "guard_load": 1e6}
+
+
+def measure(n: int, work: Path, steps: int, probe_records: int, keep: bool) -> dict[str, float]:
+    corpus, run_dir = work / f"corpus-{n}", work / f"run-{n}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    got = {"write": write_corpus(corpus, n)} if not (corpus / "preprocess.json").is_file() else {"write": float("nan")}
+    print(f"N={n}: corpus written", file=sys.stderr, flush=True)
+    got["startup"], _, rss = _pretrain(corpus, run_dir, 2 * steps, steps, resume=False)
+    got["resume"], _, _ = _pretrain(corpus, run_dir, 2 * steps, steps + 1, resume=True)
+    got["rss_trainer"] = rss.pop(0)
+    got["rss_worker"] = max(rss.values(), default=0)
+    got["rss_trainer_mb"], got["rss_worker_mb"] = got["rss_trainer"] / 2**20, got["rss_worker"] / 2**20
+    print(f"N={n}: pretrain measured", file=sys.stderr, flush=True)
+    from loader import loader_rate
+
+    got["loader"] = loader_rate([corpus], WORKERS, min(64, n), 20, PreprocessSpec().window)
+    got["guard_load"], got["guard_match"] = guard_costs(corpus, probe_records)
+    got["startup_s"], got["resume_s"], got["guard_s"] = got["startup"], got["resume"], got["guard_load"] + got["guard_match"]
+    if not keep:
+        shutil.rmtree(corpus)
+    return got
+
+
+def per_record(name: str, value: float, n: int, probe_records: int) -> float:
+    if name == "loader":
+        return value
+    if name == "guard_match":  # each probe record is compared with the N pretraining ones
+        return value * 1e6 / probe_records / (n / 1000)
+    return value * SCALE[name] / n
+
+
+def table(results: dict[int, dict[str, float]], probe_records: int) -> tuple[list[str], float, str]:
+    sizes = sorted(results)
+    lines = [
+        "| cost | unit | " + " | ".join(f"N={n:,}" for n in sizes) + " | growth |",
+        "|---|---|" + "---|" * (len(sizes) + 1),
+    ]
+    worst, worst_name = 0.0, ""
+    for name, (label, unit) in ROWS.items():
+        values = [per_record(name, results[n][name], n, probe_records) for n in sizes]
+        growth = values[-1] / values[0] if values[0] > 0 else float("nan")
+        if name == "loader":  # a rate: its growth is a slowdown
+            growth = values[0] / values[-1] if values[-1] > 0 else float("nan")
+        if name != "write" and np.isfinite(growth) and growth > worst:
+            worst, worst_name = growth, label
+        lines.append(f"| {label} | {unit} | " + " | ".join(f"{v:.4g}" for v in values) + f" | {growth:.2f}x |")
+    return lines, worst, worst_name
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,165000", help="corpus sizes N, comma-separated")
+    parser.add_argument("--records", type=int, help="only write a corpus of this many records to --work and exit")
+    parser.add_argument("--work", type=Path, help="folder for corpora and runs (default: a temporary one)")
+    parser.add_argument("--keep", action="store_true", help="keep the corpora (and runs)")
+    parser.add_argument("--steps", type=int, default=200, help="tiny Stage-0 steps before memory is read")
+    parser.add_argument("--probe-set-records", type=int, default=45_000, help="leakage guard probe set (CSN)")
+    parser.add_argument("--score-records", type=int, default=20_000, help="`ecgpos score` records (PTB-XL)")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    if not sizes or sizes[0] < 64:
+        raise EcgposError(f"--sizes must list corpus sizes of at least 64 records, got {args.sizes!r}")
+    work = args.work or Path(tempfile.mkdtemp(prefix="ecgpos-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.records:
+        seconds = write_corpus(work / f"corpus-{args.records}", args.records)
+        print(f"wrote {args.records} records to {work / f'corpus-{args.records}'} in {seconds:.1f} s")
+        return
+    try:
+        results = {n: measure(n, work, args.steps, args.probe_set_records, args.keep) for n in sizes}
+        scored = work / "score-set"
+        write_corpus(scored, args.score_records, prefix="PRB")
+        score_s = _timed(
+            [sys.executable, "-m", "ecgpos", "score", "--run", str(work / f"run-{sizes[0]}"), "--input", str(scored),
+             "--out", str(work / "scores.csv"), "--no-progress"]
+        )  # fmt: skip
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    lines, worst, worst_name = table(results, args.probe_set_records)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; tiny Stage 0, {args.steps} steps")
+    print("\n".join(lines))
+    for n in sizes:
+        r = results[n]
+        print(
+            f"N={n}: start-up {r['startup_s']:.1f} s, resume {r['resume_s']:.1f} s, trainer RSS "
+            f"{r['rss_trainer_mb']:.0f} MB, worker RSS {r['rss_worker_mb']:.0f} MB, leakage guard "
+            f"{r['guard_s']:.1f} s ({args.probe_set_records} x {n})"
+        )
+    print(f"ecgpos score: {args.score_records} records in {score_s:.1f} s ({score_s / args.score_records * 1e3:.2f} ms/record)")
+    print(f"worst growth {sizes[0]} -> {sizes[-1]} records: {worst:.2f}x ({worst_name})")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except EcgposError as err:
+        sys.exit(str(err))
