@@ -44,6 +44,7 @@ from ecgpos.pretrain.data import (
     non_finite_records,
     train_loader,
 )
+from ecgpos.pretrain.carving import shard_violations
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import (
@@ -270,23 +271,25 @@ class Trainer:
             self.acc.process_index,
             self.acc.num_processes,
         )
-        total = torch.zeros(3, device=self.acc.device)
-        carving = getattr(model, "push_violations", None)  # Stage 1 only
+        total = torch.zeros(4, device=self.acc.device)
         batches = eval_loader(self.val_set, [b for _, b in numbered], 0)
         for (k, _), x in zip(numbered, batches):
             x = model_input(x, self.acc.device)
             with eager_pass():
                 out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
-            draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
-            violated = carving(x, draw).float().sum() if carving is not None else torch.zeros((), device=total.device)
-            total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
+            total[:2] += torch.stack([out["loss"].detach().float() * count, count])
+        # the carving criterion on every validation record, each perturbed from its own seed
+        violations = shard_violations(
+            model, self.val_set, self.sampler.per_process, self.acc.device, self.acc.process_index, self.acc.num_processes
+        )
+        total[2:] += torch.tensor([sum(violations.values()), float(len(violations))], device=total.device)
         model.train()
         self._keep_stage0_frozen()
         if self.acc.num_processes > 1:
             total = self.acc.reduce(total, reduction="sum")
-        extra = {"val_push_violation": float(total[2] / total[1].clamp_min(1))} if carving is not None else {}
-        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), **extra)
+        violation = float(total[2] / total[3].clamp_min(1))
+        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), val_push_violation=violation)
 
     @torch.no_grad()
     def _figure(self, step: int) -> None:
