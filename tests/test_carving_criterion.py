@@ -10,7 +10,16 @@ import pytest
 import torch
 from pretrain_helpers import TINY0, TINY1, pretrain
 
-from ecgpos.objectives.criterion import bootstrap_interval, criterion, record_violations, window_violations
+from ecgpos.objectives.criterion import (
+    CRITERION_SEED,
+    bootstrap_interval,
+    criterion,
+    push_triplet,
+    record_violations,
+    window_generator,
+    window_violations,
+)
+from ecgpos.objectives.push_pull import PushPullConfig, per_sample_distance
 from ecgpos.pretrain.carving import shard_violations, validation_index
 from ecgpos.pretrain.data import ShardDataset
 from ecgpos.runs.run_config import load_run_config
@@ -84,3 +93,16 @@ def test_trainer_logs_the_criterion_measured_afterwards(shards: Path, tmp_path: 
     halves = [shard_violations(model, val, 2, process_index=p, num_processes=2) for p in (0, 1)]
     assert whole == {**halves[0], **halves[1]} and len(whole) == len(val)
     assert logged and logged[-1] == pytest.approx(criterion(whole), abs=1e-9)
+    # with alpha at the median margin ratio the records split: still the same answer however they are batched
+    names = [(r, 0) for r in val.index.record_id]
+    x = torch.stack([val[i] for i in range(len(val))]).float()
+    clean, tilde, x_hat = push_triplet(model, x, [window_generator(CRITERION_SEED, r, k) for r, k in names])
+    ratio = per_sample_distance(x_hat, tilde) / per_sample_distance(tilde, clean)
+    model.push_pull = PushPullConfig(enabled=True, alpha=float(ratio.median()))
+    mixed = shard_violations(model, val, 3)
+    assert 0 < criterion(mixed) < 1
+    assert mixed == shard_violations(model, val, len(val)) == {
+        **shard_violations(model, val, 1, process_index=0, num_processes=3),
+        **shard_violations(model, val, 4, process_index=1, num_processes=3),
+        **shard_violations(model, val, 2, process_index=2, num_processes=3),
+    }
