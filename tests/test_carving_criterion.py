@@ -101,8 +101,12 @@ def test_trainer_logs_the_criterion_measured_afterwards(shards: Path, tmp_path: 
     model.push_pull = PushPullConfig(enabled=True, alpha=float(ratio.median()))
     mixed = shard_violations(model, val, 3)
     assert 0 < criterion(mixed) < 1
-    assert mixed == shard_violations(model, val, len(val)) == {
-        **shard_violations(model, val, 1, process_index=0, num_processes=3),
-        **shard_violations(model, val, 4, process_index=1, num_processes=3),
-        **shard_violations(model, val, 2, process_index=2, num_processes=3),
-    }
+    assert (
+        mixed
+        == shard_violations(model, val, len(val))
+        == {
+            **shard_violations(model, val, 1, process_index=0, num_processes=3),
+            **shard_violations(model, val, 4, process_index=1, num_processes=3),
+            **shard_violations(model, val, 2, process_index=2, num_processes=3),
+        }
+    )

@@ -6,7 +6,7 @@ criterion says stop.
                  [--set key=value ...] [--probe-task TASK --data-root DIR [--splits DIR]]
     accelerate launch -m ecgpos carve ...        (each level trains on every process)
 
-Level l trains into RUNS/level<l> (`ecgpos pretrain --stage l`, on the frozen RUNS/level<l-1> for l >= 1)
+Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
 with train.val_fraction set to --val-fraction at every level, so all levels hold out the same records.
 After each level the criterion (ecgpos.objectives.criterion) is measured on those held-out records
 (label-free) and ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
