@@ -31,8 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ecgpos.models.st_mem import patchify, unpatchify
-from ecgpos.objectives.push_pull import PushPullConfig, perturb, perturbation_noise, push_margin_violated
+from ecgpos.objectives.push_pull import PushPullConfig, perturbation_noise, push_margin_violated
 
 CRITERION_SEED = 0
 
@@ -50,44 +49,25 @@ def window_generator(seed: int, record_id: str, window: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
 
 
-def _perturb_each(patches: torch.Tensor, pp: PushPullConfig, generators: Sequence[torch.Generator]) -> torch.Tensor:
-    """patches (B, L, N, D) perturbed window by window, each from its own generator."""
-    out = []
-    for one, generator in zip(patches.split(1), generators):
-        noise = perturbation_noise(one.shape, pp.perturbation, generator, one.device)
-        out.append(perturb(one, pp.perturbation, pp.scale, noise=noise))
-    return torch.cat(out)
-
-
-def _is_latent(model: nn.Module) -> bool:
-    return hasattr(model, "latent_tokens")
-
-
 @torch.no_grad()
 def push_triplet(
     model: nn.Module, x: torch.Tensor, generators: Sequence[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(clean, perturbed, reconstruction of perturbed) of one level's objective on raw windows
-    x (B, leads, T), in that level's target space (see the module docstring)."""
-    pp = criterion_settings(model)
-    if _is_latent(model):
-        tokens = model.latent_tokens(x)
-        e = model.encoder
-        shape = (1, e.num_leads, e.num_patches, e.width)
-        # the level's own perturb_patches: the perturbation its push term applies, SEP outputs untouched
-        tilde = torch.cat(
-            [
-                model.perturb_patches(one, noise=perturbation_noise(shape, pp.perturbation, g, x.device))
-                for one, g in zip(tokens.split(1), generators)
-            ]
-        )
-        return model.target(tokens), model.target(tilde), model.reconstruct(tilde)
-    encoder = model.encoder
-    x = x.float()
-    x_tilde = unpatchify(_perturb_each(patchify(x, encoder.patch_size), pp, generators))
-    latent = encoder.forward_tokens(x_tilde)
-    latent = latent.reshape(-1, encoder.num_leads, encoder.tokens_per_lead, encoder.width)
-    return model.target(x), model.target(x_tilde), model.decoder(latent, None)
+    x (B, leads, T), in that level's target space (see the module docstring). The level's own
+    `perturb_patches` and `reconstruct` do the work: the perturbation and the map its push term uses."""
+    pp, e = criterion_settings(model), model.encoder
+    latent = hasattr(model, "latent_tokens")
+    # level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
+    inputs = model.latent_tokens(x) if latent else x.float()
+    shape = (1, e.num_leads, e.num_patches, e.width if latent else e.patch_size)
+    tilde = torch.cat(
+        [
+            model.perturb_patches(one, noise=perturbation_noise(shape, pp.perturbation, g, x.device))
+            for one, g in zip(inputs.split(1), generators)
+        ]
+    )
+    return model.target(inputs), model.target(tilde), model.reconstruct(tilde)
 
 
 @torch.no_grad()
