@@ -129,20 +129,19 @@ def resolve_encoder(path_or_random: str | Path, level: int | None = None) -> Loa
 
 
 def cut_loaded(loaded: LoadedEncoder, level: int) -> LoadedEncoder:
-    """`loaded` cut to its levels 0..level (its module, arch and info say so); an export's wrapper
-    keeps its input checks around the cut encoder."""
+    """`loaded` cut to its levels 0..level (module, arch and info say so); an export keeps its
+    preprocessing and input checks around the cut encoder."""
     inner = getattr(loaded.module, "encoder", loaded.module)
     depth = depth_of(inner)
+    if inner is loaded.module:
+        module = _freeze(cut_encoder(inner, level))
+    else:
+        module = loaded.module.cut(level)
     if level == depth - 1:
         return loaded
-    cut = _freeze(cut_encoder(inner, level))
-    module = cut
-    if inner is not loaded.module:  # an ExportedEncoder: same preprocessing and checks, fewer levels
-        from ecgpos.export.load import ExportedEncoder
-
-        module = ExportedEncoder(cut, loaded.module.spec, _arch(cut), loaded.module.config, loaded.module.source)
+    arch = _arch(getattr(module, "encoder", module))
     info = {**loaded.info, "level": level, "levels_of_source": depth}
-    return LoadedEncoder(module, loaded.spec, _arch(cut), loaded.source, info)
+    return LoadedEncoder(module, loaded.spec, arch, loaded.source, info)
 
 
 def _resolve(path_or_random: str | Path) -> LoadedEncoder:
