@@ -10,6 +10,7 @@ is read as levels [stage0, stage1]. `encoder_arch(module)` is the inverse of `mo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -124,6 +125,27 @@ def arch_depth(arch: Mapping[str, Any]) -> int:
 def module_from_arch(arch: Mapping[str, Any]) -> STMEMEncoder | NestedEncoder:
     """Freshly initialised encoder described by `arch`; malformed arch raises EcgposError."""
     return build_nested(arch_levels(arch))
+
+
+def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
+
+    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
+    themselves, so an in-memory module can be checked as well as a file on disk.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
+        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_hash(module: torch.nn.Module) -> str:
+    """`state_sha256` of a module's weights: the value an export records as `weights_sha256`, so a
+    run's encoder and its export can be matched."""
+    return state_sha256(module.state_dict())
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str:

@@ -147,8 +147,7 @@ def _base_levels(run_dir: Path, stage: int, info: dict[str, Any]) -> list[nn.Mod
 
 def _check_chain_weights(model: nn.Module, run_dir: Path, info: dict[str, Any]) -> None:
     """EcgposError unless every base level's loaded weights have the sha256 its chain records."""
-    from ecgpos.export.format import weights_hash
-    from ecgpos.models.factory import levels_of
+    from ecgpos.models.factory import levels_of, weights_hash
 
     for entry, level in zip(run_chain(info), levels_of(model.base)):
         recorded = entry.get("weights_sha256")
