@@ -115,3 +115,25 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
     probe += ["--epochs", "1", "--workers", "1", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "p")]
     assert main(probe) == 0
     assert "level 1" in (tmp_path / "p" / "results.csv").read_text()
+
+
+def test_push_pull_at_level_0_perturbs_the_signal_and_trains_the_encoder() -> None:
+    """AE-PP: level 0 with push-pull adds the push-pull term on perturbed signal patches."""
+    from ecgpos.runs.run_config import load_run_config
+    from ecgpos.runs.stages import build_model
+
+    cfg = load_run_config("tiny/stage0", ["push_pull.enabled=true", "push_pull.lambda_pp=0.5"])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(1))
+    out = model(x, generator=torch.Generator().manual_seed(2))
+    log = out["log"]
+    assert set(log) == {"recon_loss", "pp_loss", "push_active"}
+    assert torch.allclose(out["loss"], log["recon_loss"] + 0.5 * log["pp_loss"])
+    out["loss"].backward()
+    assert model.encoder.patch_embed[1].weight.grad.abs().sum() > 0
+    tilde = model.perturb_patches(x, torch.Generator().manual_seed(3))
+    assert tilde.shape == x.shape and not torch.equal(tilde, x)
+    assert model.reconstruct(x).shape == (3, 12, 30, 75)
+    violated = model.push_violations(x, torch.Generator().manual_seed(3), per_sample_noise=True)
+    assert violated.shape == (3,) and violated.dtype == torch.bool
