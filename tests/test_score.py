@@ -303,12 +303,13 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
 
         res = geometry(data["x"], data["x_hat"], data["labels"], ["A", "B"], ["X"])
         with (out / space / "metrics.csv").open() as handle:
-            rows = {r["metric"]: r for r in csv.DictReader(handle)}
+            rows = {r["metric"]: r for r in csv.DictReader(handle) if r["level"] == "1"}
         assert list(rows) == ["D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"]
         for m, r in rows.items():
             assert float(r["delta_pct"]) == pytest.approx(res.delta_pct[m], rel=1e-6)
         summary = (out / space / "summary.md").read_text()
-        assert "Delta S > 0" in summary and "Carving criterion (Stage-1 level)" in summary
+        assert "Delta S > 0" in summary and "Carving criterion per level" in summary
+        assert "## Levels 0 -> 1" in summary and (out / space / "depth.png").stat().st_size > 5000
         assert (out / space / "geometry.png").stat().st_size > 5000
     assert not dead.exists() and other_host.exists()
     # the two spaces are different readings of the same records
