@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tiny_runs import cli
@@ -44,9 +45,13 @@ def test_bad_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.slow
-def test_carve_three_levels_on_the_real_samples(arrhythmia_shards: Path, tmp_path: Path) -> None:
+def test_carve_three_levels_on_the_real_samples(
+    arrhythmia_shards: Path, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three tiny levels, the criterion after each equal to the trainer's last val_push_violation and to
-    a measurement with another batch size; a rerun resumes (trains nothing, keeps the measurements)."""
+    a measurement with another batch size; a rerun resumes (trains nothing, keeps the measurements).
+    On the three-level run, `score` writes a column per level and `geometry` measures both pairs and
+    gives every level's criterion record for record as carve's measurement does."""
     runs = tmp_path / "carve"
     args = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", arrhythmia_shards]
     args += ["--run-dir", runs, "--max-levels", "3", "--stop-below", "0", "--min-drop", "-1", *FAST]
@@ -74,3 +79,56 @@ def test_carve_three_levels_on_the_real_samples(arrhythmia_shards: Path, tmp_pat
     assert cli(*args) == 0  # resumes: every level is finished, nothing is trained again
     assert (runs / "level2" / "run_info.json").stat().st_mtime_ns == stamp
     assert json.loads((runs / "carve.json").read_text())["levels"] == levels
+
+    # score: one column per level of the three-level run
+    records = [
+        next((shared_data / "ecg-arrhythmia").rglob(f"{rid}.hea")).with_suffix("") for rid in val.index.record_id
+    ]
+    folder = tmp_path / "records"
+    folder.mkdir()
+    for record in records[:4]:
+        for ext in (".hea", ".mat"):
+            (folder / (record.name + ext)).write_bytes(record.with_suffix(ext).read_bytes())
+    assert cli("score", "--run", runs / "level2", "--input", folder, "--out", tmp_path / "s.csv", "--no-progress") == 0
+    assert (tmp_path / "s.csv").read_text().splitlines()[0] == "record_id,stage0_score,stage1_score,stage2_score"
+    # geometry on the validation records themselves, with alpha between two margin ratios so that answers split
+    from ecgpos.objectives import criterion as crit
+    from ecgpos.objectives.push_pull import PushPullConfig
+
+    monkeypatch.setattr(crit, "criterion_settings", lambda model: PushPullConfig(enabled=True, alpha=2.9))
+    task = tmp_path / "task"
+    task.mkdir()
+    rows = ["record,A,B,X"] + [
+        f"{r},{int(i % 3 == 0)},{int(i % 3 == 1)},{int(i % 3 == 2)}" for i, r in enumerate(records)
+    ]
+    for split in ("train", "val", "test"):
+        (task / f"{split}.csv").write_text("\n".join(rows) + "\n")
+    geo = tmp_path / "geo"
+    args = [
+        "geometry",
+        "--encoder",
+        runs / "level2",
+        "--task",
+        f"custom:{task}",
+        "--nominal",
+        "A,B",
+        "--anomalous",
+        "X",
+    ]
+    assert cli(*args, "--out", geo, "--device", "cpu") == 0
+    import csv
+
+    with (geo / "metrics.csv").open() as handle:
+        assert sorted({r["level"] for r in csv.DictReader(handle)}) == ["1", "2"]
+    data = np.load(geo / "features.npz")
+    nominal = [i for i, label in enumerate(data["labels"]) if label != "X"]
+    for level in range(3):
+        direct = shard_violations(load_run_model(runs / f"level{level}")[0], val, 5)
+        from_geometry = {
+            str(data["record_ids"][i]).rsplit("/", 1)[-1]: data[f"violation_level{level}"][i] for i in nominal
+        }
+        assert from_geometry == {rid: direct[rid] for rid in from_geometry}
+        if level == 0:
+            assert 0 < np.mean(list(from_geometry.values())) < 1  # a split answer, not all 0 or all 1
+    assert cli(*args, "--level", "1", "--out", tmp_path / "geo1", "--device", "cpu") == 0
+    assert "## Levels 0 -> 1" in (tmp_path / "geo1" / "summary.md").read_text()
