@@ -3,7 +3,9 @@ criterion says stop.
 
     ecgpos carve --config stage0 --latent-config stage1 --shards DIR [DIR ...] --run-dir RUNS
                  [--max-levels 4] [--stop-below 0.05] [--min-drop 0.01] [--val-fraction 0.1]
-                 [--set key=value ...] [--probe-task TASK --data-root DIR [--splits DIR]]
+                 [--set key=value ...] [--latent-set key=value ...]
+                 [--probe-task TASK --data-root DIR [--splits DIR] [--probe-args "..."]]
+                 [--geometry-task TASK --nominal A,B --anomalous C [--geometry-args "..."]]
     accelerate launch -m ecgpos carve ...        (each level trains on every process)
 
 Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
@@ -13,7 +15,9 @@ After each level the criterion (ecgpos.objectives.criterion) is measured on thos
 than --min-drop since the level before, stop at --max-levels, else carve the next level.
 RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the same command again to
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
-newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`).
+newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
+into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
+`ecgpos geometry --level l` (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
 """
 
 from __future__ import annotations
@@ -45,10 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the pool (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward of the criterion (default 32)")
     add_set_option(p, "a config key of every level", "optim.steps=200")
+    p.add_argument(
+        "--latent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key of the levels >= 1 only, after --set (repeatable), e.g. optim.steps=100",
+    )
     p.add_argument("--probe-task", help="also linear-probe each level on this task (e.g. ptbxl-rhythm)")
     p.add_argument("--data-root", type=user_path, help="with --probe-task: folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="with --probe-task: folder holding MERL's split folders")
     p.add_argument("--probe-args", default="", help="with --probe-task: extra `ecgpos probe` flags, one string")
+    p.add_argument("--geometry-task", help="also measure geometry between levels l-1 and l on this task (l >= 1)")
+    p.add_argument("--nominal", help="with --geometry-task: comma-separated nominal classes")
+    p.add_argument("--anomalous", help="with --geometry-task: comma-separated anomalous classes")
+    p.add_argument("--geometry-args", default="", help="with --geometry-task: extra `ecgpos geometry` flags")
     return p
 
 
@@ -68,6 +83,8 @@ def _check(args: argparse.Namespace) -> None:
         raise EcgposError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.probe_task and args.data_root is None and not args.probe_task.startswith("custom:"):
         raise EcgposError("--probe-task needs --data-root")
+    if args.geometry_task and not (args.nominal and args.anomalous):
+        raise EcgposError("--geometry-task needs --nominal and --anomalous")
     if args.run_dir.exists() and not args.run_dir.is_dir():
         raise EcgposError(f"--run-dir {args.run_dir} is a file, not a folder")
 
@@ -79,7 +96,7 @@ def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
     if level >= 1:
         argv += ["--stage0" if level == 1 else "--base", str(args.run_dir / f"level{level - 1}")]
     argv += ["--set", f"train.val_fraction={args.val_fraction}"]
-    for override in args.overrides:
+    for override in [*args.overrides, *(args.latent_set if level >= 1 else [])]:
         argv += ["--set", override]
     return argv
 
@@ -97,9 +114,9 @@ def _train(args: argparse.Namespace, level: int) -> int:
     from ecgpos.cli.pretrain import main as pretrain
 
     code = pretrain(_pretrain_argv(args, level))
-    if code == 0 and not _finished(run):  # stopped cleanly by a signal: the rerun resumes this level
+    if code == 0 and not _finished(run):  # stopped cleanly by a signal: exit 0 as pretrain does, for a requeue
         print(f"ecgpos carve: level {level} stopped before its last step; rerun to resume", file=sys.stderr)
-        return 1
+        return -1
     return code
 
 
@@ -153,6 +170,24 @@ def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[fl
     return auroc, ((float(lo), float(hi)) if lo not in (None, "") and hi not in (None, "") else None)
 
 
+def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
+    """Delta % of each geometry metric between levels level-1 and level (`ecgpos geometry --level`)."""
+    import csv
+
+    from ecgpos.cli import run_command
+
+    out = args.run_dir / "geometry" / f"level{level}"
+    argv = ["--encoder", str(args.run_dir / f"level{level}"), "--level", str(level), "--task", args.geometry_task]
+    argv += ["--nominal", args.nominal, "--anomalous", args.anomalous, "--out", str(out)]
+    argv += ["--data-root", str(args.data_root)] if args.data_root else []
+    argv += ["--splits", str(args.splits)] if args.splits else []
+    argv += args.geometry_args.split()
+    if run_command("geometry", argv) != 0:
+        raise EcgposError(f"geometry of level {level} failed (see above); its run is kept, rerun carve to continue")
+    with (out / "metrics.csv").open() as handle:
+        return {r["metric"]: float(r["delta_pct"]) for r in csv.DictReader(handle) if r["level"] == str(level)}
+
+
 def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) -> LevelRecord:
     """Measure level `level` (or reuse carve.json's measurement of the same finished run)."""
     from ecgpos.objectives.criterion import bootstrap_interval, criterion
@@ -163,7 +198,9 @@ def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) 
         old = {**old, "interval": tuple(old["interval"])}
         if old.get("probe_interval") is not None:
             old["probe_interval"] = tuple(old["probe_interval"])
-        if args.probe_task is None or old.get("probe_auroc") is not None:
+        probed = args.probe_task is None or old.get("probe_auroc") is not None
+        measured = args.geometry_task is None or level == 0 or old.get("geometry")
+        if probed and measured:
             return LevelRecord(**old)
     per_record, (steps, val_loss) = measure(args, level)
     record = LevelRecord(
@@ -171,6 +208,8 @@ def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) 
     )
     if args.probe_task and is_main_process():  # the other processes go on to the next level's training
         record.probe_auroc, record.probe_interval = _probe(args, level)
+    if args.geometry_task and level >= 1 and is_main_process():
+        record.geometry = _geometry(args, level)
     return record
 
 
@@ -190,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for level in range(args.max_levels):
         code = _train(args, level)
         if code != 0:
-            return code
+            return max(code, 0)
         record = _level_record(args, level, known)
         decision = decide(
             [r.criterion for r in done] + [record.criterion], args.max_levels, args.stop_below, args.min_drop
