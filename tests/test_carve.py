@@ -132,3 +132,38 @@ def test_carve_three_levels_on_the_real_samples(
             assert 0 < np.mean(list(from_geometry.values())) < 1  # a split answer, not all 0 or all 1
     assert cli(*args, "--level", "1", "--out", tmp_path / "geo1", "--device", "cpu") == 0
     assert "## Levels 0 -> 1" in (tmp_path / "geo1" / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_carve_on_two_processes_measures_what_one_process_does(arrhythmia_shards: Path, tmp_path: Path) -> None:
+    """`accelerate launch` (2 CPU processes, gloo): the level trains on both, the trainer's all-reduced
+    val_push_violation, carve's criterion and a one-process measurement with another batch size agree,
+    with alpha set so that the records split."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from ecgpos.runs.run_folder import load_run_model
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch += ["--main_process_port", str(port), "-m", "ecgpos", "carve", "--config", "tiny/stage0"]
+    launch += ["--shards", str(arrhythmia_shards), "--run-dir", str(tmp_path / "carve"), "--max-levels", "1", *FAST]
+    launch += ["--set", "push_pull.enabled=true", "--set", "push_pull.lambda_pp=0", "--set", "push_pull.alpha=2.9"]
+    done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "carve" / "level0"
+    assert json.loads((run / "run_info.json").read_text())["num_processes"] == 2
+    (level,) = json.loads((tmp_path / "carve" / "carve.json").read_text())["levels"]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    val = ShardDataset(validation_index(arrhythmia_shards, 0.1), 2250, train=False)
+    one = criterion(shard_violations(load_run_model(run)[0], val, 3))
+    assert 0 < one < 1 and level["records"] == len(val)
+    assert level["criterion"] == pytest.approx(one, abs=1e-12)
+    assert [r["val_push_violation"] for r in logged if "val_push_violation" in r][-1] == pytest.approx(one, abs=1e-6)
