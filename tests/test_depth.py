@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from pretrain_helpers import max_diff, metrics, weights
-from test_interrupts import start, wait_for
 
 from ecgpos.cli import main
 from ecgpos.export.load import load_encoder
@@ -29,6 +31,22 @@ SETS = [
     *("--set", "train.batch_size=4", "--set", "train.num_workers=0", "--set", "train.log_every=1"),
     *("--set", "train.figure_every=100"),
 ]
+
+
+def start(*args: str) -> subprocess.Popen:
+    """`ecgpos ARGS` in a process group of its own, as a terminal or Slurm runs it."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "ecgpos.cli", *args]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert path.exists(), proc.communicate()[1][-2000:]
 
 
 def test_an_l_level_encoder_and_its_cuts_have_the_same_weights_and_outputs() -> None:
@@ -137,3 +155,39 @@ def test_push_pull_at_level_0_perturbs_the_signal_and_trains_the_encoder() -> No
     assert model.reconstruct(x).shape == (3, 12, 30, 75)
     violated = model.push_violations(x, torch.Generator().manual_seed(3), per_sample_noise=True)
     assert violated.shape == (3,) and violated.dtype == torch.bool
+
+
+def test_the_leakage_guard_reads_the_pretraining_shards_of_every_level_below(tmp_path: Path) -> None:
+    from probes.leakage import recorded_pretraining
+
+    runs = [tmp_path / f"l{level}" for level in range(3)]
+    infos = [
+        {"stage": 0, "shards": ["/data/a"]},
+        {"stage": 1, "shards": ["/data/b"], "stage0": str(runs[0])},  # the two-level record of its base
+        {
+            "stage": 2,
+            "shards": ["/data/c"],
+            "base": str(runs[1]),
+            "chain": [{"level": 0, "source": "/gone/l0", "shards": ["/data/a2"]}, {"level": 1, "source": str(runs[1])}],
+        },
+    ]
+    for run, info in zip(runs, infos):
+        run.mkdir()
+        (run / "run_info.json").write_text(json.dumps(info))
+    found = {str(p) for p in recorded_pretraining(str(runs[2]), {})}
+    assert found == {"/data/a", "/data/a2", "/data/b", "/data/c"}
+
+
+def test_the_random_baseline_of_a_latent_config_builds_each_level_at_its_own_size(tmp_path: Path) -> None:
+    from ecgpos.inference.resolve import random_encoder
+    from ecgpos.models.factory import levels_of
+
+    tiny0 = (Path(__file__).parents[1] / "configs" / "tiny" / "stage0.yaml").read_text()
+    tiny1 = (Path(__file__).parents[1] / "configs" / "tiny" / "stage1.yaml").read_text()
+    (tmp_path / "stage0.yaml").write_text(tiny0.replace("depth: 2", "depth: 3", 1))
+    (tmp_path / "latent.yaml").write_text(tiny1.replace("depth: 2", "depth: 1", 1))
+    loaded = random_encoder(tmp_path / "latent.yaml")
+    assert [len(level.blocks) for level in levels_of(loaded.module)] == [3, 1]
+    assert loaded.arch["levels"][0]["depth"] == 3
+    (tmp_path / "stage0.yaml").unlink()  # no level-0 config beside it: the latent section stands in
+    assert [len(level.blocks) for level in levels_of(random_encoder(tmp_path / "latent.yaml").module)] == [1, 1]
