@@ -5,9 +5,13 @@ non-finite guard, device-side stats, precision 'auto': bf16 autocast on a CUDA d
 fp32 otherwise) on a random (B, 12, window) batch, after warm-up steps; prints samples/s, peak
 memory (CUDA: max allocated; CPU: process peak RSS) and MFU: FLOPs per sample counted by
 torch.utils.flop_counter.FlopCounterMode on the model itself (forward + backward), against the
-card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a Stage-1
-config it also times the frozen Stage-0 forward and reports its share of a Stage-1 step; Stage 1
-uses --stage0 (a run or export folder) or a random Stage-0 encoder of the config's width.
+card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a latent
+config it also times the frozen forward of the levels below and reports its share of the step; the
+base is --stage0 / --base (a run or export folder) or random levels (level 0 from the `stage0.yaml`
+beside the config, the latent levels from the config). --level N trains level N of a latent config
+(default: its own stage) and, for N >= 2, also times a level-1 step of the same config on the same
+level 0 and prints both with their ratio (the cost of depth: the frozen levels run under
+torch.inference_mode and compile with the trained level).
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
 and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
 and checkpoint at the end) for --e2e-steps steps on those shards and prints its samples/s (from
@@ -17,6 +21,7 @@ The last line is the figure.
 
     python bench/train_step.py --config configs/stage0.yaml [--batch 64] [--steps 10] [--warmup 3]
     python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
+    python bench/train_step.py --config configs/stage1.yaml --level 2 [--base RUN_OR_EXPORT] [--steps 3]
     python bench/train_step.py --config configs/stage0.yaml --e2e SHARDS [--e2e-steps 300]
     python bench/train_step.py --config configs/stage0.yaml --compile reduce-overhead --profile 5
 """
@@ -40,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step_profile.py
 
 from ecgpos.errors import EcgposError  # noqa: E402
-from ecgpos.models.st_mem import STMEMEncoder, param_count  # noqa: E402
+from ecgpos.models.factory import build_nested, cut_encoder  # noqa: E402
+from ecgpos.models.st_mem import param_count  # noqa: E402
 from ecgpos.pretrain.guard import NonFiniteGuard  # noqa: E402
 from ecgpos.pretrain.optim import (  # noqa: E402
     build_optimizer,
@@ -101,7 +107,7 @@ def attention_report(model: torch.nn.Module, x: torch.Tensor, generator, autocas
         return report + f" flash=no ({str(err).splitlines()[0][:80]})"
 
 
-def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder | None, batch: int) -> float:
+def e2e(args: argparse.Namespace, cfg_overrides: list[str], base: torch.nn.Module | None, batch: int) -> float:
     """Samples/s of the real trainer on --e2e shards (records after the first: start-up excluded)."""
     from ecgpos.pretrain.plan import RunPlan, check_shards
     from ecgpos.pretrain.trainer import Trainer
@@ -116,7 +122,7 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
         f"train.figure_every={args.e2e_steps}",
         "train.grad_accum=1",
     ]
-    cfg = load_run_config(args.config, overrides)
+    cfg = load_run_config(args.config, overrides, stage=args.level)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         plan = RunPlan(
@@ -125,8 +131,8 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
             run,
             check_shards(cfg, args.e2e),
             False,
-            stage0,
-            "random" if stage0 is not None else None,
+            base,
+            "random" if base is not None else None,
         )
         started = time.perf_counter()
         if Trainer(plan).run() != 0:
@@ -145,7 +151,10 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], stage0: STMEMEncoder
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--stage0", type=Path, help="Stage 1: Stage-0 run or export folder (default: random)")
+    parser.add_argument(
+        "--stage0", "--base", dest="base", type=Path, help="levels below: run or export (default: random)"
+    )
+    parser.add_argument("--level", type=int, help="level to train with a latent config (default: the config's stage)")
     parser.add_argument("--batch", type=int, help="per-device batch (default: the config's global batch)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -166,43 +175,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> None:
-    args = build_parser().parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    overrides = [*args.overrides, *([f"train.compile={args.compile}"] if args.compile else [])]
-    cfg = load_run_config(args.config, overrides)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    precision = resolve_mixed_precision(cfg.train.mixed_precision)
-    batch = args.batch or cfg.train.batch_size
-    torch.manual_seed(0)
-    stage0 = None
-    if cfg.stage == 1:
-        if args.stage0 is not None:
-            from ecgpos.pretrain.plan import load_stage0
+def random_base(args: argparse.Namespace, cfg) -> torch.nn.Module:
+    """Random frozen levels 0..N-1 for level N: level 0 as the random-init baseline builds it."""
+    from ecgpos.inference.resolve import level0_config
 
-            stage0 = load_stage0(args.stage0, cfg)[0]
-        else:
-            stage0 = STMEMEncoder(cfg.encoder).requires_grad_(False).eval()
-    model = build_model(cfg, stage0).to(device).train()
+    levels = [level0_config(args.config, cfg), *[cfg.encoder] * (cfg.stage - 1)]
+    return build_nested(levels).requires_grad_(False).eval()
+
+
+def make_step(model, cfg, x: torch.Tensor, autocast, device: torch.device):
+    """What Trainer._train_step does per step, less the loader: step(i) and the running loss sum."""
     optimizer = build_optimizer(model, cfg)
     trainable = [p for p in model.parameters() if p.requires_grad]
     guard = NonFiniteGuard(device, 1)
-    x = torch.randn(batch, 12, cfg.preprocess.window, device=device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-    attention = attention_report(model, x, step_generator(0, 0, 0, device=device), autocast)
-    with FlopCounterMode(display=False) as counter:  # before compiling: the counter sees every aten op
-        with autocast:
-            loss = model(x, generator=step_generator(0, 0, 0, device=device))["loss"]
-        loss.backward()
-    optimizer.zero_grad(set_to_none=True)
-    flops_per_sample = counter.get_total_flops() / batch
-    compile_mode = resolve_compile(cfg.train.compile, device, grad_accum=cfg.train.grad_accum)
-    compile_model(model, compile_mode)  # in place; latent_tokens (a method) stays eager
-    sums = torch.zeros(1, dtype=torch.float64, device=device)
+    sums = [torch.zeros(1, dtype=torch.float64, device=device)]
+    batch = x.shape[0]
 
-    def step(i: int) -> None:  # what Trainer._train_step does per step, less the loader
-        nonlocal sums
+    def step(i: int) -> None:
         noise = model.draw_noise(batch, step_generator(0, i, 0, device=device), device)
         with autocast:
             out = model(x, noise=noise)
@@ -212,7 +201,55 @@ def main() -> None:
         optimizer.found_inf = guard.update(i, stats, norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        sums = sums + stats[:1].double()
+        sums[0] = sums[0] + stats[:1].double()
+
+    return step, optimizer, trainable
+
+
+def level1_seconds(args: argparse.Namespace, cfg, base: torch.nn.Module, x, autocast, device, mode) -> float:
+    """Seconds per step of level 1 of the same latent config on level 0 of `base`."""
+    import dataclasses
+
+    cfg1 = dataclasses.replace(cfg, stage=1)
+    torch.manual_seed(0)
+    model = build_model(cfg1, cut_encoder(base, 0)).to(device).train()
+    compile_model(model, mode)
+    step = make_step(model, cfg1, x, autocast, device)[0]
+    step(0)
+    return timed(step, args.steps, args.warmup, device)
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = [*args.overrides, *([f"train.compile={args.compile}"] if args.compile else [])]
+    cfg = load_run_config(args.config, overrides, stage=args.level)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = resolve_mixed_precision(cfg.train.mixed_precision)
+    batch = args.batch or cfg.train.batch_size
+    torch.manual_seed(0)
+    base = None
+    if cfg.stage >= 1:
+        if args.base is not None:
+            from ecgpos.pretrain.plan import load_base
+
+            base = load_base(args.base, cfg)[0]
+        else:
+            base = random_base(args, cfg)
+    model = build_model(cfg, base).to(device).train()
+    x = torch.randn(batch, 12, cfg.preprocess.window, device=device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    attention = attention_report(model, x, step_generator(0, 0, 0, device=device), autocast)
+    with FlopCounterMode(display=False) as counter:  # before compiling: the counter sees every aten op
+        with autocast:
+            loss = model(x, generator=step_generator(0, 0, 0, device=device))["loss"]
+        loss.backward()
+    model.zero_grad(set_to_none=True)
+    flops_per_sample = counter.get_total_flops() / batch
+    compile_mode = resolve_compile(cfg.train.compile, device, grad_accum=cfg.train.grad_accum)
+    compile_model(model, compile_mode)  # in place; latent_tokens (a method) stays eager
+    step, _, trainable = make_step(model, cfg, x, autocast, device)
 
     peak, peak_what = matmul_peak(device)
     if device.type == "cuda":
@@ -238,16 +275,19 @@ def main() -> None:
         f"peak {peak / 1e12:.3g} TFLOP/s ({peak_what}, measured)"
     )
     share = ""
-    if cfg.stage == 1:
+    if cfg.stage >= 1:
 
-        @torch.no_grad()
-        def stage0_forward(i: int) -> None:  # noqa: ARG001
+        def base_forward(i: int) -> None:  # noqa: ARG001
             with autocast if device.type == "cuda" else contextlib.nullcontext():
                 model.latent_tokens(x)
 
-        s0 = timed(stage0_forward, args.steps, args.warmup, device)
-        share = f" stage0_forward_ms={s0 * 1e3:.1f} stage0_forward_share={s0 / seconds:.2f}"
-        assert not any(p.requires_grad for p in model.stage0.parameters())
+        s0 = timed(base_forward, args.steps, args.warmup, device)
+        name = "stage0" if cfg.stage == 1 else "base"  # the frozen levels below the trained one
+        share = f" {name}_forward_ms={s0 * 1e3:.1f} {name}_forward_share={s0 / seconds:.2f}"
+        assert not any(p.requires_grad for p in model.base.parameters())
+    if cfg.stage >= 2:
+        one = level1_seconds(args, cfg, base, x, autocast, device, compile_mode)
+        share += f" level1_step_ms={one * 1e3:.1f} level{cfg.stage}_over_level1={seconds / one:.2f}"
     rate = batch / seconds
     if args.profile:
         from step_profile import profile_steps
@@ -255,7 +295,7 @@ def main() -> None:
         print(profile_steps(step, args.profile, args.warmup + args.steps, device))
     end_to_end = ""
     if args.e2e:
-        e2e_rate = e2e(args, overrides, stage0, batch)
+        e2e_rate = e2e(args, overrides, base, batch)
         end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
     print(
         f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={compile_mode} "

@@ -246,7 +246,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
             task, read_splits(task, args.splits, record_column(task, cfg)), args.data_root, args.require_complete
         )
 
-    enc = load_probe_encoder(args.encoder)
+    enc = load_probe_encoder(args.encoder, getattr(args, "level", None))
     unfinished = unfinished_note(enc.info)
     if unfinished:
         print(f"ecgpos probe: warning: {unfinished}", file=sys.stderr)

@@ -31,17 +31,19 @@ def _label(path: str) -> str:
     return Path(path).resolve().name
 
 
-def load_probe_encoder(path: str) -> ProbeEncoder:
-    """Run folder, export folder or 'random:<config.yaml>' -> ProbeEncoder; EcgposError when unloadable."""
+def load_probe_encoder(path: str, level: int | None = None) -> ProbeEncoder:
+    """Run folder, export folder or 'random:<config.yaml>' -> ProbeEncoder, cut to its levels 0..level
+    when given (labelled so); EcgposError when unloadable."""
     from ecgpos.inference.resolve import resolve_encoder
 
     try:
-        loaded = resolve_encoder(path)
+        loaded = resolve_encoder(path, level)
     except EcgposError:
         raise
     except Exception as err:  # a broken folder must not surface as a traceback
         raise EcgposError(f"cannot load encoder {path}: {type(err).__name__}: {str(err).splitlines()[0]}") from None
-    return ProbeEncoder(loaded.module.eval(), loaded.spec, loaded.arch, _label(path), loaded.source, dict(loaded.info))
+    label = _label(path) if level is None else f"{_label(path)} level {level}"
+    return ProbeEncoder(loaded.module.eval(), loaded.spec, loaded.arch, label, loaded.source, dict(loaded.info))
 
 
 def random_twin(enc: ProbeEncoder, seed: int = 0) -> ProbeEncoder:

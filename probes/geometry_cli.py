@@ -1,32 +1,34 @@
-"""`ecgpos geometry`: the preprint's representation dynamics between two levels of a nested encoder.
+"""`ecgpos geometry`: the preprint's representation dynamics between consecutive levels of a nested encoder.
 
     ecgpos geometry --encoder NESTED_RUN_OR_EXPORT --task TASK --data-root DIR [--splits DIR]
                     --nominal A,B[,...] --anomalous C[,...] [--split test] [--out DIR]
-                    [--space features|reconstruction]
+                    [--space features|reconstruction] [--level L]
 
 TASK and the data layout are the probe's. A record belongs to a class when it carries exactly one of
 the chosen labels (nominal or anomalous); records with none or several are left out and counted.
 Each nominal class needs at least two records with different features (its radius divides S and rho).
-x = Stage-0 level, x_hat = the same records one level deeper:
-  --space features (default): x = Stage-0 features, x_hat = nested (Stage-1) features, both from
+Every consecutive pair of levels (l-1, l) of an L-level encoder is measured (--level l: that pair only);
+x = level l-1, x_hat = the same records one level deeper:
+  --space features (default): x = level l-1's features, x_hat = level l's features, both from
     forward_features (what the probes see); these are two coordinate systems, standardised with the
-    Stage-0 map all the same, so a Delta mixes carving with the change of coordinates;
-  --space reconstruction: the appendix's own reading: x = the Stage-0 latent patch tokens in Stage 1's
-    target space, x_hat = their Stage-1 reconstruction with every token visible; both averaged over
+    level-(l-1) map all the same, so a Delta mixes carving with the change of coordinates;
+  --space reconstruction: the appendix's own reading: x = level l-1's patch tokens in level l's
+    target space, x_hat = their level-l reconstruction with every token visible; both averaged over
     the patch tokens alike (the appendix's latent is one vector per sample; a record's is here the
-    mean of its tokens, not their 360 x W concatenation). Needs the Stage-1 decoder: a Stage-1 run or
+    mean of its tokens, not their 360 x W concatenation). Needs level l's decoder: a run folder or
     an export --with-decoders.
-Also reports the carving criterion: the fraction of perturbed Stage-1 inputs of held-out nominal
-records (those of the chosen split) that still violate the Push margin, alpha d(x~, x) > d(x^, x~)
-(a record's windows averaged, then records weighted equally), with the run's push-pull perturbation
-(its defaults when the run trained without push-pull).
-Writes OUT/metrics.csv, OUT/features.npz, OUT/summary.md, OUT/geometry.png.
+Also reports the carving criterion of every level with a decoder (ecgpos.objectives.criterion): the
+fraction of held-out nominal records (those of the chosen split) whose perturbed input's reconstruction
+still violates the Push margin, alpha d(x~, x) > d(x^, x~) (a record's windows averaged, then records
+weighted equally), with the level's push-pull perturbation (its defaults when it trained without).
+Writes OUT/metrics.csv (level, metric, x, x_hat, delta_pct; level = the deeper level l), OUT/features.npz
+(x, x_hat of the deepest pair; x_level<l> per level; violation_level<l> per level), OUT/summary.md,
+OUT/geometry.png (the deepest pair) and OUT/depth.png (each metric's Delta % against depth).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from collections import Counter
@@ -50,24 +52,16 @@ from ecgpos.files import (
 from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.datasets import prepared_record, task_locator
-from probes.geometry import GeometryResult, UnmeasurableError, check_classes, geometry, plot_geometry
+from probes.geometry import UnmeasurableError, check_classes, geometry, plot_geometry
+from probes.geometry_report import plot_depth, summary_markdown, write_metrics
 from probes.run import ProbeConfig, record_column, task_windows
 from probes.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
-# what x and x_hat are in each space, in summary.md: the appendix defines its metrics on the reconstruction
-SPACE_TEXT = {
-    "features": "x = the Stage-0 encoder's features, x_hat = the nested (Stage-1) encoder's features, as the "
-    "probes see them; the appendix's own x_hat, the Stage-1 reconstruction of the Stage-0 latent, is "
-    "`--space reconstruction`",
-    "reconstruction": "x = the Stage-0 latent patch tokens in Stage 1's target space, x_hat = their Stage-1 "
-    "reconstruction (the appendix's reading), both averaged over the patch tokens",
-}
-CARVING_SEED = 0
 NOT_FOUND = "not found under the data root"
 
 
-OUTPUT_FILES = ("metrics.csv", "features.npz", "summary.md", "geometry.png")
+OUTPUT_FILES = ("metrics.csv", "features.npz", "summary.md", "geometry.png", "depth.png")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nominal", required=True, help="comma-separated nominal classes (at least two)")
     p.add_argument("--anomalous", required=True, help="comma-separated anomalous classes")
     p.add_argument("--split", default="test", help="train, val, test, a comma-separated list, or all (default test)")
+    p.add_argument("--level", type=int, help="compare levels LEVEL-1 and LEVEL only (default: every consecutive pair)")
     p.add_argument("--space", choices=SPACES, default="features", help="which x / x_hat pair (default features)")
     p.add_argument("--out", type=user_path, default=Path("geometry"), help="output folder (default ./geometry)")
     p.add_argument("--device", default="auto", help="torch device (default: cuda when available)")
@@ -152,76 +147,95 @@ def select_records(
 
 @dataclass
 class Levels:
-    """What the command runs: the Stage-0 and nested encoders, and the Stage-1 objective if present."""
+    """What the command runs: the encoder (all its levels), the pairs (l-1, l) it compares, and the
+    objective (decoder) of every level the folder provides."""
 
-    stage0: nn.Module
-    nested: nn.Module
-    stage1: nn.Module | None
+    encoder: nn.Module
+    pairs: list[int]  # the deeper level l of each pair (l-1, l)
+    objectives: dict[int, nn.Module]
     spec: object
     note: str = ""
     unfinished: str | None = None  # a run folder still before its last step: which checkpoint is used
 
 
-def load_levels(path: str) -> Levels:
-    """A nested run or export; the Stage-1 objective (decoder) when the folder provides one."""
+def load_levels(path: str, level: int | None = None) -> Levels:
+    """A nested run or export; every level's objective (decoder) the folder provides. `level` l
+    compares levels l-1 and l only; without it every consecutive pair."""
     from ecgpos.export.decoders import NoDecoders
     from ecgpos.inference.resolve import resolve_encoder, unfinished_note
     from ecgpos.inference.scoring import load_recon_models
+    from ecgpos.models.factory import depth_of
 
     loaded = resolve_encoder(path)
     module = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
-    if not hasattr(module, "stage1"):
+    depth = depth_of(module)
+    if depth < 2:
         raise EcgposError(
             f"{path} is a Stage-0 encoder: geometry compares two levels and needs a nested (Stage-1) run or export"
         )
-    stage1, note = None, ""
+    if level is not None and not 1 <= level < depth:
+        raise EcgposError(f"--level {level}: {path} has levels 0..{depth - 1}; geometry compares l-1 and l for l >= 1")
+    objectives, note = {}, ""
     try:
-        stage1 = load_recon_models(path).levels.get("stage1")
+        recon = load_recon_models(path)
+        objectives = {int(name.removeprefix("stage")): m for name, m in recon.levels.items()}
+        note = "; ".join(n for n in recon.notes if n)
     except NoDecoders as err:  # damaged or foreign decoders are refused, not taken for absent ones
         note = str(err)
-    if stage1 is not None:
-        module = stage1.nested_encoder()
-    return Levels(module.stage0.eval(), module.eval(), stage1, loaded.spec, note, unfinished_note(loaded.info))
+    pairs = [level] if level is not None else list(range(1, depth))
+    return Levels(module.eval(), pairs, objectives, loaded.spec, note, unfinished_note(loaded.info))
 
 
 @torch.no_grad()
-def _level_pair(levels: Levels, w: torch.Tensor, space: str) -> tuple[torch.Tensor, torch.Tensor]:
-    if space == "features":
-        return levels.stage0.forward_features(w), levels.nested.forward_features(w)
-    model = levels.stage1
-    tokens = model.latent_tokens(w)
-    return model.target(tokens).mean(dim=(1, 2)), model.reconstruct(tokens).float().mean(dim=(1, 2))
+def _level_outputs(levels: Levels, w: torch.Tensor, space: str) -> dict[str, np.ndarray]:
+    """Per window: the features of every level a pair needs (features space), or each pair's x and
+    x_hat (reconstruction space: level l's target tokens and their reconstruction, token-averaged)."""
+    from ecgpos.models.factory import cut_encoder
+
+    out = {}
+    for level in levels.pairs:
+        if space == "features":
+            for k in (level - 1, level):
+                if f"f{k}" not in out:
+                    out[f"f{k}"] = cut_encoder(levels.encoder, k).forward_features(w).float().cpu().numpy()
+        else:
+            model = levels.objectives[level]
+            tokens = model.latent_tokens(w)
+            out[f"x{level}"] = model.target(tokens).mean(dim=(1, 2)).float().cpu().numpy()
+            out[f"h{level}"] = model.reconstruct(tokens).float().mean(dim=(1, 2)).cpu().numpy()
+    return out
+
+
+def record_name(key: str) -> str:
+    """The record id the criterion's perturbation is keyed by: the record's file name without extension,
+    which is the record id `ecgpos preprocess` gives it in shards (so a record gets the same perturbation
+    in training's validation, in `carve` and here)."""
+    name = Path(key).name
+    return name.removesuffix(".hea") if name.endswith(".hea") else name
 
 
 @dataclass
 class Extracted:
     keys: list[str]
     labels: list[str]
-    x: np.ndarray
-    x_hat: np.ndarray
-    violation: dict[str, float]  # record key -> fraction of its windows violating the push margin
+    pairs: dict[int, tuple[np.ndarray, np.ndarray]]  # deeper level l -> (x, x_hat), one row per record
+    violation: dict[int, dict[str, float]]  # level -> nominal record key -> fraction of its windows violating
     failed: Counter
 
 
 def extract(
     levels: Levels, sel: Selection, located: tuple, nominal: Sequence[str], space: str, device: str, batch_size: int
 ) -> Extracted:
-    """x, x_hat (mean over each record's windows) and the nominal records' push-margin violations."""
+    """Each pair's x, x_hat (mean over each record's windows) and every level's push-margin violations
+    of the nominal records (ecgpos.objectives.criterion, each window perturbed from its own seed)."""
+    from ecgpos.objectives.criterion import window_violations
+
     task, locator = located
     spec, windows = levels.spec, task_windows(ProbeConfig(), task.dataset)
-    for module in (levels.nested, levels.stage1):
-        if module is not None:
-            module.to(device)
-    generator = torch.Generator().manual_seed(CARVING_SEED)
-    keys, labels, xs, xhs, violation, failed = [], [], [], [], {}, Counter()
-
-    def outputs(windows: np.ndarray) -> dict[str, np.ndarray]:
-        w = torch.from_numpy(windows).float().to(device)
-        x, x_hat = (v.float().cpu().numpy() for v in _level_pair(levels, w, space))
-        out = {"x": x, "x_hat": x_hat}
-        if levels.stage1 is not None:
-            out["violation"] = levels.stage1.push_violations(w, generator, per_sample_noise=True).float().cpu().numpy()
-        return out
+    levels.encoder.to(device)
+    for model in levels.objectives.values():
+        model.to(device)
+    keys, labels, rows, violation, failed = [], [], [], {k: {} for k in levels.objectives}, Counter()
 
     def records() -> Iterator[tuple[tuple[str, str], np.ndarray]]:
         for key, label in zip(sel.keys, sel.labels):
@@ -231,73 +245,60 @@ def extract(
             except EcgposError as err:
                 failed[getattr(err, "reason", "unreadable")] += 1
                 continue
+            if label in nominal:  # the criterion: the record's windows named (key, window number)
+                w = torch.from_numpy(found).float().to(device)
+                names = [(record_name(key), k) for k in range(len(found))]
+                for level, model in levels.objectives.items():
+                    violation[level][key] = float(window_violations(model, w, names).float().mean())
             yield (key, label), found
+
+    def outputs(windows: np.ndarray) -> dict[str, np.ndarray]:
+        return _level_outputs(levels, torch.from_numpy(windows).float().to(device), space)
 
     for (key, label), means in record_means(records(), outputs, batch_size):
         keys.append(key)
         labels.append(label)
-        xs.append(means["x"])
-        xhs.append(means["x_hat"])
-        if "violation" in means and label in nominal:
-            violation[key] = float(means["violation"])
-    width = xs[0].shape[0] if xs else 0
-    return Extracted(keys, labels, np.array(xs).reshape(-1, width), np.array(xhs).reshape(-1, width), violation, failed)
+        rows.append(means)
+    pairs = {}
+    for level in levels.pairs:
+        a, b = (f"f{level - 1}", f"f{level}") if space == "features" else (f"x{level}", f"h{level}")
+        width = rows[0][a].shape[0] if rows else 0
+        pairs[level] = tuple(np.array([r[k] for r in rows]).reshape(-1, width) for k in (a, b))
+    return Extracted(keys, labels, pairs, violation, failed)
 
 
-def carving_line(levels: Levels, violation: dict[str, float]) -> str:
-    if levels.stage1 is None:
-        return (
-            "Carving criterion: not available, the encoder has no Stage-1 decoder "
+def carving_lines(levels: Levels, violation: dict[int, dict[str, float]]) -> list[str]:
+    """The carving criterion of every level with a decoder, as summary.md states it."""
+    from ecgpos.objectives.criterion import criterion, criterion_settings
+
+    if not violation:
+        return [
+            "Carving criterion: not available, the encoder has no decoders "
             f"({levels.note or 'export it with --with-decoders'})."
-        )
-    pp = levels.stage1.push_pull
-    which = "the run's push-pull settings" if pp.enabled else "the default push-pull settings (the run trained without)"
-    from ecgpos.objectives.push_pull import PushPullConfig
-
-    used = pp if pp.enabled else PushPullConfig()
-    return (
-        f"Carving criterion (Stage-1 level): a fraction {np.mean(list(violation.values())):.3f} of the perturbed "
-        f"inputs of {len(violation)} held-out nominal records (each record's windows averaged, records weighted "
-        "equally) violate the Push margin alpha d(x~, x) > d(x^, x~) "
-        f"({which}: {used.perturbation} perturbation, scale {used.scale}, alpha {used.alpha}). "
-        "Lower means the level already pushes reconstructions of perturbed nominal inputs away from the "
-        "perturbation; a high fraction suggests the range needs further carving (to choose the depth by it, "
-        "measure it on val or train, not test)."
-    )
-
-
-def summary_markdown(
-    args: argparse.Namespace, res: GeometryResult, data: Extracted, sel: Selection, carving: str, nominal: Sequence[str]
-) -> str:
-    counts = Counter(data.labels)
-    excluded = sel.excluded + Counter({f"skipped ({k})": v for k, v in data.failed.items()})
+        ]
     lines = [
-        f"# PoS representation dynamics: {args.encoder}",
+        "Carving criterion per level: the fraction of the held-out nominal records whose perturbed input's "
+        "reconstruction at that level still violates the Push margin alpha d(x~, x) > d(x^, x~) (each record's "
+        'windows averaged, records weighted equally; configs/README.md, "The carving criterion"). Lower means '
+        "the level already pushes reconstructions of perturbed nominal inputs away from the perturbation; a high "
+        "fraction suggests the range needs further carving (to choose the depth by it, measure it on val or train, "
+        "not test).",
         "",
-        f"Task {args.task}, split(s) {args.split}, space `{args.space}`: {SPACE_TEXT[args.space]}. Both levels "
-        "are standardised with the mean and population std (+1e-8) of the nominal records' x.",
-        "Records: "
-        + ", ".join(f"{c} {counts.get(c, 0)}" for c in [*nominal, *args.anomalous_list])
-        + (f"; excluded: {', '.join(f'{v} {k}' for k, v in excluded.items())}" if excluded else "")
-        + ".",
-        "",
-        "D_inter, R, d_samp and d_pool are Euclidean distances in the standardised space (each dimension in "
-        "units of the nominal x std); S, rho and IC are ratios of them; Delta % is 100 (x_hat - x) / x.",
-        "",
-        "| metric | x | x_hat | Delta % |",
-        "|---|---|---|---|",
+        "| level | criterion | records | perturbation | scale | alpha | push-pull |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [f"| {r['metric']} | {r['x']:.4g} | {r['x_hat']:.4g} | {r['delta_pct']:+.2f} |" for r in res.rows()]
-    preds = res.predictions()
-    lines += [
-        "",
-        f"PoS predictions ({sum(p[3] for p in preds)} of {len(preds)} hold here):",
-        "",
-        "| prediction | Delta % | holds |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {text} | {delta:+.2f} | {'yes' if holds else 'no'} |" for _, text, delta, holds in preds]
-    return "\n".join(lines + ["", carving, ""])
+    for level, per_record in sorted(violation.items()):
+        model = levels.objectives[level]
+        pp = criterion_settings(model)
+        trained = "trained" if model.push_pull.enabled else "off (defaults)"
+        lines.append(
+            f"| {level} | {criterion(per_record):.3f} | {len(per_record)} | {pp.perturbation} | {pp.scale:g} | "
+            f"{pp.alpha:g} | {trained} |"
+        )
+    missing = sorted(set(range(max(levels.pairs) + 1)) - set(violation))
+    if missing:
+        lines += ["", f"No criterion for level(s) {', '.join(map(str, missing))}: {levels.note or 'no decoder'}."]
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,47 +325,52 @@ def main(argv: Sequence[str] | None = None) -> int:
         named = {NOT_FOUND: f"not found under --data-root {args.data_root}"}
         left_out = "; ".join(f"{v} {named.get(k, k)}" for k, v in sel.excluded.items())
         raise EcgposError(f"{args.task} ({args.split}): {problem}" + (f" (left out: {left_out})" if left_out else ""))
-    levels = load_levels(args.encoder)
+    levels = load_levels(args.encoder, args.level)
     if levels.unfinished:
         print(f"ecgpos geometry: warning: {levels.unfinished}", file=sys.stderr)
-    if args.space == "reconstruction" and levels.stage1 is None:
-        raise EcgposError(f"--space reconstruction needs the Stage-1 decoder: {levels.note}")
+    if args.space == "reconstruction":
+        lacking = [level for level in levels.pairs if level not in levels.objectives]
+        if lacking:
+            raise EcgposError(
+                f"--space reconstruction needs the decoder of level(s) {', '.join(map(str, lacking))}: {levels.note}"
+            )
     data = extract(levels, sel, located, nominal, args.space, device, args.batch_size)
     problem = check_classes(np.array(data.labels, dtype=str), nominal, anomalous)
     if problem:
         raise EcgposError(f"{args.task} ({args.split}) after skipped records: {problem}")
-    try:  # before anything is written: NaN or flat features make every metric meaningless
-        res = geometry(data.x, data.x_hat, data.labels, nominal, anomalous, ("Stage-0", "Stage-1"))
-    except UnmeasurableError as err:
-        raise EcgposError(f"{args.encoder}: {err}") from None
+    results = {}
+    for level, (x, x_hat) in data.pairs.items():
+        try:  # before anything is written: NaN or flat features make every metric meaningless
+            results[level] = geometry(
+                x, x_hat, data.labels, nominal, anomalous, (f"level {level - 1}", f"level {level}")
+            )
+        except UnmeasurableError as err:
+            raise EcgposError(f"{args.encoder} (levels {level - 1} -> {level}): {err}") from None
     present = [c for c in nominal if c in data.labels]
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
     for name in OUTPUT_FILES:  # an interrupted write then never leaves this run's files beside an earlier one's
         (args.out / name).unlink(missing_ok=True)
-    with atomic_path(args.out / "metrics.csv") as tmp, tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["metric", "x", "x_hat", "delta_pct"])
-        writer.writeheader()
-        writer.writerows(res.rows())
+    write_metrics(args.out / "metrics.csv", results)
+    top = max(results)
+    arrays = {"x": data.pairs[top][0], "x_hat": data.pairs[top][1]}
+    arrays.update({f"x_level{level}": pair[1] for level, pair in data.pairs.items()})
+    arrays.update({f"x_level{level - 1}": pair[0] for level, pair in data.pairs.items() if args.space == "features"})
+    arrays.update(
+        {
+            f"violation_level{level}": np.array([v.get(k, np.nan) for k in data.keys])
+            for level, v in data.violation.items()
+        }
+    )
     with atomic_path(args.out / "features.npz", suffix=".npz") as tmp:
-        np.savez(
-            tmp,
-            x=data.x,
-            x_hat=data.x_hat,
-            labels=np.array(data.labels, dtype=str),
-            record_ids=np.array(data.keys, dtype=str),
-        )
-    text = summary_markdown(args, res, data, sel, carving_line(levels, data.violation), present)
+        np.savez(tmp, labels=np.array(data.labels, dtype=str), record_ids=np.array(data.keys, dtype=str), **arrays)
+    text = summary_markdown(args, results, data, sel, carving_lines(levels, data.violation), present)
     if levels.unfinished:
         text += f"\nWarning: {levels.unfinished}.\n"
     atomic_write_text(args.out / "summary.md", text, sync=False)
-    plot_geometry(
-        res,
-        data.labels,
-        present,
-        args.out / "geometry.png",
-        (f"x: Stage 0 ({args.space})", f"x_hat: Stage 1 ({args.space})"),
-    )
+    titles = (f"x: level {top - 1} ({args.space})", f"x_hat: level {top} ({args.space})")
+    plot_geometry(results[top], data.labels, present, args.out / "geometry.png", titles)
+    plot_depth(results, args.out / "depth.png")
     print(text, end="")
     print(f"wrote {', '.join(str(args.out / f) for f in OUTPUT_FILES)}")
     return 0

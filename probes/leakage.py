@@ -38,7 +38,7 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
 from ecgpos.files import atomic_path
-from ecgpos.runs.run_folder import RUN_INFO, listed_folders, read_json_object
+from ecgpos.runs.run_folder import RUN_INFO, base_source, listed_folders, read_json_object, run_chain
 from probes.datasets import RecordLocator, prepared_record, record_stamp
 from probes.tasks import SPLITS
 
@@ -47,7 +47,8 @@ CACHE_VERSION = 2  # 2: [stamp of the record's files, fingerprint] per record (1
 
 def recorded_pretraining(source: str, info: dict) -> list[Path]:
     """Shard folders an encoder was pretrained on, as recorded: an export's `shards`, a run's run_info.json
-    `shards`, and those of a Stage-1 run's Stage-0 run or export."""
+    `shards`, and those of every level below a latent level's run: its base run or export, and the chain
+    of levels its run_info.json records (each level's shards, and each level's run or export in turn)."""
     folders = listed_folders(info.get("shards"))
     todo, seen = [Path(source)], set()
     while todo:
@@ -59,8 +60,17 @@ def recorded_pretraining(source: str, info: dict) -> list[Path]:
         folders += listed_folders(run_info.get("shards"))
         training = read_json_object(path / CONFIG_FILE).get("training")
         folders += listed_folders(training.get("shards") if isinstance(training, dict) else None)
-        if isinstance(run_info.get("stage0"), str):
-            todo.append(Path(str(run_info["stage0"])))
+        base = base_source(run_info)
+        if base:
+            todo.append(Path(base))
+        for entry in run_chain(run_info):
+            folders += listed_folders(entry.get("shards"))
+            if isinstance(entry.get("source"), str):
+                todo.append(Path(entry["source"]))
+        if isinstance(training, dict) and base_source(training):  # an export of a latent level
+            todo.append(Path(str(base_source(training))))
+        for entry in run_chain(training) if isinstance(training, dict) else ():
+            folders += listed_folders(entry.get("shards"))
     return [Path(f) for f in dict.fromkeys(map(str, folders))]
 
 

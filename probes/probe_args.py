@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--encoder", help="run folder, export folder or random:<config.yaml>")
     p.add_argument(
+        "--level",
+        type=int,
+        default=None,
+        help="probe levels 0..LEVEL of a nested encoder (0 = Stage 0; default: the top level)",
+    )
+    p.add_argument(
         "--task",
         default="all",
         help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, csn, all (default: the five without csn), "

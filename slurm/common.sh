@@ -10,10 +10,19 @@
 : "${ECGPOS_PROBES:=$ECGPOS_WORK/probes}"
 : "${ECGPOS_EXPORT:=$ECGPOS_WORK/export}"
 : "${ECGPOS_STAGE0_CONFIG:=$ECGPOS_REPO/configs/stage0.yaml}"
-: "${ECGPOS_STAGE1_CONFIG:=$ECGPOS_REPO/configs/stage1.yaml}"
+: "${ECGPOS_STAGE1_CONFIG:=$ECGPOS_REPO/configs/stage1.yaml}"   # the latent config: every level >= 1
+: "${ECGPOS_DEPTH:=2}"                          # levels the chain trains: stage0 .. stage<DEPTH-1>
 : "${ECGPOS_GPUS_PER_NODE:=1}"                  # 0 = CPU only (no --gres, accelerate --cpu)
 : "${ECGPOS_DRY_RUN:=0}"                        # 1 = print the commands instead of running them
-export ECGPOS_REPO ECGPOS_WORK
+export ECGPOS_REPO ECGPOS_WORK ECGPOS_DEPTH
+
+# ecgpos_level_config LEVEL: the run config of a level: ECGPOS_STAGE0_CONFIG at 0, ECGPOS_STAGE1_CONFIG above.
+ecgpos_level_config() { if [ "$1" -eq 0 ]; then echo "$ECGPOS_STAGE0_CONFIG"; else echo "$ECGPOS_STAGE1_CONFIG"; fi; }
+# ecgpos_level_base LEVEL (>= 1): the frozen levels below it: the run of level LEVEL-1 (ECGPOS_STAGE0_RUN, when
+# set, for level 1).
+ecgpos_level_base() {
+    if [ "$1" -eq 1 ]; then echo "${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}"; else echo "$ECGPOS_RUNS/stage$(( $1 - 1 ))"; fi
+}
 
 # Compiled kernels (train.compile) are kept in the work folder, where every job of the chain finds them:
 # Inductor's default, /tmp, is node-local (often per job), and a cold compile of a paper config takes
@@ -147,7 +156,8 @@ ecgpos_require_subset() {
 
 # ecgpos_probe_encoders ARRAY: the encoders to probe. ECGPOS_PROBE_ENCODER alone when set (one encoder, its
 # probes in $ECGPOS_PROBES/<task>/), else the words of ECGPOS_PROBE_ENCODERS, by default Stage 1's Stage-0
-# encoder and the Stage-1 run (the paper's comparison), each encoder's probes in $ECGPOS_PROBES/<name>/<task>/.
+# encoder and the run of every level above it up to ECGPOS_DEPTH - 1 (the paper's comparison at depth 2),
+# each encoder's probes in $ECGPOS_PROBES/<name>/<task>/.
 ecgpos_probe_encoders() {
     local -n _ecgpos_encoders=$1
     if [ -n "${ECGPOS_PROBE_ENCODER:-}" ]; then
@@ -157,8 +167,10 @@ ecgpos_probe_encoders() {
         return 0
     fi
     ecgpos_words ECGPOS_PROBE_ENCODERS _ecgpos_encoders
-    [ "${#_ecgpos_encoders[@]}" -gt 0 ] ||
-        _ecgpos_encoders=("${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}" "$ECGPOS_RUNS/stage1")
+    [ "${#_ecgpos_encoders[@]}" -eq 0 ] || return 0
+    local _level
+    _ecgpos_encoders=("${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}")   # then each latent level's run
+    for (( _level = 1; _level < ECGPOS_DEPTH; _level++ )); do _ecgpos_encoders+=("$ECGPOS_RUNS/stage$_level"); done
 }
 # ecgpos_probe_name ENCODER: the folder name of an encoder's probes: the run or export folder's name
 # (runs/stage1 -> stage1, the label `ecgpos probe` gives it), random-<config name> for random:<config>.
@@ -244,7 +256,7 @@ PY
 # stops here with one line. Returns 1, having checked nothing, when no `ecgpos` with --check-config runs here
 # (none on PATH, an older one, or one whose imports fail on this machine): the job then checks for itself.
 ecgpos_check_pretrain_config() {
-    local stage=$1 var=ECGPOS_STAGE${1}_CONFIG kv overrides out line rc=0
+    local stage=$1 var=ECGPOS_STAGE$(( $1 > 0 ? 1 : 0 ))_CONFIG kv overrides out line rc=0
     local args=(pretrain --stage "$stage" --config "${!var}" --check-config)
     ecgpos_words ECGPOS_PRETRAIN_SET overrides
     for kv in "${overrides[@]}"; do args+=(--set "$kv"); done

@@ -2,12 +2,14 @@
 # Submit the whole chain with --dependency=afterok and print one "STEP JOBID" line per job:
 #
 #   preprocess-<corpus> (array) -> check-<corpus>  (one pair per corpus of ECGPOS_CORPORA) -> stage0 -> stage1
-#   -> probe-<encoder> (array over probe tasks; one per encoder of ECGPOS_PROBE_ENCODERS, each after the stage
-#      that makes its encoder) -> merge (Stage 1 vs Stage 0) -> export
+#   [-> stage2 ... with --depth N] -> probe-<encoder> (array over probe tasks; one per encoder of
+#   ECGPOS_PROBE_ENCODERS, each after the stage that makes its encoder) -> merge (each level vs Stage 0) -> export
 # With the one-corpus ECGPOS_SRC and the one-encoder ECGPOS_PROBE_ENCODER the steps are plain "preprocess",
 # "check" and "probe".
 #
-# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh      (or: set -a; . my.env; slurm/pipeline.sh)
+# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N]   (or: set -a; . my.env; ...)
+# --depth N (or ECGPOS_DEPTH=N; default 2, the paper's two stages) trains levels 0..N-1: stage<l> on the run of
+# stage<l-1>, every latent level with ECGPOS_STAGE1_CONFIG; the export is the top level's run.
 # Every setting is an environment variable with a default; see slurm/env.example. ECGPOS_STEPS picks a
 # contiguous part of the chain (e.g. "stage1 probe merge export" when the shards and Stage 0 exist).
 # Settings are checked before anything is submitted (one line naming the variable, exit 2); a submission
@@ -16,10 +18,29 @@
 # ECGPOS_DRY_RUN=1 prints the sbatch command lines (prefixed with "#") instead of submitting.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N)" >&2; exit 2; }
+                 ECGPOS_DEPTH=$2; shift 2 ;;
+        --depth=*) ECGPOS_DEPTH=${1#--depth=}; shift ;;
+        *) echo "pipeline.sh: unknown argument '$1' (settings are environment variables; see slurm/env.example)" >&2
+           exit 2 ;;
+    esac
+done
 # shellcheck source=slurm/common.sh
 . "$HERE/common.sh"
 
-: "${ECGPOS_STEPS:=preprocess check stage0 stage1 probe merge export}"
+# The depth: a fixed number of levels. A depth the chain decides as it goes ("auto") is submitted by
+# ecgpos_submit_auto_depth when slurm/common.sh defines it; the levels loop below is the fixed case.
+[[ ${ECGPOS_DEPTH:-2} =~ ^[1-9][0-9]*$ ]] || [ "${ECGPOS_DEPTH:-}" = auto ] ||
+    ecgpos_die "ECGPOS_DEPTH (--depth): expected a number of levels >= 1, got '${ECGPOS_DEPTH:-}'"
+if [ "$ECGPOS_DEPTH" = auto ] && ! declare -F ecgpos_submit_auto_depth >/dev/null; then
+    ecgpos_die "--depth auto: this version submits a fixed depth only; give --depth N"
+fi
+LEVELS=()   # the level numbers 0..DEPTH-1 (auto: the chain's first two; the decide jobs add the rest)
+for (( _l = 0; _l < ${ECGPOS_DEPTH/auto/2}; _l++ )); do LEVELS+=("$_l"); done
+STAGE_STEPS=$(printf 'stage%s ' "${LEVELS[@]}")
+: "${ECGPOS_STEPS:=preprocess check ${STAGE_STEPS}probe merge export}"
 : "${ECGPOS_LOG_DIR:=$PWD/logs}"
 : "${ECGPOS_NODES:=1}"
 : "${ECGPOS_PREPROCESS_PARTS:=4}"
@@ -36,13 +57,15 @@ ecgpos_require_int ECGPOS_GPUS_PER_NODE 0
 export ECGPOS_PROBE_TASKS ECGPOS_SHARDS ECGPOS_RUNS ECGPOS_PROBES ECGPOS_EXPORT HDF5_USE_FILE_LOCKING
 
 # --- settings are checked here, before anything is submitted: one line naming the variable, exit 2 ---------
-STEPS="preprocess check stage0 stage1 probe merge export"
+STEPS="preprocess check ${STAGE_STEPS}probe merge export"
+TOP=$(( ${#LEVELS[@]} - 1 ))
 read -r -a _steps <<< "$ECGPOS_STEPS"
 [ "${#_steps[@]}" -gt 0 ] || ecgpos_die "ECGPOS_STEPS is empty (steps: $STEPS)"
 for _s in "${_steps[@]}"; do
     [[ " $STEPS " == *" $_s "* ]] || ecgpos_die "ECGPOS_STEPS: unknown step '$_s' (steps: $STEPS)"
 done
 wants() { [[ " $ECGPOS_STEPS " == *" $1 "* ]]; }
+wants_a_level() { local l; for l in "${LEVELS[@]}"; do wants "stage$l" && return 0; done; return 1; }
 for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGPOS_PRETRAIN_CPUS:1 \
           ECGPOS_SIGNAL_SECONDS:1 ECGPOS_PROBE_CPUS:1 ECGPOS_PROBE_GPUS:0; do
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
@@ -67,27 +90,33 @@ if wants preprocess; then
             ecgpos_die "ECGPOS_CORPORA: ${sources[$_i]} is not a folder (the raw ${datasets[$_i]} corpus)"
     done
 fi
-if { wants stage0 || wants stage1; } && ! wants preprocess; then
+if wants_a_level && ! wants preprocess; then
     for _d in "${shard_dirs[@]}"; do
         [ -f "$_d/index.csv" ] ||
             ecgpos_die "ECGPOS_SHARDS: $_d has no index.csv: add preprocess to ECGPOS_STEPS or set ECGPOS_SHARDS"
     done
 fi
 if wants stage0; then ecgpos_require_config ECGPOS_STAGE0_CONFIG; fi
-if wants stage1; then
+for _l in "${LEVELS[@]:1}"; do
+    wants "stage$_l" || continue
     ecgpos_require_config ECGPOS_STAGE1_CONFIG
-    if ! wants stage0; then
-        ECGPOS_STAGE0_RUN=${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}
-        ecgpos_require_dir ECGPOS_STAGE0_RUN "Stage 1's Stage-0 run or export; add stage0 to ECGPOS_STEPS"
+    if ! wants "stage$(( _l - 1 ))"; then   # the frozen levels below must exist already
+        if [ "$_l" = 1 ]; then
+            ECGPOS_STAGE0_RUN=${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}
+            ecgpos_require_dir ECGPOS_STAGE0_RUN "Stage 1's Stage-0 run or export; add stage0 to ECGPOS_STEPS"
+        else
+            [ -d "$(ecgpos_level_base "$_l")" ] || ecgpos_die "$(ecgpos_level_base "$_l") is not a folder (the run" \
+                "level $_l trains on; add stage$(( _l - 1 )) to ECGPOS_STEPS)"
+        fi
     fi
-fi
+done
 if wants probe; then
     ecgpos_require_dir ECGPOS_DATA_ROOT "the folder holding ptbxl/ and cpsc2018/"
     ECGPOS_SPLITS=${ECGPOS_SPLITS:-$ECGPOS_DATA_ROOT/merl_splits}
     ecgpos_require_dir ECGPOS_SPLITS "MERL's split folders"
     ecgpos_require_probe_tasks
 fi
-# The encoders to probe, with the stage (0 or 1) whose run each one is, or "-": a probe of a run this chain
+# The encoders to probe, with the level whose run each one is, or "-": a probe of a run this chain
 # trains waits for that stage only (the Stage-0 probes run while Stage 1 trains); any other encoder must exist.
 encoders=() made_by=()
 wants probe || wants merge && ecgpos_probe_encoders encoders
@@ -96,7 +125,7 @@ _encoder_var=ECGPOS_PROBE_ENCODERS
 _names=" summary "   # the merged summary's folder is beside the encoders' folders
 for _e in "${encoders[@]}"; do
     _by=-
-    for _stage in 0 1; do
+    for _stage in "${LEVELS[@]}"; do
         [ "$(realpath -m -- "$_e")" != "$(realpath -m -- "$ECGPOS_RUNS/stage$_stage")" ] || _by=$_stage
     done
     made_by+=("$_by")
@@ -115,12 +144,12 @@ if wants merge && [ -n "${ECGPOS_PROBE_REFERENCE:-}" ] && [ "$ECGPOS_PROBE_REFER
     [ ! -f "$ECGPOS_PROBE_REFERENCE" ]; then
     ecgpos_die "ECGPOS_PROBE_REFERENCE=$ECGPOS_PROBE_REFERENCE is neither paper nor a file (empty: no published rows)"
 fi
-if wants export && ! wants stage1; then
-    ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage1}
-    ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add stage1 to ECGPOS_STEPS"
+if wants export && ! wants "stage$TOP"; then
+    ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage$TOP}
+    ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add stage$TOP to ECGPOS_STEPS"
 fi
-# Last, as it imports ecgpos: each stage's config with the overrides, resolved as its job will resolve it.
-for _stage in 0 1; do
+# Last, as it imports ecgpos: each level's config with the overrides, resolved as its job will resolve it.
+for _stage in "${LEVELS[@]}"; do
     if wants "stage$_stage" && ! ecgpos_check_pretrain_config "$_stage" && [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
         ecgpos_log "note: no ecgpos with --check-config runs here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is" \
             "checked when the stage $_stage job starts"
@@ -193,8 +222,9 @@ for _i in "${!datasets[@]}"; do
     [ "$last" = "${after[*]}" ] || corpus_jobs+=("$last")
 done
 [ "${#corpus_jobs[@]}" -eq 0 ] || after=("${corpus_jobs[@]}")
-stage_job=(- -)   # the job of each stage submitted here
-for stage in 0 1; do
+stage_job=()   # the job of each level submitted here ("-": none)
+for stage in "${LEVELS[@]}"; do
+    stage_job[$stage]=-
     if wants "stage$stage"; then
         # shellcheck disable=SC2046  # gres() prints nothing or one word
         submit "stage$stage" "${after[*]}" --job-name="ecgpos-stage$stage" "${log_single[@]}" \

@@ -51,7 +51,7 @@ FILE_SUFFIXES = (
     ".sbatch",
     ".sh",
 )
-OVERRIDE_TARGETS = {"pretrain": RunConfig, "bench/train_step.py": RunConfig, "probe": ProbeConfig}
+OVERRIDE_TARGETS = {"pretrain": RunConfig, "carve": RunConfig, "bench/train_step.py": RunConfig, "probe": ProbeConfig}
 OVERRIDE_TARGETS["preprocess"] = PreprocessSpec
 
 

@@ -28,6 +28,7 @@ CLI_MODULES = {
     "verify": "ecgpos.cli.verify",
     "geometry": "probes.geometry_cli",
     "score": "ecgpos.cli.score",
+    "carve": "ecgpos.cli.carve",
     "demo": "ecgpos.demo.demo",
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)

@@ -12,7 +12,7 @@ import torch
 from pretrain_helpers import metrics, pretrain
 from torch._dynamo.utils import counters
 
-from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.models.factory import build_nested
 from ecgpos.runs.run_config import load_run_config
 from ecgpos.runs.stages import build_model
 
@@ -22,16 +22,18 @@ OBJECTIVES = {
     "stage1": ("tiny/stage1", []),
     "stage1-push-pull-gaussian": ("tiny/stage1", PUSH_PULL),
     "stage1-push-pull-mask": ("tiny/stage1", [*PUSH_PULL, "push_pull.perturbation=mask", "push_pull.scale=0.3"]),
+    "stage0-push-pull-gaussian": ("tiny/stage0", ["push_pull.enabled=true"]),
+    "stage2": ("tiny/stage1", ["stage=2"]),
 }
 
 
 def objective(name: str) -> torch.nn.Module:
-    """The training objective of a tiny config (Stage 1 on a random Stage-0 encoder of its width)."""
+    """The training objective of a tiny config (a latent level on a random base of its width and depth)."""
     config, overrides = OBJECTIVES[name]
     cfg = load_run_config(config, overrides)
     torch.manual_seed(0)
-    stage0 = STMEMEncoder(cfg.encoder).requires_grad_(False).eval() if cfg.stage == 1 else None
-    return build_model(cfg, stage0).train()
+    base = build_nested([cfg.encoder] * cfg.stage).requires_grad_(False).eval() if cfg.stage >= 1 else None
+    return build_model(cfg, base).train()
 
 
 @pytest.mark.parametrize("name", OBJECTIVES)

@@ -37,25 +37,31 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
         assert f["signals"].shape[1:2] == (12,) and f["signals"].shape[2] >= 2250
         assert int(f.attrs["fs"]) == 250
 
-    # Both stages trained to their step counts and drew their figures.
-    for stage, steps in (("stage0", QUICK.stage0_steps), ("stage1", QUICK.stage1_steps)):
-        info = json.loads((out / "runs" / stage / "run_info.json").read_text())
+    # carve trained both levels to their step counts, measured the criterion after each and tabulated it.
+    for level, steps in ((0, QUICK.stage0_steps), (1, QUICK.stage1_steps)):
+        info = json.loads((out / "runs" / f"level{level}" / "run_info.json").read_text())
         assert info["finished"] and info["step"] == steps
-        assert list((out / "runs" / stage / "figures").glob("*.png"))
+        assert list((out / "runs" / f"level{level}" / "figures").glob("*.png"))
+    carved = json.loads((out / "runs" / "carve.json").read_text())["levels"]
+    assert [r["level"] for r in carved] == list(range(QUICK.levels))
+    assert all(0 <= r["criterion"] <= 1 and 0 <= r["probe_auroc"] <= 1 for r in carved)
+    assert set(carved[1]["geometry"]) == {"D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"}
+    assert "# Carving to depth" in proc.stdout and "Decision after level 1" in proc.stdout
 
     # The probe table has all three encoders on the synthetic task, with AUROCs in [0, 1].
     results = pd.read_csv(out / "probes" / "summary" / "results.csv")
-    assert set(results["encoder"]) == {"random-init", "stage0", "stage1"}
+    assert set(results["encoder"]) == {"random-init", "level0", "level1"}
     assert results["task"].str.contains(PROBE_TASK).all()
     assert results["test_auroc"].between(0, 1).all()
     assert (out / "probes" / "summary" / "summary.png").stat().st_size > 1000
-    assert "random-init" in proc.stdout and "stage1" in proc.stdout
+    assert "random-init" in proc.stdout and "level1" in proc.stdout
 
     # Geometry between the levels and the per-level anomaly AUROCs were computed and printed.
-    metrics = pd.read_csv(out / "geometry" / "metrics.csv")
+    metrics = pd.read_csv(out / "runs" / "geometry" / "level1" / "metrics.csv")
+    assert list(metrics["level"]) == [1] * 7
     assert list(metrics["metric"]) == ["D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"]
     assert np.isfinite(metrics[["x", "x_hat", "delta_pct"]].to_numpy()).all()
-    geo = np.load(out / "geometry" / "features.npz")
+    geo = np.load(out / "runs" / "geometry" / "level1" / "features.npz")
     assert set(geo["labels"]) == {"brady", "normal", "tachy", "noisy"}
     scores = pd.read_csv(out / "scores" / "scores.csv")
     assert list(scores.columns) == ["record_id", "stage0_score", "stage1_score"]

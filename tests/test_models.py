@@ -215,27 +215,27 @@ def small_stage1(push_pull: PushPullConfig | None = None, norm_target: bool = Fa
 
 def test_stage0_frozen_during_stage1_training():
     model = small_stage1(PushPullConfig(enabled=True))
-    before = {k: v.clone() for k, v in model.stage0.state_dict().items()}
+    before = {k: v.clone() for k, v in model.base.state_dict().items()}
     # Deliberately hand *all* parameters to AdamW (with weight decay): frozen ones must still not move.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
     model.train()
-    assert not model.stage0.training and model.encoder.training
+    assert not model.base.training and model.encoder.training
     x = smooth_batch()
     stage1_before = model.encoder.blocks[0].attn.qkv.weight.clone()
     for step in range(3):
         out = model(x, generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
         out["loss"].backward()
-        assert all(p.grad is None for p in model.stage0.parameters())
+        assert all(p.grad is None for p in model.base.parameters())
         opt.step()
-    after = model.stage0.state_dict()
+    after = model.base.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert not torch.equal(stage1_before, model.encoder.blocks[0].attn.qkv.weight)
-    assert not any(p.requires_grad for p in model.stage0.parameters())
+    assert not any(p.requires_grad for p in model.base.parameters())
     trained = {id(p) for group in param_groups(model, 0.05) for p in group["params"]}  # what the trainer optimises
-    assert trained and trained.isdisjoint(id(p) for p in model.stage0.parameters())
+    assert trained and trained.isdisjoint(id(p) for p in model.base.parameters())
     # Even if someone re-enables gradients on Stage 0, its forward keeps no graph (torch.no_grad).
-    model.stage0.requires_grad_(True)
+    model.base.requires_grad_(True)
     assert model.latent_tokens(x).grad_fn is None
 
 
@@ -246,7 +246,7 @@ def check_frozen_stage0_precision(device: str) -> None:
     model = small_stage1().to(device)
     x = smooth_batch().to(device)
     with torch.no_grad():
-        fp32 = model.stage0.forward_tokens(x)
+        fp32 = model.base.forward_tokens(x)
     assert torch.equal(model.latent_tokens(x), fp32)
     with torch.autocast(device, dtype=torch.bfloat16):
         bf16 = model.latent_tokens(x)
@@ -298,7 +298,7 @@ def test_nested_encoder_features_shape_and_determinism():
     assert nested.forward_tokens(x).shape == (2, 384, 32)
     assert torch.equal(feats, nested.forward_features(x))
     # The Stage-1 encoder really is applied on top of Stage 0.
-    assert not torch.allclose(feats, nested.stage0.forward_features(x))
+    assert not torch.allclose(feats, nested.levels[0].forward_features(x))
 
 
 # -- push-pull ---------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def test_perturb_gaussian_and_mask():
 @pytest.mark.parametrize("kind", ["stage0", "nested"])
 def test_factory_round_trip(kind: str):
     torch.manual_seed(3)
-    module = small_encoder() if kind == "stage0" else build_nested(EncoderConfig(**SMALL), EncoderConfig(**SMALL))
+    module = small_encoder() if kind == "stage0" else build_nested([EncoderConfig(**SMALL), EncoderConfig(**SMALL)])
     module.eval()
     arch = json.loads(json.dumps(encoder_arch(module)))
     assert arch["kind"] == kind

@@ -62,17 +62,17 @@ def stage1_inputs(model: LatentMaskedAutoencoder) -> tuple[list[torch.Tensor], o
 def test_stage1_reads_stage0_unmasked_eval_tokens_without_gradient() -> None:
     model = stage1(PushPullConfig(enabled=True, perturbation="gaussian", scale=0.3))
     model.train()
-    assert not model.stage0.training and model.encoder.training
+    assert not model.base.training and model.encoder.training
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # what Stage 0 gives on its own, unmasked
-        want = model.stage0.forward_tokens(x).reshape(2, 12, 32, 32)
+        want = model.base.forward_tokens(x).reshape(2, 12, 32, 32)
     seen, handle = stage1_inputs(model)
     out = model(x, generator=torch.Generator().manual_seed(3))
     handle.remove()
     assert len(seen) == 2  # the masked reconstruction pass and the push-pull pass
     assert torch.equal(seen[0], want)  # every token of the frozen pass (no masking inside Stage 0)
     out["loss"].backward()
-    assert all(p.grad is None for p in model.stage0.parameters())
+    assert all(p.grad is None for p in model.base.parameters())
 
 
 @pytest.mark.parametrize("perturbation,scale", [("gaussian", 0.3), ("mask", 0.4)])
@@ -102,9 +102,9 @@ def test_nested_features_are_stage0_then_stage1_by_hand() -> None:
     """The 12-block nested encoder (6 + 6) against the two stages written out step by step."""
     model = stage1(depth=6)
     nested = model.nested_encoder().eval()
-    assert len(nested.stage0.blocks) + len(nested.stage1.blocks) == 12
+    assert len(nested.levels[0].blocks) + len(nested.levels[1].blocks) == 12
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(5))
-    s0, s1 = model.stage0, model.encoder
+    s0, s1 = model.base, model.encoder
     with torch.no_grad():
         # Stage 0: per lead [SEP, 30 embedded patches, SEP], all 384 tokens through the blocks, final norm.
         patches = s0.patch_embed(x.reshape(2, 12, 30, 75)) + s0.pos_embed + s0.lead_embed[:, None]

@@ -229,25 +229,29 @@ def test_val_push_violation_logged(runs: dict[str, Path]) -> None:
     assert val and all(0.0 <= r["val_push_violation"] <= 1.0 for r in val)
 
 
-def test_push_violations_match_the_definition(runs: dict[str, Path]) -> None:
+def test_the_criterion_matches_its_definition(runs: dict[str, Path]) -> None:
+    from ecgpos.objectives.criterion import window_generator, window_violations
     from ecgpos.objectives.push_pull import per_sample_distance, perturb
     from ecgpos.runs.run_folder import load_run_model
 
     model = load_run_model(runs["stage1"])[0].eval()
-    x = torch.randn(3, 12, model.stage0.cfg.seq_len)
-    got = model.push_violations(x, torch.Generator().manual_seed(5))
+    x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(5))
+    names = [("a", 0), ("a", 1), ("b", 0)]
+    got = window_violations(model, x, names)
     tokens = model.latent_tokens(x)
     by_lead = tokens.reshape(3, 12, -1, tokens.shape[-1])  # the patch tokens are perturbed, the SEP outputs not
-    noisy = perturb(by_lead[:, :, 1:-1], "gaussian", 0.1, torch.Generator().manual_seed(5))
+    noisy = torch.cat(  # each window from its own stream, with its own std
+        [perturb(by_lead[i : i + 1, :, 1:-1], "gaussian", 0.1, window_generator(0, *names[i])) for i in range(3)]
+    )
     tilde = torch.cat([by_lead[:, :, :1], noisy, by_lead[:, :, -1:]], dim=2).flatten(1, 2)
     t, tt = model.target(tokens), model.target(tilde)
     want = 1.0 * per_sample_distance(tt, t) > per_sample_distance(model.reconstruct(tilde), tt)
     assert torch.equal(got, want)
     # alpha large enough: every sample violates; alpha 0: none
     model.push_pull.enabled, model.push_pull.alpha = True, 1e6
-    assert bool(model.push_violations(x, torch.Generator().manual_seed(5)).all())
+    assert bool(window_violations(model, x, names).all())
     model.push_pull.alpha = 0.0
-    assert not bool(model.push_violations(x, torch.Generator().manual_seed(5)).any())
+    assert not bool(window_violations(model, x, names).any())
 
 
 def _custom_task(root: Path, shared_data: Path, labels: dict[int, str]) -> Path:
@@ -299,12 +303,13 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
 
         res = geometry(data["x"], data["x_hat"], data["labels"], ["A", "B"], ["X"])
         with (out / space / "metrics.csv").open() as handle:
-            rows = {r["metric"]: r for r in csv.DictReader(handle)}
+            rows = {r["metric"]: r for r in csv.DictReader(handle) if r["level"] == "1"}
         assert list(rows) == ["D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"]
         for m, r in rows.items():
             assert float(r["delta_pct"]) == pytest.approx(res.delta_pct[m], rel=1e-6)
         summary = (out / space / "summary.md").read_text()
-        assert "Delta S > 0" in summary and "Carving criterion (Stage-1 level)" in summary
+        assert "Delta S > 0" in summary and "Carving criterion per level" in summary
+        assert "## Levels 0 -> 1" in summary and (out / space / "depth.png").stat().st_size > 5000
         assert (out / space / "geometry.png").stat().st_size > 5000
     assert not dead.exists() and other_host.exists()
     # the two spaces are different readings of the same records

@@ -12,7 +12,16 @@ import pytest
 from refusal_helpers import one_line_error, run
 
 from ecgpos.errors import EcgposError
-from ecgpos.inference.flags import calibrate, channel_flags, decompose, min_fit_records, or_rate
+from ecgpos.inference.flags import (
+    calibrate,
+    calibrate_levels,
+    channel_flags,
+    decompose,
+    decompose_levels,
+    first_fired,
+    min_fit_records,
+    or_rate,
+)
 from ecgpos.inference.scoring import flags_by_label
 
 PTBXL = "ptbxl/records500/00000"
@@ -220,10 +229,34 @@ def test_score_flag_refusals(stage0_run: Path, stage1_run: Path, records: Path, 
         one_line_error(*run(capsys, *base, *extra)[::2], "score", needle)
     stage0 = ["score", "--run", stage0_run, "--input", records, "--out", out, "--no-progress"]
     rc, _, err = run(capsys, *stage0, *labelled, "--calibration", "C", "--fpr", "0.25")
-    one_line_error(rc, err, "score", "--calibration needs the scores of both levels")
+    one_line_error(rc, err, "score", "--calibration needs the scores of every level")
     assert not out.parent.exists() or not any(out.parent.iterdir())
     # a D_fit record that is not among the scored ones: the scores are written, the flags refused
     short = _labels(tmp_path / "short.csv", "elsewhere/00013_hr,C\n")
     rc, _, err = run(capsys, *base, *labelled[:1], short, *labelled[2:], "--calibration", "C", "--fpr", "0.2")
     one_line_error(rc, err, "score", "the scored set of --calibration C has 4 records; a false-positive rate")
     assert sorted(p.name for p in out.parent.iterdir()) == ["s.csv", "s.skipped.csv"]
+
+
+def test_the_or_rule_over_three_levels() -> None:
+    """Three channels share one percentile; the OR's rate on D_fit meets the target, and each record
+    counts under the first level that fired."""
+    rng = np.random.default_rng(3)
+    fit = [rng.random(40) for _ in range(3)]
+    cal = calibrate_levels(fit, 0.1)
+    k = round(cal.q / 100 * 39)
+    assert cal.thresholds == tuple(float(np.sort(c)[k]) for c in fit)
+    assert cal.fit_rate == np.mean(np.any([c > t for c, t in zip(fit, cal.thresholds)], axis=0)) <= 0.1
+    flags = np.array([[0, 0, 0], [0, 1, 1], [1, 1, 0], [0, 0, 1], [0, 0, 1]], dtype=bool)
+    assert first_fired(flags).tolist() == [-1, 1, 0, 2, 2]
+    d = decompose_levels(flags)
+    assert (d.n, d.fired, d.first, d.neither) == (5, (1, 2, 3), (1, 1, 2), 1)
+    assert d.deeper == pytest.approx(3 / 4)
+    ids = [f"r{i}" for i in range(46)]
+    labels = {rid: "C" if i < 40 else "N" if i < 43 else "A" for i, rid in enumerate(ids)}
+    scores = {
+        f"stage{level}": np.r_[fit[level], np.zeros(3), np.full(3, 2.0 if level == 2 else 0.0)] for level in range(3)
+    }
+    report = flags_by_label(ids, scores, labels, ["C"], ["N"], ["A"], 0.1)
+    assert report.calibration == cal and report.levels == ["stage0", "stage1", "stage2"]
+    assert report.first["A"].first == (0, 0, 3) and report.first["N"].neither == 3 and not report.groups

@@ -65,7 +65,7 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     assert train[:2] == ["-m", "ecgpos.pretrain"]
     assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
     assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
-    assert _flag(train, "--stage0") == "/scratch/ecg/runs/stage0"
+    assert _flag(train, "--base") == "/scratch/ecg/runs/stage0"
     assert _flag(train, "--config") == str(REPO / "configs" / "stage1.yaml")
 
     # run the string as srun would on each node, with `accelerate` replaced by a program printing its argv
@@ -84,7 +84,7 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
     srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
     launch = shlex.split(srun[-1].split("exec ", 1)[1])
     assert "--cpu" in launch and "--multi_gpu" not in launch and _flag(launch, "--num_processes") == "1"
-    assert "--stage0" not in launch
+    assert "--base" not in launch and "--stage0" not in launch
 
     data = probe_data_stand_ins(tmp_path)
 
@@ -122,6 +122,34 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
         ["merge"],
     ]
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
+
+
+@pytest.mark.slow  # resolves each level's config with `ecgpos pretrain --check-config`
+def test_pipeline_of_three_levels_chains_each_level_on_the_one_below(tmp_path: Path) -> None:
+    """--depth 3: stage2 trains on stage1's run with the latent config, each level is probed after its own
+    stage, and the export is the top level's run; pretrain.sbatch renders level 2 on level 1."""
+    train = _render("2", FAKE_2x4)
+    launch = shlex.split(train[-1].split("exec ", 1)[1])
+    assert _flag(launch, "--stage") == "2" and _flag(launch, "--base") == "/scratch/ecg/runs/stage1"
+    assert _flag(launch, "--run-dir") == "/scratch/ecg/runs/stage2"
+    assert _flag(launch, "--config") == str(REPO / "configs" / "stage1.yaml")
+    data = probe_data_stand_ins(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
+    env.update(ECGPOS_DRY_RUN="1", ECGPOS_SRC=str(data / "raw"), ECGPOS_DATA_ROOT=str(data))
+    proc = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh"), "--depth", "3"], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    steps = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("#")]
+    cmds = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("# sbatch")]
+    assert steps[2:6] == ["stage0", "stage1", "stage2", "probe-stage0"] and steps[-2:] == ["merge", "export"]
+    deps = dict(zip(steps, map(_dependency, cmds)))
+    assert deps["stage2"] == ["stage1"] and deps["probe-stage2"] == ["stage2"] and deps["probe-stage1"] == ["stage1"]
+    assert [c[-1] for c in cmds if "pretrain.sbatch" in c[-2]] == ["0", "1", "2"]
+    bad = subprocess.run(
+        ["bash", str(SLURM / "pipeline.sh"), "--depth", "0"], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "ECGPOS_DEPTH" in bad.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.parametrize(

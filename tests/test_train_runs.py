@@ -65,7 +65,7 @@ def test_tiny_stage0_run_writes_everything_and_learns(run0: Path) -> None:
     modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in newest_checkpoint(run0).iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
     info = json.loads((run0 / "run_info.json").read_text())
-    assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["stage0"] is None
+    assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["base"] is None
     for name in ("recon-step-0000020.png", "recon-step-0000040.png", "curves.png"):
         png = (run0 / "figures" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -106,10 +106,10 @@ def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None
     encoder0 = load_run_encoder(run0).module
     stage1_state = weights(run1)
     for name, tensor in encoder0.state_dict().items():
-        assert torch.equal(stage1_state[f"stage0.{name}"], tensor), name
+        assert torch.equal(stage1_state[f"base.{name}"], tensor), name
     nested = load_run_encoder(run1)
     assert nested.arch["kind"] == "nested" and not nested.module.training
-    assert weights_hash(nested.module.stage0) == weights_hash(encoder0)
+    assert weights_hash(nested.module.levels[0]) == weights_hash(encoder0)
     x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         f1, f2 = nested.module.forward_features(x), nested.module.forward_features(x)

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify": ("ecgpos.cli.verify", "check an exported encoder against its test vectors"),
     "geometry": ("probes.geometry_cli", "PoS representation dynamics between two levels, and the carving criterion"),
     "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
+    "carve": ("ecgpos.cli.carve", "carve level after level until the push-margin criterion says stop"),
     "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),
 }
 
@@ -43,6 +44,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "pretrain": ("accelerate", "h5py", "matplotlib"),
     "probe": ("sklearn", "pandas", "h5py", "matplotlib"),
     "geometry": ("sklearn", "pandas", "matplotlib"),
+    "carve": ("accelerate", "h5py", "matplotlib"),
     "demo": ("neurokit2", "accelerate", "h5py", "pandas", "sklearn", "matplotlib"),
 }
 

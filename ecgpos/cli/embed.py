@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         "over the centre 300 s of a longer record",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
+    parser.add_argument(
+        "--level",
+        type=int,
+        default=None,
+        help="features of levels 0..LEVEL of a nested export (0 = Stage 0; default: the top level)",
+    )
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     parser.add_argument(
         "--pad-short",
@@ -112,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_limb_leads=not args.keep_lead_mismatch,
     )
     check_writable(args.out, args.input)
-    encoder = load_encoder(args.encoder, device=args.device)
+    encoder = load_encoder(args.encoder, device=args.device).cut(args.level)
     source = open_source(args.input, args.fs, args.leads, encoder.spec, policy)
     result = embed_records(encoder, source, args.num_windows, args.batch_size, progress=not args.no_progress)
     if not result.ids:

@@ -1,8 +1,10 @@
-"""`ecgpos export --run-dir RUN --out DIR [--onnx] [--with-decoders] [--probe-results DIR]`: a frozen encoder folder.
+"""`ecgpos export --run-dir RUN --out DIR [--level L] [--onnx] [--with-decoders] [--probe-results DIR]`: a frozen
+encoder folder.
 
 DIR holds model.safetensors, config.json, the model card README.md (with the probe summary of
 --probe-results), test_vectors.npz, and encoder.onnx or decoders.safetensors when asked for. A run
-that has not finished is exported from its newest checkpoint, with a warning.
+that has not finished is exported from its newest checkpoint, with a warning. `--level L` cuts the
+nest: the export holds levels 0..L only (with their decoders), verified like any other.
 Everything is written into a temporary sibling folder, reloaded from disk and checked against the
 training checkpoint's features (and, with --onnx, against onnxruntime) before it is moved to DIR,
 so a failed export never leaves a half-written folder that looks valid. An earlier export at DIR
@@ -31,8 +33,10 @@ from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, write_export
 from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
-from ecgpos.inference.resolve import artifact_above, load_run_encoder, unfinished_note
+from ecgpos.inference.resolve import artifact_above, cut_loaded, load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
+from ecgpos.models.factory import depth_of
+from ecgpos.models.nested import level_names
 from ecgpos.runs.run_folder import training_summary
 
 
@@ -40,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecgpos export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--run-dir", required=True, type=user_path, help="pretraining run folder (Stage 0 or Stage 1)")
+    parser.add_argument("--run-dir", required=True, type=user_path, help="pretraining run folder (any level)")
+    parser.add_argument(
+        "--level", type=int, default=None, help="export levels 0..LEVEL only (default: every level of the run)"
+    )
     parser.add_argument(
         "--out", required=True, type=user_path, help="export folder to create (an earlier export there is replaced)"
     )
@@ -107,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         recover_replaced(args.out.parent, args.out.name)
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
+    if args.level is not None:
+        loaded = cut_loaded(loaded, args.level)
     module = loaded.module.to("cpu").float().eval()
     if args.probe_results is not None:
         checkpoint = loaded.info.get("checkpoint") if isinstance(loaded.info, dict) else None
@@ -121,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     decoders = None
     if args.with_decoders:
         recon = load_recon_models(args.run_dir)
-        decoders = recon.levels
+        kept = level_names(depth_of(module))
+        decoders = {name: model for name, model in recon.levels.items() if name in kept}
         for note in recon.notes:
             print(f"note: {note}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

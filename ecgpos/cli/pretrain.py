@@ -1,8 +1,10 @@
-"""`ecgpos pretrain`: Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate.
+"""`ecgpos pretrain`: level 0 (masked ECG transformer) or level N >= 1 (latent MAE on the frozen
+levels 0..N-1) with Accelerate.
 
-    ecgpos pretrain --stage {0,1} --config FILE --shards DIR --run-dir DIR
-                    [--stage0 RUN_OR_EXPORT_DIR] [--set key=value ...] [--resume auto]
-    ecgpos pretrain --stage {0,1} --config FILE [--set key=value ...] --check-config
+    ecgpos pretrain --stage N --config FILE --shards DIR --run-dir DIR
+                    [--base RUN_OR_EXPORT_DIR] [--set key=value ...] [--resume auto]
+    ecgpos pretrain --stage N --config FILE [--set key=value ...] --check-config
+    (--stage0 DIR is --base DIR for --stage 1)
     python -m ecgpos.pretrain ...            (one process)
     accelerate launch [--num_processes N] -m ecgpos.pretrain ...   (any number of processes / nodes)
 
@@ -34,8 +36,8 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     """The options; with `check_only` (--check-config given) --shards and --run-dir are not required."""
     parser = argparse.ArgumentParser(
         prog="ecgpos pretrain",
-        description="Pretrain Stage 0 (ST-MEM-style masked ECG autoencoder) or Stage 1 (masked latent "
-        "autoencoder on the frozen Stage-0 tokens). Launch with `accelerate launch -m "
+        description="Pretrain level 0 (ST-MEM-style masked ECG autoencoder) or level N >= 1 (masked latent "
+        "autoencoder on the frozen tokens of levels 0..N-1, the --base). Launch with `accelerate launch -m "
         "ecgpos.pretrain` for several processes.",
         epilog="signals: SIGUSR1, SIGTERM or Ctrl-C makes every process write a checkpoint at the next step "
         "boundary and exit (run_info.json: finished false, stopped ...); rerun the same command with --resume "
@@ -44,13 +46,17 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.",
     )
     parser.add_argument(
-        "--stage", type=int, choices=(0, 1), required=True, help="0: on the shards; 1: on the frozen --stage0 encoder"
+        "--stage",
+        type=level_number,
+        required=True,
+        metavar="N",
+        help="level to train: 0 on the shards; N >= 1 on the frozen --base encoder of levels 0..N-1",
     )
     parser.add_argument(
         "--config",
         required=True,
         help="run config YAML, or a shipped config by name: stage0, stage1, stmem12, tiny/stage0, "
-        "tiny/stage1 (see configs/README.md)",
+        "tiny/stage1 (see configs/README.md); a latent config (stage1) serves every level N >= 1",
     )
     parser.add_argument(
         "--shards",
@@ -64,7 +70,12 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--run-dir", type=user_path, required=not check_only, help="run folder (created; not a shard or export folder)"
     )
-    parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
+    parser.add_argument(
+        "--base",
+        type=user_path,
+        help="level N >= 1: the frozen levels 0..N-1, a finished level-(N-1) run folder or an export of N levels",
+    )
+    parser.add_argument("--stage0", type=user_path, help="--stage 1 only: the same as --base (a Stage-0 run or export)")
     add_set_option(parser, "a config key", "optim.steps=200")
     parser.add_argument(
         "--resume",
@@ -79,6 +90,17 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         "(exit 2 naming an unknown key or a bad value); --shards and --run-dir are not needed",
     )
     return parser
+
+
+def level_number(text: str) -> int:
+    """argparse type of --stage: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid level {text!r}: an integer >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid level {value}: an integer >= 0")
+    return value
 
 
 def _check_only(argv: Sequence[str] | None) -> bool:

@@ -1,11 +1,12 @@
 """`ecgpos score --run RUN_OR_EXPORT --input RECORDS [--masks 8] [--out scores.csv] [--labels CSV ...]`.
 
 Per-record reconstruction anomaly scores per level (see ecgpos.inference.scoring). RUN_OR_EXPORT is
-a Stage-0 or Stage-1 run folder, or an export written with `--with-decoders`. RECORDS are read
+a run folder of any level, or an export written with `--with-decoders`. RECORDS are read
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
-Writes --out (a .csv file) with columns record_id,stage0_score[,stage1_score] (a Stage-0 run has
-Stage-0 scores only), and FILE's `.skipped.csv` (record_id, reason, detail) as `embed` does; a record
+Writes --out (a .csv file) with columns record_id,stage0_score,...,stage<L-1>_score, one per level
+that can reconstruct (a Stage-0 run has Stage-0 scores only; --level l keeps levels 0..l), and FILE's
+`.skipped.csv` (record_id, reason, detail) as `embed` does; a record
 longer than 300 s is scored on its centre 300 s, counted in the closing line and listed in FILE's
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
 With --labels CSV (record_id,label) and --nominal/--anomalous: the AUROC of anomalous vs nominal
@@ -14,12 +15,14 @@ A label both nominal and anomalous, a listed label no row of CSV carries, a blan
 record id listed twice with different labels is refused before any record is scored; labelled ids that
 match no record and labelled records that were skipped are named (stderr and the summary), and a class
 left with fewer than 2 scored records is refused.
-With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; both levels needed): the
-preprint's two-channel OR rule (ecgpos.inference.flags). A = stage0 score > t_rec, B = stage1 score >
-t_sub, at the common percentile q* of D_fit whose OR-rule rate there is at most --fpr (default 0.05).
-The summary gains q*, both thresholds, the realised rates on D_fit and on the nominal records, and per
-nominal and anomalous label Pr(A), Pr(B), A and not B, not A and B, neither, and r_latent; FILE's
-`.flags.csv` gets record_id,label,A,B,flag (0/1) for every scored record.
+With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; every level needed): the
+preprint's OR rule over the levels' channels (ecgpos.inference.flags). Channel l fires when the stage<l>
+score is above t_l, every t_l at the one common percentile q* of D_fit whose OR-rule rate there is at most
+--fpr (default 0.05). The summary gains q*, the thresholds, the realised rates on D_fit and on the nominal
+records, and per nominal and anomalous label each channel's rate and the first level that fired (with two
+levels also the appendix's A = stage0, B = stage1 table: A and not B, not A and B, neither, r_latent);
+FILE's `.flags.csv` gets record_id,label, one 0/1 column per channel (A,B with two levels), flag and
+first_level for every scored record.
 These files are replaced together: a run without --labels deletes an earlier run's FILE.summary.md,
 a run without --calibration its FILE.flags.csv, a run without a record longer than 300 s its
 FILE.long.csv, and a run that scored no record writes the skipped list and deletes the earlier
@@ -37,7 +40,7 @@ from pathlib import Path
 from ecgpos.ecg.screening import ScreenPolicy
 from ecgpos.errors import EcgposError
 from ecgpos.files import atomic_paths, user_path
-from ecgpos.inference.flags import check_fit_size, check_target
+from ecgpos.inference.flags import check_fit_size, check_target, first_fired
 from ecgpos.inference.inputs import open_source
 from ecgpos.inference.labels import label_coverage
 from ecgpos.inference.outputs import (
@@ -52,7 +55,6 @@ from ecgpos.inference.outputs import (
     written_together,
 )
 from ecgpos.inference.scoring import (
-    LEVELS,
     MAX_MASKS,
     FlagReport,
     ScoreResult,
@@ -62,6 +64,7 @@ from ecgpos.inference.scoring import (
     score_records,
 )
 from ecgpos.models.features import resolve_device
+from ecgpos.models.nested import level_names
 
 DEFAULT_FPR = 0.05
 
@@ -81,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
+    p.add_argument("--run", required=True, type=user_path, help="run folder of any level, or export with decoders")
+    p.add_argument("--level", type=int, help="score levels 0..LEVEL only (default: every level)")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument(
         "--masks", type=int, default=8, help=f"fixed masks averaged per record (default 8, at most {MAX_MASKS})"
@@ -210,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.masks < 1 or args.num_windows < 1 or args.batch_size < 1:
         raise EcgposError("--masks, --num-windows and --batch-size must be at least 1")
+    if args.level is not None and args.level < 0:
+        raise EcgposError(f"--level must be 0 or more, got {args.level}")
     if args.masks > MAX_MASKS:
         raise EcgposError(f"--masks {args.masks}: at most {MAX_MASKS} fixed masks per record")
     if args.fpr is not None and args.calibration is None:
@@ -233,13 +239,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before any record is scored; .csv only: a CSV under `embed`'s .npy/.h5/.npz names would not read back as one
     check_writable(args.out, args.input, [summary, flags], suffixes=(".csv",))
     models = load_recon_models(args.run)
+    if args.level is not None:
+        if args.level >= models.depth:
+            raise EcgposError(f"--level {args.level}: {args.run} has levels 0..{models.depth - 1}")
+        models.levels = {name: m for name, m in models.levels.items() if name in level_names(args.level + 1)}
     if not models.levels:
         raise EcgposError(f"{args.run}: no level can be scored ({'; '.join(models.notes)})")
-    if fit_labels is not None and list(models.levels) != list(LEVELS):
+    if fit_labels is not None and (len(models.levels) < 2 or list(models.levels) != level_names(len(models.levels))):
         why = "".join(f"; {note}" for note in models.notes)
         raise EcgposError(
-            f"--calibration needs the scores of both levels (a Stage-1 run, or an export of one with decoders); "
-            f"{args.run} gives {', '.join(models.levels)} only{why}"
+            f"--calibration needs the scores of every level (a run of level 1 or deeper, or an export of one with "
+            f"decoders); {args.run} gives {', '.join(models.levels)} only{why}"
         )
     policy = ScreenPolicy(check_limb_leads=not args.keep_lead_mismatch)
     source = open_source(args.input, args.fs, args.leads, models.spec, policy)
@@ -307,12 +317,16 @@ def _calibration(
 
 
 def write_flags(path: Path, ids: Sequence[str], labels: dict[str, str], report: FlagReport) -> None:
-    """FILE.flags.csv: record_id,label,A,B,flag (0/1) of every scored record, label empty when it has none."""
+    """FILE.flags.csv: record_id,label, one 0/1 column per level's channel (A,B with two levels), flag,
+    and first_level (the first level that fired, empty when none) of every scored record."""
+    names = ["A", "B"] if len(report.levels) == 2 else report.levels
+    first = first_fired(report.flags)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["record_id", "label", "A", "B", "flag"])
-        for record_id, a, b in zip(ids, report.a, report.b):
-            writer.writerow([record_id, labels.get(record_id, ""), int(a), int(b), int(a or b)])
+        writer.writerow(["record_id", "label", *names, "flag", "first_level"])
+        for record_id, fired, level in zip(ids, report.flags, first):
+            row = [record_id, labels.get(record_id, ""), *(int(f) for f in fired), int(fired.any())]
+            writer.writerow(row + ["" if level < 0 else int(level)])
 
 
 def _fraction(value: float | None) -> str:
@@ -320,31 +334,52 @@ def _fraction(value: float | None) -> str:
 
 
 def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str], flags_file: str) -> str:
-    """The summary's section on the two-channel OR rule."""
-    cal, pooled = report.calibration, report.nominal
+    """The summary's section on the OR rule over the levels' channels."""
+    cal, pooled, levels = report.calibration, report.nominal_first, report.levels
+    thresholds = ", ".join(f"t_{level} = {t:.6g}" for level, t in zip(levels, cal.thresholds))
     lines = [
-        "## Two-channel flags (OR rule)",
+        f"## {'Two' if len(levels) == 2 else len(levels)}-channel flags (OR rule)",
         "",
-        "A: stage0 score > t_rec; B: stage1 score > t_sub (strictly greater); a record is flagged when A or B fires.",
+        "Channel l fires when the level-l score is strictly greater than its threshold t_l; a record is "
+        + "flagged when any channel fires."
+        + (" A: stage0 score > t_rec; B: stage1 score > t_sub." if len(levels) == 2 else ""),
         f"Calibrated on D_fit, the {cal.n_fit} records labelled {', '.join(fit_labels)}: common percentile "
-        f"q* = {cal.q:.2f}, t_rec = {cal.t_rec:.6g}, t_sub = {cal.t_sub:.6g}; realised false-positive rate "
-        f"on D_fit {cal.fit_rate:.3f} (target {cal.target:g}).",
+        f"q* = {cal.q:.2f}"
+        + (f", t_rec = {cal.t_rec:.6g}, t_sub = {cal.t_sub:.6g}" if len(levels) == 2 else f", {thresholds}")
+        + f"; realised false-positive rate on D_fit {cal.fit_rate:.3f} (target {cal.target:g}).",
         f"False-positive rate over the {pooled.n} nominal evaluation records: "
-        f"{_fraction(pooled.share(pooled.flagged))}.",
+        f"{_fraction(pooled.share(pooled.n - pooled.neither))}.",
         "",
-        "| label | role | n | Pr(A) | Pr(B) | A∧¬B | ¬A∧B | ¬A∧¬B | r_latent |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for label, d in report.groups.items():
+    if len(levels) == 2:
+        lines += [
+            "| label | role | n | Pr(A) | Pr(B) | A∧¬B | ¬A∧B | ¬A∧¬B | r_latent |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for label, d in report.groups.items():
+            role = "nominal" if label in nominal else "anomalous"
+            shares = [_fraction(d.share(c)) for c in (d.a, d.b, d.a_only, d.b_only, d.neither)]
+            latent = "—" if role == "nominal" else _fraction(d.r_latent)
+            lines.append(f"| {label} | {role} | {d.n} | {' | '.join(shares)} | {latent} |")
+        lines += [
+            "",
+            "Pr(A∧B) = Pr(A) − Pr(A∧¬B). r_latent = Pr(¬A∧B) / Pr(A∨B), the share of flagged records the "
+            "Stage-0 score alone would miss (— for nominal labels and when nothing is flagged).",
+            "",
+        ]
+    head = ["label", "role", "n", *(f"Pr({level} fired)" for level in levels)]
+    head += [*(f"first {level}" for level in levels), "none", "first below stage0"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, d in report.first.items():
         role = "nominal" if label in nominal else "anomalous"
-        shares = [_fraction(d.share(c)) for c in (d.a, d.b, d.a_only, d.b_only, d.neither)]
-        latent = "—" if role == "nominal" else _fraction(d.r_latent)
-        lines.append(f"| {label} | {role} | {d.n} | {' | '.join(shares)} | {latent} |")
+        shares = [_fraction(d.share(c)) for c in (*d.fired, *d.first, d.neither)]
+        deeper = "—" if role == "nominal" else _fraction(d.deeper)
+        lines.append(f"| {label} | {role} | {d.n} | {' | '.join(shares)} | {deeper} |")
     lines += [
         "",
-        "Pr(A∧B) = Pr(A) − Pr(A∧¬B). r_latent = Pr(¬A∧B) / Pr(A∨B), the share of flagged records the "
-        "Stage-0 score alone would miss (— for nominal labels and when nothing is flagged). "
-        f"Per-record flags: {flags_file}.",
+        "first <level>: the share of the label's records whose first (shallowest) firing channel is that level; "
+        "first below stage0 = the share of flagged records that Stage 0 alone would miss (r_latent with two "
+        f"levels). Per-record flags: {flags_file}.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,10 +1,12 @@
 """`ecgpos demo`: the whole method on a synthetic corpus, end to end, on a laptop CPU.
 
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
-tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> Stage 0 -> Stage 1 ->
-linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> PoS geometry between the two
-levels (rhythm classes nominal, noisy recordings anomalous) and per-level reconstruction anomaly
-scores -> export + verify.
+tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> `ecgpos carve` to three
+levels (two with --quick): level 0, then each level on the frozen ones below, and after each the
+push-margin criterion on held-out records, a linear probe (the real protocol) and PoS geometry between
+it and the level below (rhythm classes nominal, noisy recordings anomalous) -> a random-init probe for
+comparison -> per-level reconstruction anomaly scores -> export + verify. It prints the per-level table
+(carve.md): criterion, probe AUROC with its interval, geometry deltas.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.files import make_output_folder, user_path
 from ecgpos.resources import config_path
-from ecgpos.runs.run_folder import read_run_info
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class DemoSize:
     code15_exams: int
     probe_per_class: int
     stage0_steps: int
-    stage1_steps: int
+    stage1_steps: int  # every level >= 1
+    levels: int
     probe_epochs: int
     probe_seeds: int
 
@@ -47,6 +49,7 @@ QUICK = DemoSize(
     probe_per_class=24,
     stage0_steps=150,
     stage1_steps=100,
+    levels=2,
     probe_epochs=30,
     probe_seeds=2,
 )
@@ -56,6 +59,7 @@ FULL = DemoSize(
     probe_per_class=60,
     stage0_steps=1500,
     stage1_steps=1000,
+    levels=3,
     probe_epochs=100,
     probe_seeds=5,
 )
@@ -79,14 +83,6 @@ def _run(name: str, *argv: object) -> None:
         raise Interrupted(f"the same `ecgpos demo` command continues from its `{name}` step")
     if code != 0:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
-
-
-def _pretrain(run_dir: Path, *argv: object) -> None:
-    """A pretraining step; one stopped by SIGUSR1/SIGTERM checkpoints and exits 0 (a scheduler requeues
-    it), so the demo checks that the run finished before it builds on it."""
-    _run("pretrain", *argv, "--run-dir", run_dir)
-    if not read_run_info(run_dir).get("finished"):
-        raise Interrupted(f"{run_dir} stopped before its last step; the same `ecgpos demo` command continues it")
 
 
 def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
@@ -137,7 +133,7 @@ def write_geometry_task(probe_root: Path, root: Path) -> Path:
 
 def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     """Run every stage into `out`; returns the path of the probe summary."""
-    step = Steps(10)
+    step = Steps(7)
     out.mkdir(parents=True, exist_ok=True)
     step(
         f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
@@ -161,88 +157,81 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     _run("preprocess", "code15", "--src", out / "raw" / "code15", "--out", shards / "code15", "--records-per-shard", 64)
     pool = [shards / "ningbo", shards / "code15"]
     runs = out / "runs"
-    common = ["--resume", "auto", "--set", "train.num_workers=0"]
-    step(f"Stage 0: masked ECG transformer, {size.stage0_steps} steps")
-    _pretrain(
-        runs / "stage0",
-        "--stage",
-        0,
+    from ecgpos.demo.synthetic import RHYTHM_CLASSES
+
+    probe_args = f"--fractions 100 --seeds {size.probe_seeds} --epochs {size.probe_epochs}"
+    probe_args += f" --cache-dir {out / 'feature-cache'}"
+    probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
+    geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
+    step(
+        f"carving {size.levels} levels: level 0 ({size.stage0_steps} steps), then each level on the frozen ones below "
+        f"({size.stage1_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
+        "(brady/normal/tachy + noisy) and PoS geometry (rhythm classes nominal, noisy anomalous)"
+    )
+    _run(
+        "carve",
         "--config",
         config_path("tiny/stage0"),
+        "--latent-config",
+        config_path("tiny/stage1"),
         "--shards",
         *pool,
+        "--run-dir",
+        runs,
+        "--max-levels",
+        size.levels,
+        # a fixed depth, to show every level's row: the default stop rules are the decision column
+        "--stop-below",
+        0,
+        "--min-drop",
+        -1,
+        "--set",
+        "train.num_workers=0",
         "--set",
         f"optim.steps={size.stage0_steps}",
         "--set",
         f"optim.warmup_steps={size.stage0_steps // 10}",
-        *common,
-    )
-    step(f"Stage 1: latent MAE on the frozen Stage-0 encoder, {size.stage1_steps} steps")
-    _pretrain(
-        runs / "stage1",
-        "--stage",
-        1,
-        "--config",
-        config_path("tiny/stage1"),
-        "--shards",
-        *pool,
-        "--stage0",
-        runs / "stage0",
-        "--set",
+        "--latent-set",
         f"optim.steps={size.stage1_steps}",
-        "--set",
+        "--latent-set",
         f"optim.warmup_steps={size.stage1_steps // 10}",
-        *common,
-    )
-    probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
-    probe_args = [
-        "--task",
+        "--probe-task",
         probe_task,
-        "--fractions",
-        "100",
-        "--seeds",
-        size.probe_seeds,
-        "--epochs",
-        size.probe_epochs,
-        "--cache-dir",
-        out / "feature-cache",
-    ]
-    step("linear probes (brady/normal/tachy + noisy): random-init, Stage 0, Stage 1")
-    encoders = {
-        "random-init": f"random:{config_path('tiny/stage0')}",
-        "stage0": runs / "stage0",
-        "stage1": runs / "stage1",
-    }
-    for name, encoder in encoders.items():
-        _run("probe", "--encoder", encoder, "--name", name, "--out", out / "probes" / name, *probe_args)
-    step("merging probe results")
-    _run("probe", "--compare", *[out / "probes" / name for name in encoders], "--out", out / "probes" / "summary")
-    step("PoS geometry between Stage 0 and Stage 1 (brady/normal/tachy nominal, noisy anomalous)")
-    from ecgpos.demo.synthetic import RHYTHM_CLASSES
-
-    geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
-    _run(
-        "geometry",
-        "--encoder",
-        runs / "stage1",
-        "--task",
+        "--probe-args",
+        probe_args,
+        "--geometry-task",
         f"custom:{geometry_task}",
-        "--split",
-        "all",
         "--nominal",
         ",".join(RHYTHM_CLASSES),
         "--anomalous",
         "noisy",
-        "--out",
-        out / "geometry",
-        "--device",
-        "cpu",
+        "--geometry-args",
+        "--split all --device cpu",
     )
+    top = runs / f"level{size.levels - 1}"
+    carved = json.loads((runs / "carve.json").read_text())["levels"] if (runs / "carve.json").is_file() else []
+    if len(carved) < size.levels:  # a level stopped by SIGUSR1/SIGTERM checkpointed and exited 0
+        raise Interrupted(f"carving stopped at level {len(carved)}; the same `ecgpos demo` command continues it")
+    step("linear probe of a random-init encoder, merged with every level's probe")
+    _run(
+        "probe",
+        "--encoder",
+        f"random:{config_path('tiny/stage0')}",
+        "--name",
+        "random-init",
+        "--out",
+        out / "probes" / "random-init",
+        "--task",
+        probe_task,
+        *probe_args.split(),
+    )
+    levels = [runs / "probes" / f"level{level}" for level in range(size.levels)]
+    _run("probe", "--compare", out / "probes" / "random-init", *levels, "--out", out / "probes" / "summary")
     step("reconstruction anomaly scores per level, AUROC of noisy vs clean")
     _run(
         "score",
         "--run",
-        runs / "stage1",
+        top,
         "--input",
         out / "raw" / PROBE_TASK / "records",
         "--out",
@@ -255,9 +244,9 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         "noisy",
         "--no-progress",
     )
-    step("exporting the nested (Stage 0 + Stage 1) encoder")
+    step(f"exporting the nested encoder (levels 0..{size.levels - 1})")
     export = out / "export" / "nested-encoder"
-    _run("export", "--run-dir", runs / "stage1", "--out", export, "--probe-results", out / "probes" / "summary")
+    _run("export", "--run-dir", top, "--out", export, "--probe-results", levels[-1])
     step("verifying the export against its test vectors")
     _run("verify", export)
     return out / "probes" / "summary"
@@ -280,13 +269,17 @@ def main(argv: list[str] | None = None) -> int:
     make_output_folder(args.out)
     started = time.monotonic()
     summary = run_demo(args.out, QUICK if args.quick else FULL, args.seed)
+    table = (args.out / "runs" / "carve.md").read_text()
     print()
+    size = QUICK if args.quick else FULL
     print((summary / "summary.md").read_text())
-    print((args.out / "geometry" / "summary.md").read_text())
+    print((args.out / "runs" / "geometry" / f"level{size.levels - 1}" / "summary.md").read_text())
     print((args.out / "scores" / "scores.summary.md").read_text())
-    figures = sorted((args.out / "runs").glob("stage*/figures/*.png"))
+    print(table)
+    figures = sorted((args.out / "runs").glob("level*/figures/*.png"))
     print("Figures:")
-    for path in [*figures[-4:], *sorted(summary.glob("*.png")), args.out / "geometry" / "geometry.png"]:
+    carved = [args.out / "runs" / "carve.png", *sorted((args.out / "runs" / "geometry").glob("level*/depth.png"))]
+    for path in [*figures[-4:], *sorted(summary.glob("*.png")), *carved]:
         print(f"  {path}")
     print(f"Exported encoder: {args.out / 'export' / 'nested-encoder'}  (ecgpos.load_encoder(PATH))")
     print(f"demo finished in {time.monotonic() - started:.0f} s", file=sys.stderr)

@@ -2,10 +2,11 @@
 
 The clinical export is encoder-only. Reconstruction-based anomaly scores (`ecgpos score`) and the
 carving criterion need each level's decoder as well, so an export may carry them in
-`decoders.safetensors` (keys `stage0.*` = the Stage-0 per-lead decoder, `stage1.*` = the Stage-1
-one) with their settings under `decoders` in config.json:
-    {"file", "sha256", "encoder_sha256", "settings_sha256", "stage0": {"decoder", "mask_ratio", "norm_target"},
-     "stage1": {"decoder", "mask_ratio", "norm_target", "push_pull"}}
+`decoders.safetensors` (keys `stage<l>.*` = the per-lead decoder of level l: `stage0.*` Stage 0's,
+`stage1.*` Stage 1's, ...) with their settings under `decoders` in config.json:
+    {"file", "sha256", "encoder_sha256", "settings_sha256",
+     "stage0": {"decoder", "mask_ratio", "norm_target"[, "push_pull"]},
+     "stage<l>": {"decoder", "mask_ratio", "norm_target", "push_pull"}, ...}
 A level is present only when its decoder was available at export time. `sha256` binds the decoder
 weights, `encoder_sha256` the encoder weights they were trained with (config.json's weights_sha256:
 decoders copied from another run's export, entry and all, are refused), `settings_sha256` the rest of
@@ -30,13 +31,13 @@ from ecgpos.export.format import CONFIG_FILE, json_sha256, state_sha256
 from ecgpos.export.load import load_encoder
 from ecgpos.files import read_safetensors
 from ecgpos.models.decoder import DecoderConfig
-from ecgpos.models.factory import state_mismatch
+from ecgpos.models.factory import cut_encoder, levels_of, state_mismatch
+from ecgpos.models.nested import level_names
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 from ecgpos.objectives.push_pull import PushPullConfig
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 
 DECODERS_FILE = "decoders.safetensors"
-LEVELS = ("stage0", "stage1")
 _warned_unbound: set[str] = set()
 
 
@@ -51,8 +52,8 @@ def decoder_settings(model: nn.Module) -> dict[str, Any]:
         "mask_ratio": model.mask_ratio,
         "norm_target": model.norm_target,
     }
-    if isinstance(model, LatentMaskedAutoencoder):
-        out["push_pull"] = dataclasses.asdict(model.push_pull)
+    if isinstance(model, LatentMaskedAutoencoder) or model.push_pull.enabled:  # a Stage-0 entry without
+        out["push_pull"] = dataclasses.asdict(model.push_pull)  # push-pull stays as two-level exports wrote it
     return out
 
 
@@ -116,8 +117,9 @@ def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: st
 
 
 def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn.Module]:
-    """The reconstruction models of an export with decoders: level -> MaskedECGAutoencoder (stage0) /
-    LatentMaskedAutoencoder (stage1), frozen, float32, CPU. EcgposError when the export has none."""
+    """The reconstruction models of an export with decoders: "stage<l>" -> MaskedECGAutoencoder (level 0)
+    / LatentMaskedAutoencoder on levels 0..l-1 (level l >= 1), frozen, float32, CPU, for the levels
+    whose decoder the export holds. EcgposError when the export has none."""
     folder = Path(folder)
     entry = config.get("decoders")
     if not isinstance(entry, Mapping):
@@ -131,35 +133,27 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     check_decoder_binding(folder, entry, config)
     # the encoder as `embed` loads it: weights hash, edited arch/preprocess and strict load all refused
     encoder = load_encoder(folder).encoder
-    stage0 = encoder.stage0 if config["arch"].get("kind") == "nested" else encoder
+    levels = levels_of(encoder)
     what = str(folder / DECODERS_FILE)
+    unknown = [k for k in entry if k.startswith("stage") and k not in level_names(len(levels))]
+    if unknown:
+        raise EcgposError(f"{what}: decoders of {', '.join(unknown)} in an export of levels 0..{len(levels) - 1}")
     models: dict[str, nn.Module] = {}
     try:
-        if "stage0" in entry:
-            s = entry["stage0"]
-            models["stage0"] = _load_decoder(
-                MaskedECGAutoencoder(stage0, DecoderConfig(**s["decoder"]), s["mask_ratio"], s["norm_target"]),
-                state,
-                "stage0",
-                what,
-            )
-        if "stage1" in entry:
-            if config["arch"].get("kind") != "nested":
-                raise EcgposError(f"{what}: a Stage-1 decoder in an export of a Stage-0 encoder")
-            s = entry["stage1"]
-            models["stage1"] = _load_decoder(
-                LatentMaskedAutoencoder(
-                    encoder.stage0,
-                    encoder.stage1,
-                    DecoderConfig(**s["decoder"]),
-                    s["mask_ratio"],
-                    s["norm_target"],
-                    PushPullConfig(**s.get("push_pull", {})),
-                ),
-                state,
-                "stage1",
-                what,
-            )
+        for level, name in enumerate(level_names(len(levels))):
+            if name not in entry:
+                continue
+            s = entry[name]
+            push_pull = PushPullConfig(**s.get("push_pull", {}))
+            decoder = DecoderConfig(**s["decoder"])
+            if level == 0:
+                model = MaskedECGAutoencoder(levels[0], decoder, s["mask_ratio"], s["norm_target"], push_pull)
+            else:
+                base = cut_encoder(encoder, level - 1)
+                model = LatentMaskedAutoencoder(
+                    base, levels[level], decoder, s["mask_ratio"], s["norm_target"], push_pull
+                )
+            models[name] = _load_decoder(model, state, name, what)
     except (TypeError, KeyError) as err:
         raise EcgposError(f"config.json: malformed decoders entry ({type(err).__name__}: {err})") from None
     return models

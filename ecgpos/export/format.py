@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
+# the weights hash lives with the other state-dict comparisons; an export records it as weights_sha256
+from ecgpos.models.factory import state_sha256, weights_hash  # noqa: F401
 
 FORMAT = "ecgpos-encoder"
 FORMAT_VERSION = 1
@@ -30,27 +31,6 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 VECTORS_FILE = "test_vectors.npz"
 ONNX_FILE = "encoder.onnx"
-
-
-def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
-
-    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
-    themselves, so an in-memory module can be checked as well as a file on disk.
-    """
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().to("cpu").contiguous()
-        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
-        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def weights_hash(module: torch.nn.Module) -> str:
-    """`state_sha256` of a module's weights: the value an export records as `weights_sha256`, so a
-    run's encoder and its export can be matched."""
-    return state_sha256(module.state_dict())
 
 
 CONFIG_HASH_FIELDS = ("arch", "preprocess", "pooling", "weights_sha256")

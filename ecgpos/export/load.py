@@ -35,6 +35,7 @@ from ecgpos.export.format import (
 )
 from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal, resolve_device
+from ecgpos.models.nested import NestedEncoder, legacy_state
 from ecgpos.runs.run_folder import is_run_dir
 
 
@@ -104,6 +105,7 @@ def build_from_state(arch: dict[str, Any], state: Mapping[str, torch.Tensor], wh
         ) from None
     # The module must now hold exactly these tensors (the factory compared keys, shapes and dtypes).
     loaded = module.state_dict()
+    state = legacy_state(state) if isinstance(module, NestedEncoder) else state  # two-level weight names
     for name, tensor in state.items():
         if not torch.equal(loaded[name].cpu(), tensor):
             raise EcgposError(f"{what}: tensor {name} was not loaded into the rebuilt encoder")
@@ -151,6 +153,17 @@ class ExportedEncoder(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    def cut(self, level: int | None) -> ExportedEncoder:
+        """This export's levels 0..level (sharing the weights; None or the top level: itself), with the
+        same preprocessing and input checks; a level the export does not have is an EcgposError."""
+        from ecgpos.models.factory import cut_encoder, depth_of, encoder_arch
+
+        if level is None or level == depth_of(self.encoder) - 1:
+            cut_encoder(self.encoder, level)  # still refuses a level beyond the depth
+            return self
+        encoder = cut_encoder(self.encoder, level)
+        return ExportedEncoder(encoder, self.spec, encoder_arch(encoder), self.config, self.source)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_features(x)

@@ -1,4 +1,4 @@
-"""The preprint's two-channel flag decomposition (appendix on the latent score analysis).
+"""The preprint's two-channel flag decomposition (appendix on the latent score analysis), over L levels.
 
 Each record has two scores: e_rec, the Stage-0 reconstruction error, and e_sub, the Stage-1 latent
 error. For a percentile q, t_c(q) is the q-th percentile of score c over D_fit, held-out nominal
@@ -11,6 +11,9 @@ Percentiles are numpy's default (linear interpolation between order statistics).
 only changes where a threshold reaches a D_fit score, and both channels have the same n_fit scores,
 so it is constant on each [100 k/(n-1), 100 (k+1)/(n-1)); the smallest q is therefore one of these
 points, where t_c is exactly the (k+1)-th smallest D_fit score of channel c.
+
+An encoder of L levels has L channels, one per level's score: the same OR rule over all of them, every
+threshold at the one common percentile, and per record the first (shallowest) level that fired.
 """
 
 from __future__ import annotations
@@ -26,14 +29,23 @@ from ecgpos.errors import EcgposError
 
 @dataclass(frozen=True)
 class Calibration:
-    """The common percentile q* (in %), its two thresholds, and the realised OR-rule rate on D_fit."""
+    """The common percentile q* (in %), one threshold per level, and the realised OR-rule rate on D_fit."""
 
     q: float
-    t_rec: float
-    t_sub: float
+    thresholds: tuple[float, ...]
     n_fit: int
     fit_rate: float
     target: float
+
+    @property
+    def t_rec(self) -> float:
+        """The Stage-0 threshold (the appendix's t_rec)."""
+        return self.thresholds[0]
+
+    @property
+    def t_sub(self) -> float:
+        """The Stage-1 threshold (the appendix's t_sub)."""
+        return self.thresholds[1]
 
 
 @dataclass(frozen=True)
@@ -103,25 +115,34 @@ def _pair(
 
 
 def or_rate(rec: np.ndarray, sub: np.ndarray, t_rec: float, t_sub: float) -> float:
-    """The fraction of records the OR rule flags at these thresholds (strictly greater fires)."""
+    """The fraction of records the two-channel OR rule flags at these thresholds (strictly greater fires)."""
     return float(np.mean((rec > t_rec) | (sub > t_sub))) if rec.size else 0.0
 
 
-def calibrate(
-    fit_rec: Sequence[float] | np.ndarray, fit_sub: Sequence[float] | np.ndarray, target: float = 0.05
-) -> Calibration:
-    """q* on D_fit: the smallest percentile whose OR-rule rate on D_fit is at most `target`.
+def _channels(channels: Sequence[Sequence[float] | np.ndarray], what: str) -> np.ndarray:
+    """Scores (n, L), one column per level, checked: no NaN, equal lengths, at least two levels."""
+    arrays = [_scores(c, f"{what} (stage{level} scores)") for level, c in enumerate(channels)]
+    if len(arrays) < 2:
+        raise EcgposError(f"{what}: the OR rule needs the scores of at least two levels, got {len(arrays)}")
+    if len({a.size for a in arrays}) != 1:
+        raise EcgposError(f"{what}: {', '.join(str(a.size) for a in arrays)} scores of levels 0..{len(arrays) - 1}")
+    return np.stack(arrays, axis=1)
+
+
+def calibrate_levels(fit: Sequence[Sequence[float] | np.ndarray], target: float = 0.05) -> Calibration:
+    """q* on D_fit over L channels (the scores of levels 0..L-1): the smallest percentile whose OR-rule
+    rate on D_fit is at most `target`, every level's threshold at that same percentile.
 
     EcgposError for a target outside (0, 1), NaN scores, or fewer than `min_fit_records(target)`
     D_fit records (then no false positive at all would fit the target)."""
     check_target(target)
-    rec, sub = _pair(fit_rec, fit_sub, "D_fit")
-    n = rec.size
+    scores = _channels(fit, "D_fit")
+    n = scores.shape[0]
     check_fit_size(n, target)
-    rec_sorted, sub_sorted = np.sort(rec), np.sort(sub)
+    ordered = np.sort(scores, axis=0)
 
     def rate(k: int) -> float:
-        return or_rate(rec, sub, rec_sorted[k], sub_sorted[k])
+        return float(np.mean((scores > ordered[k]).any(axis=1)))
 
     # rate(k) never rises with k and rate(n - 1) = 0: bisect for the first k within the target
     lo, hi = 0, n - 1
@@ -131,14 +152,22 @@ def calibrate(
             hi = mid
         else:
             lo = mid + 1
-    return Calibration(
-        q=100.0 * lo / (n - 1),
-        t_rec=float(rec_sorted[lo]),
-        t_sub=float(sub_sorted[lo]),
-        n_fit=n,
-        fit_rate=rate(lo),
-        target=target,
-    )
+    thresholds = tuple(float(t) for t in ordered[lo])
+    return Calibration(q=100.0 * lo / (n - 1), thresholds=thresholds, n_fit=n, fit_rate=rate(lo), target=target)
+
+
+def calibrate(
+    fit_rec: Sequence[float] | np.ndarray, fit_sub: Sequence[float] | np.ndarray, target: float = 0.05
+) -> Calibration:
+    """The two-level calibration of the appendix: `calibrate_levels([fit_rec, fit_sub], target)`."""
+    _pair(fit_rec, fit_sub, "D_fit")
+    return calibrate_levels([fit_rec, fit_sub], target)
+
+
+def level_flags(channels: Sequence[Sequence[float] | np.ndarray], cal: Calibration) -> np.ndarray:
+    """(n, L) bool: each level's score strictly greater than its threshold."""
+    scores = _channels(channels, "scores")
+    return scores > np.asarray(cal.thresholds)[None, :]
 
 
 def channel_flags(
@@ -147,6 +176,45 @@ def channel_flags(
     """(A, B) per record: boolean arrays, each score strictly greater than its threshold."""
     e_rec, e_sub = _pair(rec, sub, "scores")
     return e_rec > cal.t_rec, e_sub > cal.t_sub
+
+
+def first_fired(flags: np.ndarray) -> np.ndarray:
+    """(n,) int: per record the first (shallowest) level whose channel fired, -1 when none did."""
+    flags = np.asarray(flags, dtype=bool)
+    return np.where(flags.any(axis=1), flags.argmax(axis=1), -1)
+
+
+@dataclass(frozen=True)
+class FirstLevel:
+    """Counts of one group over L channels: each level's firings and the first level that fired."""
+
+    n: int
+    fired: tuple[int, ...]  # per level: records whose channel fired
+    first: tuple[int, ...]  # per level: records whose first firing channel is this level
+    neither: int  # records no channel flagged
+
+    def share(self, count: int) -> float | None:
+        return count / self.n if self.n else None
+
+    @property
+    def deeper(self) -> float | None:
+        """The share of flagged records first flagged below level 0: those the Stage-0 score alone would
+        miss (r_latent with two levels); None when nothing is flagged."""
+        flagged = self.n - self.neither
+        return sum(self.first[1:]) / flagged if flagged else None
+
+
+def decompose_levels(flags: np.ndarray) -> FirstLevel:
+    """The counts of one group's (n, L) channel flags."""
+    flags = np.asarray(flags, dtype=bool).reshape(-1, np.shape(flags)[-1])
+    first = first_fired(flags)
+    depth = flags.shape[1]
+    return FirstLevel(
+        n=int(flags.shape[0]),
+        fired=tuple(int(v) for v in flags.sum(axis=0)),
+        first=tuple(int((first == level).sum()) for level in range(depth)),
+        neither=int((first == -1).sum()),
+    )
 
 
 def decompose(a: np.ndarray, b: np.ndarray) -> Decomposition:

@@ -1,8 +1,9 @@
 """Frozen encoders for downstream use, from a run folder, an export folder or a random init.
 
-`resolve_encoder(x)` is the one entry point probes use: a training run folder (its newest complete
-checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
-baseline). Anything unloadable raises EcgposError with one line.
+`resolve_encoder(x, level=None)` is the one entry point probes use: a training run folder (its newest
+complete checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
+baseline); `level` cuts a nested encoder to its levels 0..level. Anything unloadable raises EcgposError
+with one line.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from torch import nn
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import is_export_dir
-from ecgpos.models.factory import random_init
-from ecgpos.runs.run_config import load_run_config
-from ecgpos.runs.run_folder import is_run_dir, load_run_model, read_trainer_state
+from ecgpos.models.factory import cut_encoder, depth_of, random_init
+from ecgpos.models.nested import SHARED_LAYOUT
+from ecgpos.resources import config_path as config_path_of
+from ecgpos.runs.run_config import RunConfig, load_run_config
+from ecgpos.runs.run_folder import base_source, is_run_dir, load_run_model, read_trainer_state
 
 
 @dataclass
@@ -44,7 +47,7 @@ def _arch(module: nn.Module) -> dict:
 
 
 def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
-    """Encoder of a run's newest complete checkpoint: STMEMEncoder (stage 0) or NestedEncoder (stage 1)."""
+    """Encoder of a run's newest complete checkpoint: STMEMEncoder (level 0) or NestedEncoder (levels 0..N)."""
     from ecgpos.runs.stages import trainable_encoder
 
     model, cfg, checkpoint, info = load_run_model(run_dir)
@@ -58,8 +61,8 @@ def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
         "steps": cfg.optim.steps,
         "finished": bool(info.get("finished", False)) and step >= cfg.optim.steps,
     }
-    if cfg.stage == 1:
-        details["stage0"] = info.get("stage0")
+    if cfg.stage >= 1:
+        details["base"] = base_source(info)
     return LoadedEncoder(module, cfg.preprocess, _arch(module), str(Path(run_dir)), details)
 
 
@@ -78,15 +81,17 @@ def unfinished_note(info: dict) -> str | None:
 def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
     """Randomly initialised encoder of a run config (the random-init baseline).
 
-    Stage-0 configs give an STMEMEncoder; Stage-1 configs a NestedEncoder whose Stage-0 part uses
-    the same encoder section (a Stage-1 config must have the Stage-0 width and layout anyway).
+    A level-0 config gives an STMEMEncoder; a level-N config a NestedEncoder of N + 1 levels, each at
+    its own configured size: level 0 from the `stage0.yaml` beside the config (configs/stage0.yaml
+    for configs/stage1.yaml) when it has the same width and token layout, else from the config's
+    encoder section; levels 1..N from the config's encoder section.
     """
     cfg = load_run_config(config_path)
     encoder = dataclasses.asdict(cfg.encoder)
     arch = (
         {"kind": "stage0", "encoder": encoder}
         if cfg.stage == 0
-        else {"kind": "nested", "stage0": encoder, "stage1": encoder}
+        else {"kind": "nested", "levels": [level0_config(config_path, cfg), *[encoder] * cfg.stage]}
     )
     module = random_init(arch, seed)
     return LoadedEncoder(
@@ -98,6 +103,17 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
     )
 
 
+def level0_config(config_path: str | Path, cfg: RunConfig) -> dict:
+    """Level 0 of a latent config's random baseline: the encoder of the `stage0.yaml` beside it when
+    that is a level-0 config of the same width and token layout, else the latent encoder section."""
+    sibling = config_path_of(config_path).parent / "stage0.yaml"
+    if sibling.is_file():
+        stage0 = load_run_config(sibling)
+        if stage0.stage == 0 and all(getattr(stage0.encoder, k) == getattr(cfg.encoder, k) for k in SHARED_LAYOUT):
+            return dataclasses.asdict(stage0.encoder)
+    return dataclasses.asdict(cfg.encoder)
+
+
 def load_export(path: str | Path) -> LoadedEncoder:
     from ecgpos.export.load import load_encoder
 
@@ -105,8 +121,30 @@ def load_export(path: str | Path) -> LoadedEncoder:
     return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), str(Path(path)), dict(exported.info))
 
 
-def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
-    """'random:<config.yaml>', a training run folder, or an export folder -> LoadedEncoder."""
+def resolve_encoder(path_or_random: str | Path, level: int | None = None) -> LoadedEncoder:
+    """'random:<config.yaml>', a training run folder, or an export folder -> LoadedEncoder; with
+    `level`, its levels 0..level only (a level the encoder does not have: EcgposError, one line)."""
+    loaded = _resolve(path_or_random)
+    return loaded if level is None else cut_loaded(loaded, level)
+
+
+def cut_loaded(loaded: LoadedEncoder, level: int) -> LoadedEncoder:
+    """`loaded` cut to its levels 0..level (module, arch and info say so); an export keeps its
+    preprocessing and input checks around the cut encoder."""
+    inner = getattr(loaded.module, "encoder", loaded.module)
+    depth = depth_of(inner)
+    if inner is loaded.module:
+        module = _freeze(cut_encoder(inner, level))
+    else:
+        module = loaded.module.cut(level)
+    if level == depth - 1:
+        return loaded
+    arch = _arch(getattr(module, "encoder", module))
+    info = {**loaded.info, "level": level, "levels_of_source": depth}
+    return LoadedEncoder(module, loaded.spec, arch, loaded.source, info)
+
+
+def _resolve(path_or_random: str | Path) -> LoadedEncoder:
     text = str(path_or_random)
     if text.startswith("random:"):
         return random_encoder(text.split(":", 1)[1])

@@ -8,11 +8,13 @@ The preprint's Stage-1 score is instead the input-space error of the complete re
 back through the Stage-0 decoder; the Stage-1 score here is the counterpart of its latent error e_sub,
 on masked tokens as in the loss.
 
-With both levels, `flags_by_label` applies the appendix's two-channel OR rule (ecgpos.inference.flags):
-thresholds calibrated on held-out nominal records, and each label's decomposition of the flags.
+With two levels or more, `flags_by_label` applies the appendix's OR rule over every level's channel
+(ecgpos.inference.flags): thresholds calibrated on held-out nominal records, and each label's decomposition
+of the flags by the first level that fired.
 
-The decoders come from run folders (a Stage-1 run finds the Stage-0 decoder through the Stage-0 run it
-was trained on) or from an export written with `ecgpos export --with-decoders`.
+Level l's score is the same error of level l's decoder on the tokens of levels 0..l-1. The decoders come
+from run folders (a run of level l finds the lower levels' decoders through the chain of bases it was
+trained on) or from an export written with `ecgpos export --with-decoders`.
 """
 
 from __future__ import annotations
@@ -27,12 +29,21 @@ from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from ecgpos.inference.flags import Calibration, Decomposition, calibrate, channel_flags, check_fit_size, decompose
+from ecgpos.inference.flags import (
+    Calibration,
+    Decomposition,
+    FirstLevel,
+    calibrate_levels,
+    check_fit_size,
+    decompose,
+    decompose_levels,
+    level_flags,
+)
 from ecgpos.inference.inputs import Source, finite_outputs, source_windows
 from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, fixed_masking
+from ecgpos.models.nested import level_name, level_names
 
-LEVELS = ("stage0", "stage1")
 # Every mask is built up front and run on every window: far more than the default 8 only multiplies the
 # work (a huge count exhausted memory in a traceback).
 MAX_MASKS = 1_000
@@ -46,38 +57,57 @@ class ReconModels:
     spec: PreprocessSpec
     source: str
     notes: list[str] = field(default_factory=list)  # why a level is missing, for the user
+    depth: int = 0  # the encoder's number of levels
 
 
-def _stage0_decoder_of_stage1_run(info: dict, want_hash: str | None) -> tuple[nn.Module | None, str | None]:
-    """The Stage-0 objective of the Stage-0 run (or export with decoders) a Stage-1 run was trained on."""
+def _level_below(info: dict, level: int) -> tuple[dict[str, nn.Module], dict | None, str | None]:
+    """The objectives of levels 0..level-1 reachable from a level-`level` run's base (run_info `info`):
+    ({"stage<l>": model}, the base run's info to walk on from or None, why the walk stops or None)."""
     from ecgpos.export.decoders import load_decoders
     from ecgpos.export.format import is_export_dir, weights_hash
     from ecgpos.export.load import read_export_config
-    from ecgpos.runs.run_folder import is_run_dir, load_run_model
+    from ecgpos.runs.run_folder import base_source, is_run_dir, load_run_model, run_chain
 
-    source = info.get("stage0")
+    below = level_name(level - 1)
+    source = base_source(info)
+    chain = {int(e.get("level", -1)): e.get("weights_sha256") for e in run_chain(info)}
     if not source or not Path(source).exists():
-        return None, f"Stage-0 scores unavailable: the Stage-0 source {source!r} of this run is not reachable"
+        return {}, None, f"{below} scores unavailable: the base {source!r} of this run is not reachable"
     path = Path(source)
     if is_export_dir(path):
         config = read_export_config(path)
-        if "stage0" not in (config.get("decoders") or {}):
-            return None, f"Stage-0 scores unavailable: Stage 1 was trained on the encoder-only export {path}"
-        model = load_decoders(path, config)["stage0"]
+        found = (
+            {k: v for k, v in load_decoders(path, config).items() if k in level_names(level)}
+            if config.get("decoders")
+            else {}
+        )
+        if below not in found:
+            return {}, None, f"{below} scores unavailable: level {level} was trained on the encoder-only export {path}"
+        models = found
+        nxt = None
     elif is_run_dir(path):
-        model = load_run_model(path)[0]
+        model, _, _, base_info = load_run_model(path)
+        models, nxt = {below: model}, base_info
     else:
-        return None, f"Stage-0 scores unavailable: {path} is neither a run nor an export folder"
-    if want_hash and weights_hash(model.encoder) != want_hash:
-        return None, f"Stage-0 scores unavailable: {path} now holds other weights than Stage 1 was trained on"
-    return model, None
+        return {}, None, f"{below} scores unavailable: {path} is neither a run nor an export folder"
+    for name, model in models.items():
+        want = chain.get(int(name.removeprefix("stage")))
+        if want and weights_hash(model.encoder) != want:
+            return (
+                {},
+                None,
+                f"{name} scores unavailable: {path} now holds other weights than level {level} was trained on",
+            )
+    return models, nxt, None
 
 
 def load_recon_models(path: str | Path) -> ReconModels:
-    """Run folder (Stage 0 or Stage 1) or export with decoders -> the reconstructing levels, frozen."""
+    """Run folder (any level) or export with decoders -> the reconstructing levels, frozen. A run of
+    level N finds levels N-1, ..., 0 through the base runs (or the export with decoders) it was trained on."""
     from ecgpos.export.decoders import load_decoders
     from ecgpos.export.format import is_export_dir
     from ecgpos.export.load import read_export_config
+    from ecgpos.models.factory import arch_depth
     from ecgpos.runs.run_folder import is_run_dir, load_run_model
 
     path = Path(path)
@@ -88,26 +118,28 @@ def load_recon_models(path: str | Path) -> ReconModels:
         config = read_export_config(path)
         levels = load_decoders(path, config)
         spec = PreprocessSpec.from_dict(config["preprocess"])
-        if config["arch"].get("kind") == "nested" and "stage0" not in levels:
-            notes.append("Stage-0 scores unavailable: the export carries no Stage-0 decoder")
+        depth = arch_depth(config["arch"])
+        missing = [name for name in level_names(depth) if name not in levels]
+        if missing:
+            notes.append(f"{', '.join(missing)} scores unavailable: the export carries no decoder for them")
     elif is_run_dir(path):
         model, cfg, _, info = load_run_model(path)
-        spec = cfg.preprocess
-        if cfg.stage == 0:
-            levels = {"stage0": model}
-        else:
-            levels = {"stage1": model}
-            stage0, note = _stage0_decoder_of_stage1_run(info, info.get("stage0_weights_sha256"))
-            if stage0 is not None:
-                levels = {"stage0": stage0, "stage1": model}
-            else:
-                notes.append(note or "")
+        spec, depth = cfg.preprocess, cfg.stage + 1
+        levels = {level_name(cfg.stage): model}
+        level = cfg.stage
+        while level > 0 and info is not None:  # walk down the chain of bases
+            found, info, note = _level_below(info, level)
+            if note:
+                notes.append(note)
+                break
+            levels.update(found)
+            level = min(int(k.removeprefix("stage")) for k in levels)
     else:
         raise EcgposError(f"{path} is neither a training run folder nor an export folder")
     for model in levels.values():
         model.requires_grad_(False)
         model.float().eval()
-    return ReconModels({k: levels[k] for k in LEVELS if k in levels}, spec, str(path), notes)
+    return ReconModels({k: levels[k] for k in level_names(depth) if k in levels}, spec, str(path), notes, depth)
 
 
 def _encoder_of(model: nn.Module) -> nn.Module:
@@ -210,13 +242,24 @@ def auroc_by_level(
 
 @dataclass
 class FlagReport:
-    """The OR rule calibrated on D_fit, applied to every scored record (A, B in the order of the ids)."""
+    """The OR rule over every level, calibrated on D_fit and applied to every scored record (rows in the
+    order of the ids). Two levels also keep the appendix's A/B decomposition (`groups`, `a`, `b`)."""
 
     calibration: Calibration
-    groups: dict[str, Decomposition]  # per nominal label, then per anomalous label
-    nominal: Decomposition  # the nominal evaluation records together: their false-positive rate
-    a: np.ndarray
-    b: np.ndarray
+    levels: list[str]
+    flags: np.ndarray  # (n, L) bool: level l's channel fired
+    first: dict[str, FirstLevel]  # per nominal label, then per anomalous label: the first level that fired
+    nominal_first: FirstLevel  # the nominal evaluation records together: their false-positive rate
+    groups: dict[str, Decomposition] = field(default_factory=dict)  # two levels only
+    nominal: Decomposition | None = None  # two levels only
+
+    @property
+    def a(self) -> np.ndarray:
+        return self.flags[:, 0]
+
+    @property
+    def b(self) -> np.ndarray:
+        return self.flags[:, 1]
 
 
 def flags_by_label(
@@ -229,12 +272,17 @@ def flags_by_label(
     target: float,
 ) -> FlagReport:
     """Thresholds from the records labelled `fit_labels` (D_fit), then the flags of every record and
-    the decomposition per nominal and anomalous label; EcgposError for NaN scores or too small a D_fit."""
-    if set(scores) != set(LEVELS):
-        raise EcgposError(f"the flag decomposition needs both levels' scores, not {', '.join(scores) or 'none'}")
-    rec, sub = (np.asarray(scores[level], dtype=np.float64) for level in LEVELS)
-    for level, values in zip(LEVELS, (rec, sub)):
-        nan = np.flatnonzero(np.isnan(values))
+    the decomposition per nominal and anomalous label; EcgposError for NaN scores, a missing level or
+    too small a D_fit."""
+    levels = level_names(len(scores))
+    if list(scores) != levels or len(levels) < 2:
+        raise EcgposError(
+            f"the flag decomposition needs the scores of every level of a nested encoder (at least both levels "
+            f"stage0, stage1), not {', '.join(scores) or 'none'}"
+        )
+    values = [np.asarray(scores[level], dtype=np.float64) for level in levels]
+    for level, column in zip(levels, values):
+        nan = np.flatnonzero(np.isnan(column))
         if nan.size:
             raise EcgposError(
                 f"NaN {level} score for {nan.size} of {len(ids)} records (the first: {ids[nan[0]]!r}); "
@@ -247,11 +295,18 @@ def flags_by_label(
 
     fit = rows(fit_labels)
     check_fit_size(int(fit.sum()), target, f"the scored set of --calibration {','.join(fit_labels)}")
-    cal = calibrate(rec[fit], sub[fit], target)
-    a, b = channel_flags(rec, sub, cal)
-    groups = {}
-    for label in [*nominal, *anomalous]:
-        mine = rows([label])
-        groups[label] = decompose(a[mine], b[mine])
+    cal = calibrate_levels([v[fit] for v in values], target)
+    flags = level_flags(values, cal)
+    labelled = [*nominal, *anomalous]
     is_nominal = rows(nominal)
-    return FlagReport(cal, groups, decompose(a[is_nominal], b[is_nominal]), a, b)
+    report = FlagReport(
+        cal,
+        levels,
+        flags,
+        {label: decompose_levels(flags[rows([label])]) for label in labelled},
+        decompose_levels(flags[is_nominal]),
+    )
+    if len(levels) == 2:
+        report.groups = {label: decompose(*flags[rows([label])].T) for label in labelled}
+        report.nominal = decompose(*flags[is_nominal].T)
+    return report

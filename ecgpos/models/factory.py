@@ -1,15 +1,17 @@
 """Build encoders from JSON-able architecture dicts and load weights strictly (export, runs, probes).
 
 arch formats:
-    {"kind": "stage0", "encoder": {EncoderConfig fields}}                       -> STMEMEncoder
-    {"kind": "nested", "stage0": {EncoderConfig}, "stage1": {EncoderConfig}}     -> NestedEncoder
-`encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
+    {"kind": "stage0", "encoder": {EncoderConfig fields}}                  -> STMEMEncoder (one level)
+    {"kind": "nested", "levels": [{EncoderConfig}, {EncoderConfig}, ...]}  -> NestedEncoder (>= 2 levels)
+The two-level form written by earlier versions, {"kind": "nested", "stage0": {...}, "stage1": {...}},
+is read as levels [stage0, stage1]. `encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,7 +20,7 @@ from torch import nn
 from ecgpos.config import from_dict
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.nested import NestedEncoder
+from ecgpos.models.nested import NestedEncoder, legacy_state
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 
 ENCODER_KINDS = ("stage0", "stage1")
@@ -35,7 +37,8 @@ def encoder_config(cfg: EncoderConfig | Mapping[str, Any]) -> EncoderConfig:
 
 
 def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
-    """Freshly initialised encoder: kind 'stage0' -> STMEMEncoder, 'stage1' -> LatentEncoder."""
+    """Freshly initialised encoder: kind 'stage0' -> STMEMEncoder (level 0), 'stage1' -> LatentEncoder
+    (any level >= 1)."""
     if kind == "stage0":
         return STMEMEncoder(encoder_config(cfg))
     if kind == "stage1":
@@ -43,9 +46,45 @@ def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEnc
     raise ConfigError(f"unknown encoder kind {kind!r} (expected one of {', '.join(ENCODER_KINDS)})")
 
 
-def build_nested(stage0: EncoderConfig | Mapping[str, Any], stage1: EncoderConfig | Mapping[str, Any]) -> NestedEncoder:
-    """Freshly initialised NestedEncoder(STMEMEncoder(stage0), LatentEncoder(stage1))."""
-    return NestedEncoder(build_encoder("stage0", stage0), build_encoder("stage1", stage1))
+def build_level(level: int, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
+    """Freshly initialised encoder of one level: an STMEMEncoder at level 0, a LatentEncoder above."""
+    return build_encoder("stage0" if level == 0 else "stage1", cfg)
+
+
+def nested_of(levels: Sequence[nn.Module]) -> STMEMEncoder | NestedEncoder:
+    """The encoder made of `levels` (sharing them): one level is that STMEMEncoder itself."""
+    levels = list(levels)
+    return levels[0] if len(levels) == 1 else NestedEncoder(levels)
+
+
+def build_nested(levels: Sequence[EncoderConfig | Mapping[str, Any]]) -> STMEMEncoder | NestedEncoder:
+    """Freshly initialised encoder over the level configs (level 0 first), drawn in level order."""
+    return nested_of([build_level(level, cfg) for level, cfg in enumerate(levels)])
+
+
+def levels_of(module: nn.Module) -> list[nn.Module]:
+    """The levels of an STMEMEncoder (itself) or NestedEncoder, level 0 first."""
+    if isinstance(module, NestedEncoder):
+        return list(module.levels)
+    if isinstance(module, STMEMEncoder):
+        return [module]
+    raise EcgposError(f"{type(module).__name__} is not an encoder with levels (STMEMEncoder or NestedEncoder)")
+
+
+def depth_of(module: nn.Module) -> int:
+    """Number of levels of an STMEMEncoder (1) or NestedEncoder."""
+    return len(levels_of(module))
+
+
+def cut_encoder(module: nn.Module, level: int | None) -> STMEMEncoder | NestedEncoder:
+    """Levels 0..level of an encoder (sharing its modules); None: the encoder itself. A level beyond
+    the encoder's depth is an EcgposError (one line)."""
+    levels = levels_of(module)
+    if level is None:
+        return module
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < len(levels):
+        raise EcgposError(f"--level {level} does not exist: the encoder has levels 0..{len(levels) - 1}")
+    return nested_of(levels[: level + 1])
 
 
 def encoder_arch(module: nn.Module) -> dict[str, Any]:
@@ -53,26 +92,60 @@ def encoder_arch(module: nn.Module) -> dict[str, Any]:
     if isinstance(module, STMEMEncoder):
         return {"kind": "stage0", "encoder": dataclasses.asdict(module.cfg)}
     if isinstance(module, NestedEncoder):
-        return {
-            "kind": "nested",
-            "stage0": dataclasses.asdict(module.stage0.cfg),
-            "stage1": dataclasses.asdict(module.stage1.cfg),
-        }
+        return {"kind": "nested", "levels": [dataclasses.asdict(m.cfg) for m in module.levels]}
     raise EcgposError(f"no encoder arch for {type(module).__name__} (expected STMEMEncoder or NestedEncoder)")
+
+
+def arch_levels(arch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The level configs an arch describes, level 0 first (the two-level form too); EcgposError
+    (one line) for a malformed arch."""
+    if not isinstance(arch, Mapping) or arch.get("kind") not in ARCH_KINDS:
+        kind = arch.get("kind") if isinstance(arch, Mapping) else None
+        raise EcgposError(f"unknown encoder arch kind {kind!r} (expected one of {', '.join(ARCH_KINDS)})")
+    if arch["kind"] == "stage0":
+        if "encoder" not in arch:
+            raise EcgposError("encoder arch of kind 'stage0' lacks encoder")
+        return [arch["encoder"]]
+    if "levels" in arch:
+        levels = arch["levels"]
+        if not isinstance(levels, list) or len(levels) < 2:
+            raise EcgposError("encoder arch of kind 'nested' needs levels: a list of at least two encoder configs")
+        return list(levels)
+    missing = [k for k in ("stage0", "stage1") if k not in arch]
+    if missing:
+        raise EcgposError(f"encoder arch of kind 'nested' lacks levels (or {', '.join(missing)})")
+    return [arch["stage0"], arch["stage1"]]
+
+
+def arch_depth(arch: Mapping[str, Any]) -> int:
+    """Number of levels an arch describes."""
+    return len(arch_levels(arch))
 
 
 def module_from_arch(arch: Mapping[str, Any]) -> STMEMEncoder | NestedEncoder:
     """Freshly initialised encoder described by `arch`; malformed arch raises EcgposError."""
-    if not isinstance(arch, Mapping) or arch.get("kind") not in ARCH_KINDS:
-        kind = arch.get("kind") if isinstance(arch, Mapping) else None
-        raise EcgposError(f"unknown encoder arch kind {kind!r} (expected one of {', '.join(ARCH_KINDS)})")
-    needed = ("encoder",) if arch["kind"] == "stage0" else ("stage0", "stage1")
-    missing = [k for k in needed if k not in arch]
-    if missing:
-        raise EcgposError(f"encoder arch of kind {arch['kind']!r} lacks {', '.join(missing)}")
-    if arch["kind"] == "stage0":
-        return build_encoder("stage0", arch["encoder"])
-    return build_nested(arch["stage0"], arch["stage1"])
+    return build_nested(arch_levels(arch))
+
+
+def state_sha256(state: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over (name, dtype, shape, bytes) of every tensor in sorted key order.
+
+    Hashing tensor contents rather than the file's bytes makes the hash a property of the weights
+    themselves, so an in-memory module can be checked as well as a file on disk.
+    """
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().to("cpu").contiguous()
+        digest.update(f"{name}|{str(tensor.dtype)}|{tuple(tensor.shape)}|".encode())
+        # uint8 view: bytes of any dtype (bf16 included, which numpy cannot represent)
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def weights_hash(module: torch.nn.Module) -> str:
+    """`state_sha256` of a module's weights: the value an export records as `weights_sha256`, so a
+    run's encoder and its export can be matched."""
+    return state_sha256(module.state_dict())
 
 
 def state_mismatch(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.Tensor]) -> str:
@@ -116,9 +189,11 @@ def random_init(arch: Mapping[str, Any], seed: int = 0) -> STMEMEncoder | Nested
 def encoder_from_state(arch: Mapping[str, Any], state_dict: Mapping[str, torch.Tensor]) -> nn.Module:
     """Encoder described by `arch` with `state_dict` loaded strictly, in eval mode.
 
-    Any missing/unexpected key or shape difference raises EcgposError with one line.
+    Any missing/unexpected key or shape difference raises EcgposError with one line. Weights with the
+    two-level names ("stage0.*", "stage1.*") load into a two-level NestedEncoder.
     """
     module = module_from_arch(arch)
+    state_dict = legacy_state(state_dict) if isinstance(module, NestedEncoder) else dict(state_dict)
     problem = state_mismatch(module.state_dict(), state_dict)
     if problem:
         raise EcgposError(f"weights do not match the {arch['kind']} encoder arch: {problem}")

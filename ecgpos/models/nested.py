@@ -1,56 +1,121 @@
-"""Nested encoder for probes and export: Stage-0 encoder -> Stage-1 encoder, no masking.
+"""Nested encoder: level 0 (STMEMEncoder over raw ECG), then levels 1..L-1 (LatentEncoder), no masking.
 
-Same interface as STMEMEncoder, so probes and export treat both alike:
-    forward_tokens(x (B, 12, 2250))   -> (B, 12 * 32, W)   Stage-1 tokens after its final norm
-    forward_features(x (B, 12, 2250)) -> (B, W)            Stage-1 block outputs averaged over the
-                                                           patch tokens (SEP excluded), then its norm
-State-dict keys: "stage0.*" (STMEMEncoder) and "stage1.*" (LatentEncoder).
+Level l reads the tokens of level l-1, so every level shares the width and token layout. Same
+interface as STMEMEncoder, so probes and export treat both alike, plus `level=` to read any level:
+    forward_tokens(x (B, 12, 2250), level=None)   -> (B, 12 * 32, W)  tokens of `level` (default: the
+                                                                       top) after its final norm
+    forward_features(x (B, 12, 2250), level=None) -> (B, W)           that level's block outputs averaged
+                                                                       over the patch tokens, then its norm
+State-dict keys: "levels.<l>.*". Weights written with the two-level names "stage0.*" / "stage1.*"
+load as levels 0 and 1 (`legacy_state`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import nn
 
-from ecgpos.errors import ConfigError
+from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 
-# What Stage 1 must share with Stage 0: it reads Stage-0 tokens, so the same width and token layout.
+# What level l must share with level l-1: it reads those tokens, so the same width and token layout.
 SHARED_LAYOUT = ("width", "num_leads", "seq_len", "patch_size")
+LEGACY_PREFIXES = {"stage0.": "levels.0.", "stage1.": "levels.1."}
 
 
-def check_stages_fit(stage0: EncoderConfig, stage1: EncoderConfig, what: str = "the Stage-0 encoder") -> None:
-    """ConfigError (one line) unless a Stage-1 encoder config can read `stage0`'s tokens."""
+def level_name(level: int) -> str:
+    """The name of a level in score columns, decoder keys and reports: 'stage0', 'stage1', ..."""
+    return f"stage{int(level)}"
+
+
+def level_names(depth: int) -> list[str]:
+    """Names of the levels 0..depth-1 of an encoder with `depth` levels."""
+    return [level_name(level) for level in range(int(depth))]
+
+
+def check_stages_fit(below: EncoderConfig, above: EncoderConfig, what: str = "the Stage-0 encoder") -> None:
+    """ConfigError (one line) unless a latent encoder config `above` can read the tokens of `below`."""
     for name in SHARED_LAYOUT:
-        if getattr(stage0, name) != getattr(stage1, name):
+        if getattr(below, name) != getattr(above, name):
             raise ConfigError(
-                f"{what} has {name} {getattr(stage0, name)} but the Stage-1 encoder's {name} is "
-                f"{getattr(stage1, name)} (Stage 1 runs at the Stage-0 width and token layout)"
+                f"{what} has {name} {getattr(below, name)} but the latent encoder's {name} is "
+                f"{getattr(above, name)} (a latent level runs at the width and token layout of the level below)"
             )
 
 
+def legacy_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A nested state dict with two-level names ("stage0.*", "stage1.*") renamed to "levels.<l>.*";
+    any other state is returned as it is."""
+    out = {}
+    for key, value in state.items():
+        prefix = next((p for p in LEGACY_PREFIXES if key.startswith(p)), None)
+        out[LEGACY_PREFIXES[prefix] + key[len(prefix) :] if prefix else key] = value
+    return out
+
+
 class NestedEncoder(nn.Module):
-    """Composition stage1(stage0(x)); `.width` is the Stage-1 width (= Stage-0 width)."""
+    """levels[L-1](... levels[1](levels[0](x))); `.width` is the common width, `.cfg` the top level's."""
 
-    def __init__(self, stage0: STMEMEncoder, stage1: LatentEncoder) -> None:
+    def __init__(self, levels: Sequence[nn.Module]) -> None:
         super().__init__()
-        check_stages_fit(stage0.cfg, stage1.cfg)
-        self.stage0 = stage0
-        self.stage1 = stage1
-        self.width = stage1.width
-        self.num_leads = stage1.num_leads
-        self.num_patches = stage1.num_patches
-        self.tokens_per_lead = stage1.tokens_per_lead
+        levels = list(levels)
+        if len(levels) < 2:
+            raise ConfigError(f"a nested encoder has at least two levels, got {len(levels)}")
+        if not isinstance(levels[0], STMEMEncoder) or not all(isinstance(m, LatentEncoder) for m in levels[1:]):
+            raise ConfigError("a nested encoder is an STMEMEncoder followed by LatentEncoders")
+        for level in range(1, len(levels)):
+            check_stages_fit(levels[level - 1].cfg, levels[level].cfg, f"level {level - 1}")
+        self.levels = nn.ModuleList(levels)
+        top = levels[-1]
+        self.cfg = top.cfg
+        self.width = top.width
+        self.num_leads = top.num_leads
+        self.num_patches = top.num_patches
+        self.tokens_per_lead = top.tokens_per_lead
+        self._register_load_state_dict_pre_hook(_rename_legacy_keys, with_module=True)
 
-    def forward_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, L, T) -> (B, L * (N + 2), W)."""
-        return self.stage1.forward_tokens(self.stage0.forward_tokens(x))
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, L, T) -> (B, W), pooled as the Stage-0 encoder pools."""
-        return self.stage1.forward_features(self.stage0.forward_tokens(x))
+    def check_level(self, level: int | None) -> int:
+        """`level` as an index 0..depth-1 (None: the top); EcgposError (one line) otherwise."""
+        if level is None:
+            return self.depth - 1
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < self.depth:
+            raise EcgposError(f"level {level!r} does not exist: this encoder has levels 0..{self.depth - 1}")
+        return level
+
+    def cut(self, level: int) -> nn.Module:
+        """Levels 0..level (sharing these modules): an STMEMEncoder for level 0, else a NestedEncoder."""
+        level = self.check_level(level)
+        return self.levels[0] if level == 0 else NestedEncoder(list(self.levels[: level + 1]))
+
+    def forward_tokens(self, x: torch.Tensor, level: int | None = None) -> torch.Tensor:
+        """x (B, L, T) -> tokens of `level` (B, L * (N + 2), W)."""
+        level = self.check_level(level)
+        tokens = self.levels[0].forward_tokens(x)
+        for module in self.levels[1 : level + 1]:
+            tokens = module.forward_tokens(tokens)
+        return tokens
+
+    def forward_features(self, x: torch.Tensor, level: int | None = None) -> torch.Tensor:
+        """x (B, L, T) -> (B, W) features of `level`, pooled as the Stage-0 encoder pools."""
+        level = self.check_level(level)
+        if level == 0:
+            return self.levels[0].forward_features(x)
+        return self.levels[level].forward_features(self.forward_tokens(x, level - 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Same as `forward_features` (B, W)."""
+        """Same as `forward_features` (B, W) of the top level."""
         return self.forward_features(x)
+
+
+def _rename_legacy_keys(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+    """load_state_dict pre-hook: two-level names under `prefix` become level names, in place."""
+    for old, new in LEGACY_PREFIXES.items():
+        for key in [k for k in state if k.startswith(prefix + old)]:
+            state[prefix + new + key[len(prefix + old) :]] = state.pop(key)

@@ -1,11 +1,13 @@
-"""Stage 1 (nested manifold carving): a masked autoencoder of the same form on frozen Stage-0 tokens.
+"""Level l >= 1 (nested manifold carving): a masked autoencoder of the same form on the frozen tokens
+of levels 0..l-1 (the base: Stage 0 alone for Stage 1, a nested encoder above).
 
-The frozen Stage-0 encoder maps x (B, 12, 2250) to latent tokens (B, 12 * 32, W). Stage 1 treats
+The frozen base maps x (B, 12, 2250) to latent tokens (B, 12 * 32, W). Level l treats
 them like Stage 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
-(keep int(30 * (1 - mask_ratio))), the two Stage-0 SEP outputs of the lead are always kept and
+(keep int(30 * (1 - mask_ratio))), the two SEP outputs of the lead are always kept and
 serve as that lead's SEP tokens, a LatentEncoder (same blocks/embeddings as STMEMEncoder, W wide)
 encodes the visible tokens, and the per-lead decoder reconstructs the masked latent tokens
-(MSE on masked tokens; targets optionally normalised per token).
+(MSE on masked tokens; targets optionally normalised per token). "Stage 0" / "Stage 1" below read
+as "the base" / "this level" for any l.
 
 Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
 x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
@@ -42,15 +44,16 @@ class LatentMaskedAutoencoder(nn.Module):
     log = {recon_loss [, pp_loss, push_active] [, sp_loss]} (scalars the trainer records),
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
 
-    The Stage-0 encoder is frozen here (requires_grad False, kept in eval mode by `train()`), runs
-    under torch.no_grad() (no graph is kept for it) in the caller's precision: the trainer's bf16
-    autocast in a bf16 run, fp32 in an fp32 run, as probes and exports run it. no_grad rather than
-    inference_mode: inference tensors could not be saved for Stage 1's backward.
+    The base (levels 0..l-1) is frozen here (requires_grad False, kept in eval mode by `train()`),
+    runs under torch.inference_mode() (no graph, no version counters) in the caller's precision: the
+    trainer's bf16 autocast in a bf16 run, fp32 in an fp32 run, as probes and exports run it. Its
+    tokens are cloned out of inference mode, so this level's backward may save them.
+    Weights saved with the two-level name "stage0.*" for the base load as "base.*".
     """
 
     def __init__(
         self,
-        stage0: STMEMEncoder,
+        base: STMEMEncoder | NestedEncoder,
         encoder: LatentEncoder,
         decoder: DecoderConfig,
         mask_ratio: float = 0.75,
@@ -58,29 +61,31 @@ class LatentMaskedAutoencoder(nn.Module):
         push_pull: PushPullConfig | None = None,
     ) -> None:
         super().__init__()
-        check_stages_fit(stage0.cfg, encoder.cfg)
+        check_stages_fit(base.cfg, encoder.cfg, "the base encoder")
         check_mask_ratio(mask_ratio, encoder.num_patches)
-        self.stage0 = stage0
-        self.stage0.requires_grad_(False)
-        self.stage0.eval()
+        self.base = base
+        self.base.requires_grad_(False)
+        self.base.eval()
+        self.level = len(base.levels) if isinstance(base, NestedEncoder) else 1
         self.encoder = encoder
         self.decoder_cfg = decoder
         self.mask_ratio = float(mask_ratio)
         self.norm_target = bool(norm_target)
         self.push_pull = push_pull if push_pull is not None else PushPullConfig()
         self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.width)
+        self._register_load_state_dict_pre_hook(_rename_stage0_to_base, with_module=True)
 
     def train(self, mode: bool = True) -> LatentMaskedAutoencoder:
-        """Switch Stage 1 to train/eval; Stage 0 always stays in eval mode (frozen)."""
+        """Switch this level to train/eval; the base always stays in eval mode (frozen)."""
         super().train(mode)
-        self.stage0.eval()
+        self.base.eval()
         return self
 
     def latent_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """Frozen Stage-0 tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""
-        with torch.no_grad():
-            tokens = self.stage0.forward_tokens(x)
-        return tokens.float()
+        """Frozen base tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""
+        with torch.inference_mode():
+            tokens = self.base.forward_tokens(x).float()
+        return tokens.clone()  # a normal tensor: autograd may save it for this level's backward
 
     def _patch_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, L * (N + 2), W) -> latent patch tokens (B, L, N, W) (SEP outputs dropped)."""
@@ -180,5 +185,12 @@ class LatentMaskedAutoencoder(nn.Module):
         return push_margin_violated(self.target(tokens), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     def nested_encoder(self) -> NestedEncoder:
-        """Stage-0 -> Stage-1 encoder (no masking), sharing this model's modules."""
-        return NestedEncoder(self.stage0, self.encoder)
+        """Levels 0..l (the base, then this level's encoder; no masking), sharing this model's modules."""
+        below = list(self.base.levels) if isinstance(self.base, NestedEncoder) else [self.base]
+        return NestedEncoder([*below, self.encoder])
+
+
+def _rename_stage0_to_base(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+    """load_state_dict pre-hook: a two-level run's "stage0.*" weights are the base's."""
+    for key in [k for k in state if k.startswith(prefix + "stage0.")]:
+        state[prefix + "base." + key[len(prefix + "stage0.") :]] = state.pop(key)

@@ -8,6 +8,11 @@ The random numbers of a forward come from `draw_noise` (a generator's draw, outs
 caller passes them in, so a compiled forward is a single graph). The decoder is
 `ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
 its output size, and `masked_mse` / `normalise_tokens` as its loss.
+
+Optional Dynamic Push and Pull at level 0 (the paper's AE-PP, push_pull.py), in signal space:
+x = the signal patches, x~ = perturb(x) (patches perturbed, the signal reassembled from them),
+x^ = P(x~) with P the unmasked encoder + decoder; loss = recon + lambda_pp * L_PP, distances in the
+reconstruction loss's target space, as at the latent levels.
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.masking import check_mask_ratio, mask_noise, masking_from_noise
-from ecgpos.models.st_mem import STMEMEncoder, patchify
+from ecgpos.models.st_mem import STMEMEncoder, patchify, unpatchify
+from ecgpos.objectives.push_pull import (
+    PushPullConfig,
+    perturb,
+    perturbation_noise,
+    push_margin_violated,
+    push_pull_loss,
+)
 
 TARGET_EPS = 1e-6
 
@@ -55,7 +67,12 @@ class MaskedECGAutoencoder(nn.Module):
     """
 
     def __init__(
-        self, encoder: STMEMEncoder, decoder: DecoderConfig, mask_ratio: float = 0.75, norm_target: bool = True
+        self,
+        encoder: STMEMEncoder,
+        decoder: DecoderConfig,
+        mask_ratio: float = 0.75,
+        norm_target: bool = True,
+        push_pull: PushPullConfig | None = None,
     ) -> None:
         super().__init__()
         check_mask_ratio(mask_ratio, encoder.num_patches)
@@ -63,6 +80,7 @@ class MaskedECGAutoencoder(nn.Module):
         self.decoder_cfg = decoder
         self.mask_ratio = float(mask_ratio)
         self.norm_target = bool(norm_target)
+        self.push_pull = push_pull if push_pull is not None else PushPullConfig()
         self.decoder = PerLeadDecoder(
             encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.patch_size
         )
@@ -70,9 +88,28 @@ class MaskedECGAutoencoder(nn.Module):
     def draw_noise(
         self, batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
     ) -> dict[str, torch.Tensor]:
-        """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform}."""
+        """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform} and,
+        with push-pull on, {"perturb": the perturbation's noise for the (B, L, N, P) signal patches}."""
         e = self.encoder
-        return {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
+        noise = {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
+        if self.push_pull.enabled:
+            shape = (batch, e.num_leads, e.num_patches, e.patch_size)
+            noise["perturb"] = perturbation_noise(shape, self.push_pull.perturbation, generator, device)
+        return noise
+
+    def perturb_patches(
+        self, x: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (B, L, T) with the push-pull perturbation (`noise`, or drawn from `generator`) on its patches."""
+        pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
+        patches = patchify(x, self.encoder.patch_size)
+        return unpatchify(perturb(patches, pp.perturbation, pp.scale, generator, noise))
+
+    def reconstruct(self, x: torch.Tensor) -> torch.Tensor:
+        """P(x) without masking: (B, L, T) -> prediction of all patches (B, L, N, P) in the target space."""
+        e = self.encoder
+        latent = e.forward_tokens(x).reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
+        return self.decoder(latent, None)
 
     def forward_encoder(
         self, x: torch.Tensor, noise: dict[str, torch.Tensor]
@@ -112,7 +149,28 @@ class MaskedECGAutoencoder(nn.Module):
         latent, mask, ids_restore = self.forward_encoder(x, noise)
         pred = self.forward_decoder(latent, ids_restore)
         loss, target = self.forward_loss(x, pred, mask)
-        return {"loss": loss, "log": {}, "pred": pred, "target": target, "mask": mask}
+        log: dict[str, torch.Tensor] = {}
+        pp = self.push_pull
+        if pp.enabled:
+            x_tilde = self.perturb_patches(x, noise=noise["perturb"])
+            pp_loss, active = push_pull_loss(target, self.target(x_tilde), self.reconstruct(x_tilde), pp.alpha)
+            log["recon_loss"] = loss
+            loss = loss + pp.lambda_pp * pp_loss
+            log["pp_loss"], log["push_active"] = pp_loss, active
+        return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
+
+    @torch.no_grad()
+    def push_violations(
+        self, x: torch.Tensor, generator: torch.Generator | None = None, per_sample_noise: bool = False
+    ) -> torch.Tensor:
+        """(B,) bool: Push margin violated for the perturbed signal of each sample (as
+        LatentMaskedAutoencoder.push_violations, in signal space)."""
+        pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
+        if per_sample_noise:
+            tilde = torch.cat([self.perturb_patches(s[None], generator) for s in x])
+        else:
+            tilde = self.perturb_patches(x, generator)
+        return push_margin_violated(self.target(x), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     @torch.no_grad()
     def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Everything `ecgpos pretrain` can check without training, checked before an Accelerator exists.
 
 The config (unknown keys, impossible values), the shards (missing, empty, written with another
-preprocessing spec), the Stage-0 encoder (missing, incomplete, other spec or width) and the run
+preprocessing spec), the base encoder of a latent level (missing, incomplete, another depth than
+the level below, other spec, width or token layout) and the run
 folder (an existing run needs --resume auto, with the same config). Each problem is an
 EcgposError: one line on stderr and exit code 2.
 """
@@ -33,9 +34,9 @@ class RunPlan:
     run_dir: Path
     shards_spec: PreprocessSpec
     resume: bool = False
-    stage0: Any = None  # STMEMEncoder for Stage 1
-    stage0_source: str | None = None
-    stage0_info: dict = field(default_factory=dict)
+    base: Any = None  # levels 0..N-1 for level N >= 1 (an STMEMEncoder or a NestedEncoder)
+    base_source: str | None = None
+    base_info: dict = field(default_factory=dict)
 
 
 def check_shards(cfg: RunConfig, folders: Sequence[Path]) -> PreprocessSpec:
@@ -86,47 +87,80 @@ def check_resources(cfg: RunConfig) -> None:
         )
 
 
-def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
-    """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder,
-    loaded through the one resolver (ecgpos.inference.resolve)."""
+def _base_kind(path: Path, cfg: RunConfig) -> str:
+    """'run' or 'export' for a --base folder whose depth fits level cfg.stage (checked before any
+    weights are loaded for a run folder); ConfigError (one line) otherwise."""
     from ecgpos.config import load_config
-    from ecgpos.inference.resolve import resolve_encoder
-    from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir, read_run_info
-    from ecgpos.runs.stages import check_stage0_fits, stage0_config_dict
+    from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
 
     if not path.exists():
-        raise ConfigError(f"--stage0 {path} does not exist")
+        raise ConfigError(f"--base {path} does not exist")
     if is_run_dir(path):
-        run_stage = load_config(RunConfig, path / RUN_CONFIG).stage  # before loading any weights
-        if run_stage != 0:
-            raise ConfigError(f"--stage0 {path} is a Stage-{run_stage} run, not a Stage-0 run")
-    elif not is_export_dir(path):
+        run_stage = load_config(RunConfig, path / RUN_CONFIG).stage
+        if run_stage != cfg.stage - 1:
+            raise ConfigError(
+                f"--base {path} is a level-{run_stage} run (levels 0..{run_stage}) but level {cfg.stage} trains on "
+                f"levels 0..{cfg.stage - 1}: pass a level-{cfg.stage - 1} run or export"
+            )
+        return "run"
+    if not is_export_dir(path):
         raise ConfigError(
-            f"--stage0 {path} is neither a Stage-0 run folder (config.yaml + checkpoints/) "
-            "nor an export folder (config.json)"
+            f"--base {path} is neither a run folder (config.yaml + checkpoints/) nor an export folder (config.json)"
         )
+    return "export"
+
+
+def base_chain(levels: Sequence[Any], kind: str, source: str, info: dict) -> list[dict]:
+    """One record per base level (level, kind, source, encoder config, weights sha256, shards): the
+    levels' own provenance where the base records it, else the base folder itself."""
+    from ecgpos.runs.run_folder import run_chain
+    from ecgpos.runs.stages import encoder_config_dict
+
+    recorded = {entry.get("level"): entry for entry in run_chain(info)}
+    chain = []
+    for level, module in enumerate(levels):
+        own = {"kind": kind, "source": source, "shards": info.get("shards")}
+        if level < len(levels) - 1 and isinstance(recorded.get(level), dict):
+            own = {k: recorded[level].get(k) for k in ("kind", "source", "shards")}
+        chain.append(
+            {"level": level, **own, "encoder": encoder_config_dict(module), "weights_sha256": weights_hash(module)}
+        )
+    return chain
+
+
+def load_base(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
+    """(base encoder of levels 0..N-1, source, info) for level N = cfg.stage, from a finished run
+    folder or an export folder, loaded through the one resolver (ecgpos.inference.resolve).
+    info: {"kind", "shards", "weights_sha256" (of the whole base), "chain" (one record per level)}."""
+    from ecgpos.inference.resolve import resolve_encoder
+    from ecgpos.models.factory import levels_of
+    from ecgpos.runs.run_folder import read_run_info
+    from ecgpos.runs.stages import check_base_fits
+
+    kind = _base_kind(path, cfg)
     loaded = resolve_encoder(path)
-    if loaded.arch.get("kind") != "stage0":
-        raise ConfigError(
-            f"--stage0 {path} is an export of a {loaded.arch.get('kind')!r} encoder, not of a Stage-0 encoder"
-        )
-    if is_run_dir(path):  # an export's info is its run's training summary: run_dir, finished, ... too
+    if kind == "run":  # an export's info is its run's training summary: run_dir, finished, ... too
         step, steps = loaded.info["step"], loaded.info["steps"]
         if not loaded.info["finished"]:
             raise ConfigError(
-                f"--stage0 {path} is incomplete (newest checkpoint at step {step} of {steps}): "
+                f"--base {path} is incomplete (newest checkpoint at step {step} of {steps}): "
                 "finish it with --resume auto, or export that checkpoint and pass the export folder"
             )
-        info = {"kind": "run", "checkpoint": loaded.info["checkpoint"], "shards": read_run_info(path).get("shards")}
+        recorded = read_run_info(path)
+        info = {"kind": "run", "checkpoint": loaded.info["checkpoint"], "shards": recorded.get("shards")}
     else:
+        recorded = dict(loaded.info)
         info = {"kind": "export", "shards": loaded.info.get("shards")}
-    encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its STMEMEncoder
-    cfg.preprocess.check_compatible(loaded.spec, f"the Stage-0 encoder {path}")
-    check_stage0_fits(encoder, cfg, f"the Stage-0 encoder {path}")
+    encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
+    cfg.preprocess.check_compatible(loaded.spec, f"the base encoder {path}")
+    check_base_fits(encoder, cfg, f"the base encoder {path}")
     encoder.requires_grad_(False)
     encoder.eval()
-    info.update(encoder=stage0_config_dict(encoder), weights_sha256=weights_hash(encoder))
-    return encoder, str(path.resolve()), info
+    source = str(path.resolve())
+    info.update(
+        weights_sha256=weights_hash(encoder), chain=base_chain(levels_of(encoder), info["kind"], source, recorded)
+    )
+    return encoder, source, info
 
 
 def other_pool(plan: RunPlan) -> str | None:
@@ -135,19 +169,19 @@ def other_pool(plan: RunPlan) -> str | None:
     refusal, because a deliberate transfer, or the same shards mounted elsewhere, is legitimate."""
     from ecgpos.runs.run_folder import listed_folders
 
-    pool = listed_folders(plan.stage0_info.get("shards"))
+    pool = listed_folders(plan.base_info.get("shards"))
     if not pool:
         return None
     pool, ours = {str(Path(f)) for f in pool}, {str(f.resolve()) for f in plan.shards}
     if pool == ours:
         return None
     return (
-        f"Stage 1 trains on {', '.join(sorted(ours))}, not on the shards its Stage 0 was pretrained on "
-        f"({', '.join(sorted(pool))}); the preprint trains both stages on one pool"
+        f"level {plan.cfg.stage} trains on {', '.join(sorted(ours))}, not on the shards its base was pretrained "
+        f"on ({', '.join(sorted(pool))}); the preprint trains every level on one pool"
     )
 
 
-def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict) -> bool:
+def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, base_info: dict) -> bool:
     """True when an existing run will be resumed; ConfigError when the folder holds another run."""
     from ecgpos.config import load_config, read_yaml
     from ecgpos.ecg.shards import SHARD_GLOB
@@ -162,7 +196,7 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     make_output_folder(run_dir, "--run-dir", create=False)  # a file there, or a file above it
     if run_dir.is_dir() and any(run_dir.glob(SHARD_GLOB)):  # e.g. --run-dir given one of the --shards folders
         raise ConfigError(f"--run-dir {run_dir} holds shard files ({SHARD_GLOB}): a run goes in a folder of its own")
-    if is_export_dir(run_dir):  # e.g. Stage 1 given its --stage0 export: the export would turn into a run folder
+    if is_export_dir(run_dir):  # e.g. a latent level given its --base export: the export would turn into a run folder
         raise ConfigError(f"--run-dir {run_dir} is an export folder (config.json): a run goes in a folder of its own")
     has_run = run_dir.is_dir() and (
         (run_dir / METRICS_FILE).exists()
@@ -184,9 +218,10 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, stage0_info: dict
     diffs = config_differences(load_config(RunConfig, saved), cfg)
     if diffs:
         raise ConfigError(f"the config differs from the run's config.yaml, cannot resume: {'; '.join(diffs[:4])}")
-    saved_hash = read_run_info(run_dir).get("stage0_weights_sha256")
-    if saved_hash and stage0_info and saved_hash != stage0_info.get("weights_sha256"):
-        raise ConfigError("--stage0 holds other weights than the Stage-0 encoder this run was started with")
+    saved = read_run_info(run_dir)
+    saved_hash = saved.get("base_weights_sha256") or saved.get("stage0_weights_sha256")
+    if saved_hash and base_info and saved_hash != base_info.get("weights_sha256"):
+        raise ConfigError("--base holds other weights than the base encoder this run was started with")
     if newest_checkpoint(run_dir) is not None or set_aside_checkpoints(run_dir):
         return True
     info = read_run_info(run_dir)
@@ -202,14 +237,30 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     """Validate every input (EcgposError on the first problem) and return the plan."""
     cfg = load_run_config(args.config, args.overrides, stage=args.stage)
     check_resources(cfg)
-    if cfg.stage == 0 and args.stage0 is not None:
-        raise ConfigError("--stage0 is only used with --stage 1")
-    if cfg.stage == 1 and args.stage0 is None:
-        raise ConfigError("--stage 1 needs --stage0 RUN_OR_EXPORT_DIR (the frozen Stage-0 encoder)")
+    base_path = base_argument(args, cfg.stage)
     spec = check_shards(cfg, args.shards)
-    stage0 = source = None
+    base = source = None
     info: dict = {}
-    if cfg.stage == 1:
-        stage0, source, info = load_stage0(args.stage0, cfg)
+    if cfg.stage >= 1:
+        base, source, info = load_base(base_path, cfg)
     resume = check_run_dir(cfg, args.run_dir, args.resume == "auto", info)
-    return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, stage0, source, info)
+    return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, base, source, info)
+
+
+def base_argument(args: argparse.Namespace, stage: int) -> Path | None:
+    """The --base folder (or --stage0, its spelling for level 1); ConfigError when it is missing for a
+    latent level, given for level 0, or both spellings are given."""
+    base, stage0 = getattr(args, "base", None), getattr(args, "stage0", None)
+    if base is not None and stage0 is not None:
+        raise ConfigError("--stage0 is --base for level 1: give one of them")
+    if stage0 is not None and stage != 1:
+        raise ConfigError(f"--stage0 is only used with --stage 1; level {stage} takes --base RUN_OR_EXPORT_DIR")
+    base = base if base is not None else stage0
+    if stage == 0 and base is not None:
+        raise ConfigError("--base is only used with --stage N >= 1 (level 0 trains on the shards alone)")
+    if stage >= 1 and base is None:
+        raise ConfigError(
+            f"--stage {stage} needs --base RUN_OR_EXPORT_DIR (the frozen levels 0..{stage - 1}"
+            f"{'; --stage0 is the same for level 1' if stage == 1 else ''})"
+        )
+    return base

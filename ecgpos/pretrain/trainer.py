@@ -34,6 +34,7 @@ from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
 from ecgpos.files import atomic_write_json, atomic_write_text, remove_abandoned_temporaries
+from ecgpos.pretrain.carving import shard_violations
 from ecgpos.pretrain.checkpoint import Resumed, check_resumed_slices, remove_partial, resume_checkpoint, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
@@ -60,7 +61,7 @@ from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at, step_generator
 from ecgpos.pretrain.stop import StopRequest
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
-from ecgpos.runs.stages import build_model, stage0_of
+from ecgpos.runs.stages import base_of, build_model
 
 
 class Trainer:
@@ -107,7 +108,7 @@ class Trainer:
         self.figure_set = ShardDataset(val_index or train_index, cfg.preprocess.window, train=False)
         self.val_set = ShardDataset(val_index, cfg.preprocess.window, train=False) if val_index else None
         torch.manual_seed(cfg.train.seed)  # same initial weights on every process
-        model = build_model(cfg, self.plan.stage0)
+        model = build_model(cfg, self.plan.base)
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.acc.prepare(model, self.optimizer)
         self.objective = self.acc.unwrap_model(self.model)  # the bare module: draw_noise, eval passes
@@ -152,7 +153,7 @@ class Trainer:
             "step": getattr(self, "step", self.start_step),
             "steps": self.cfg.optim.steps,
             "finished": finished,
-            "stage0": self.plan.stage0_source,
+            "base": self.plan.base_source,
             "shards": [str(folder.resolve()) for folder in self.plan.shards],
             "checkpoint": str(checkpoint.resolve()) if checkpoint else None,  # absolute, as the shards
             "num_processes": self.acc.num_processes,
@@ -166,9 +167,9 @@ class Trainer:
             **self.resumed.run_info(),
             **extra,
         }
-        if self.plan.stage0_info:
-            info["stage0_encoder"] = self.plan.stage0_info["encoder"]
-            info["stage0_weights_sha256"] = self.plan.stage0_info["weights_sha256"]
+        if self.plan.base_info:
+            info["base_weights_sha256"] = self.plan.base_info["weights_sha256"]
+            info["chain"] = self.plan.base_info["chain"]
         atomic_write_json(self.run_dir / RUN_INFO, info)
 
     # -- one optimizer step ------------------------------------------------------------------------
@@ -272,23 +273,30 @@ class Trainer:
             self.acc.process_index,
             self.acc.num_processes,
         )
-        total = torch.zeros(3, device=self.acc.device)
-        carving = getattr(model, "push_violations", None)  # Stage 1 only
+        total = torch.zeros(4, device=self.acc.device)
         batches = eval_loader(self.val_set, [b for _, b in numbered], 0)
         for (k, _), x in zip(numbered, batches):
             x = model_input(x, self.acc.device)
             with eager_pass():
                 out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
             count = torch.tensor(float(len(x)), device=total.device)
-            draw = step_generator(self.cfg.train.seed, 0, k, salt=3, device=self.acc.device)
-            violated = carving(x, draw).float().sum() if carving is not None else torch.zeros((), device=total.device)
-            total += torch.stack([out["loss"].detach().float() * count, count, violated.to(total.device)])
+            total[:2] += torch.stack([out["loss"].detach().float() * count, count])
+        # the carving criterion on every validation record, each perturbed from its own seed
+        violations = shard_violations(
+            model,
+            self.val_set,
+            self.sampler.per_process,
+            self.acc.device,
+            self.acc.process_index,
+            self.acc.num_processes,
+        )
+        total[2:] += torch.tensor([sum(violations.values()), float(len(violations))], device=total.device)
         model.train()
-        self._keep_stage0_frozen()
+        self._keep_base_frozen()
         if self.acc.num_processes > 1:
             total = self.acc.reduce(total, reduction="sum")
-        extra = {"val_push_violation": float(total[2] / total[1].clamp_min(1))} if carving is not None else {}
-        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), **extra)
+        violation = float(total[2] / total[3].clamp_min(1))
+        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), val_push_violation=violation)
 
     @torch.no_grad()
     def _figure(self, step: int) -> None:
@@ -302,7 +310,7 @@ class Trainer:
         with self.acc.autocast(), eager_pass():
             out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2, device=self.acc.device))
         model.train()
-        self._keep_stage0_frozen()
+        self._keep_base_frozen()
         folder = self.run_dir / FIGURES_DIR
         title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
         if self.cfg.stage == 0:
@@ -314,10 +322,10 @@ class Trainer:
         plot_training_step(self.cfg.stage, x_np, arrays, folder, step, self.cfg.preprocess.fs, title)
         plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
 
-    def _keep_stage0_frozen(self) -> None:
-        stage0 = stage0_of(self.objective)
-        if stage0 is not None:
-            stage0.eval()
+    def _keep_base_frozen(self) -> None:
+        base = base_of(self.objective)
+        if base is not None:
+            base.eval()
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -345,7 +353,7 @@ class Trainer:
         loader = train_loader(self.train_set, self.sampler, cfg.train.num_workers)
         batches = iter(loader)
         self.model.train()
-        self._keep_stage0_frozen()
+        self._keep_base_frozen()
         held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
         acc.print(
             f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "

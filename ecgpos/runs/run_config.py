@@ -104,8 +104,9 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    """One pretraining run. Stage 0: `encoder` is the ST-MEM encoder over raw ECG. Stage 1:
-    `encoder` is the latent encoder over Stage-0 tokens (its width must equal Stage 0's)."""
+    """One pretraining run of level `stage`. Level 0: `encoder` is the ST-MEM encoder over raw ECG.
+    Level N >= 1: `encoder` is the latent encoder over the tokens of levels 0..N-1 (its width and
+    token layout must equal theirs); one latent config serves every level >= 1."""
 
     stage: int = 0
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
@@ -118,8 +119,8 @@ class RunConfig:
     preprocess: PreprocessSpec = field(default_factory=PreprocessSpec)
 
     def __post_init__(self) -> None:
-        if self.stage not in (0, 1):
-            raise ConfigError(f"stage must be 0 or 1, got {self.stage}")
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 0:
+            raise ConfigError(f"stage must be an integer >= 0 (the level trained), got {self.stage!r}")
         if self.preprocess.window % self.encoder.patch_size:
             raise ConfigError(
                 f"preprocess.window {self.preprocess.window} is not a multiple of "
@@ -135,17 +136,20 @@ class RunConfig:
                 f"{len(self.preprocess.leads)} leads of the preprocessing spec"
             )
         check_mask_ratio(self.mask_ratio, self.encoder.num_patches)
-        if self.stage == 0 and self.push_pull.enabled:
-            raise ConfigError("push_pull.enabled is a Stage-1 objective; set stage: 1 or disable it")
+        if self.stage == 0 and self.push_pull.lambda_sp > 0:
+            raise ConfigError("push_pull.lambda_sp penalises a latent level's code; at stage 0 it must be 0")
 
 
 def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stage: int | None = None) -> RunConfig:
     """YAML file (+ `a.b=v` overrides) -> RunConfig. `stage` (from --stage) overrides the file's
-    stage only when the file omits it; a contradicting value is a ConfigError. `path` may also
+    stage when the file omits it, and a latent config's (stage >= 1) for any level >= 1: one latent
+    config serves every level. Any other contradicting value is a ConfigError. `path` may also
     name a shipped config ('stage0', 'tiny/stage1')."""
     if path is not None:
         path = config_path(path)
     cfg = load_config(RunConfig, path, overrides)
+    if stage is not None and cfg.stage >= 1 and stage >= 1:
+        return dataclasses.replace(cfg, stage=stage)
     if stage is not None and cfg.stage != stage:
         from ecgpos.config import read_yaml
 

@@ -2,7 +2,9 @@
 
 RUN/config.yaml        the resolved run config (ecgpos.runs.run_config)
 RUN/spec.json          the preprocessing spec of its shards
-RUN/run_info.json      provenance: versions, shards, Stage-0 source, finished/stopped
+RUN/run_info.json      provenance: versions, shards, finished/stopped; for a latent level N its base
+                       ("base": source, "base_weights_sha256") and "chain": one record per base level
+                       (level, kind run/export, source, encoder config, weights_sha256, shards)
 RUN/metrics.jsonl      one record per logged step (ecgpos.pretrain.metrics_log)
 RUN/tb/                TensorBoard events
 RUN/figures/           reconstructions and the training curve (ecgpos.pretrain.figures)
@@ -23,7 +25,7 @@ from torch import nn
 from ecgpos.config import from_dict, load_config, read_yaml
 from ecgpos.errors import EcgposError
 from ecgpos.files import read_safetensors
-from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
+from ecgpos.models.st_mem import EncoderConfig
 from ecgpos.runs.run_config import RunConfig
 
 RUN_CONFIG = "config.yaml"
@@ -107,8 +109,68 @@ def is_run_dir(path: str | Path) -> bool:
     return (path / RUN_CONFIG).is_file() and ((path / RUN_INFO).is_file() or (path / "checkpoints").is_dir())
 
 
+def base_source(info: dict[str, Any]) -> str | None:
+    """Where a latent level's base came from (a run or export folder), from its run_info.json; runs
+    written with the two-level names record it as "stage0"."""
+    source = info.get("base", info.get("stage0"))
+    return source if isinstance(source, str) else None
+
+
+def run_chain(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The base levels' records of a run_info.json (level 0 first); a two-level run's Stage-0 record
+    ("stage0", "stage0_encoder", "stage0_weights_sha256") is read as a chain of one level."""
+    chain = info.get("chain")
+    if isinstance(chain, list):
+        return [entry for entry in chain if isinstance(entry, dict)]
+    if "stage0_encoder" not in info:
+        return []
+    source = base_source(info)
+    kind = None if source is None else "run" if is_run_dir(source) else "export"
+    entry = {"level": 0, "kind": kind, "source": source, "encoder": info["stage0_encoder"]}
+    return [{**entry, "weights_sha256": info.get("stage0_weights_sha256")}]
+
+
+def _base_levels(run_dir: Path, stage: int, info: dict[str, Any]) -> list[nn.Module]:
+    """Freshly built base levels 0..stage-1 of a latent run, from the encoder configs its chain records."""
+    from ecgpos.models.factory import build_level
+
+    where = run_dir / RUN_INFO
+    chain = run_chain(info)
+    if not chain:
+        raise EcgposError(
+            f"{where} lacks the base chain (chain, or stage0_encoder): cannot rebuild the level-{stage} model"
+        )
+    if [entry.get("level") for entry in chain] != list(range(stage)):
+        raise EcgposError(f"{where} is damaged: its chain does not list levels 0..{stage - 1} in order")
+    levels = []
+    for entry in chain:
+        if not isinstance(entry.get("encoder"), dict):
+            raise EcgposError(f"{where} is damaged: level {entry['level']} of the chain has no encoder object")
+        try:
+            cfg = from_dict(EncoderConfig, entry["encoder"], f"chain level {entry['level']} encoder.")
+        except EcgposError as err:
+            raise EcgposError(f"{where} is damaged: {err}") from None
+        levels.append(build_level(entry["level"], cfg))
+    return levels
+
+
+def _check_chain_weights(model: nn.Module, run_dir: Path, info: dict[str, Any]) -> None:
+    """EcgposError unless every base level's loaded weights have the sha256 its chain records."""
+    from ecgpos.models.factory import levels_of, weights_hash
+
+    for entry, level in zip(run_chain(info), levels_of(model.base)):
+        recorded = entry.get("weights_sha256")
+        if recorded and weights_hash(level) != recorded:
+            raise EcgposError(
+                f"the checkpoint of {run_dir} holds other level-{entry['level']} weights than its "
+                f"{RUN_INFO} records (weights sha256 {weights_hash(level)[:12]}... != {str(recorded)[:12]}...)"
+            )
+
+
 def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dict]:
-    """(training model with the newest complete checkpoint's weights, config, checkpoint, run info)."""
+    """(training model with the newest complete checkpoint's weights, config, checkpoint, run info).
+    A latent level's base is rebuilt from its recorded chain and each level's weights hash is checked."""
+    from ecgpos.models.factory import nested_of
     from ecgpos.runs.stages import build_model
 
     run_dir = Path(run_dir)
@@ -126,24 +188,16 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
         )
     cfg = load_config(RunConfig, run_dir / RUN_CONFIG)
     info = read_run_info(run_dir)
-    stage0 = None
-    if cfg.stage == 1:
-        if "stage0_encoder" not in info:
-            raise EcgposError(f"{run_dir / RUN_INFO} lacks stage0_encoder: cannot rebuild the Stage-1 model")
-        if not isinstance(info["stage0_encoder"], dict):
-            raise EcgposError(f"{run_dir / RUN_INFO} is damaged: stage0_encoder is not an object")
-        try:
-            stage0_config = from_dict(EncoderConfig, info["stage0_encoder"], "stage0_encoder.")
-        except EcgposError as err:
-            raise EcgposError(f"{run_dir / RUN_INFO} is damaged: {err}") from None
-        stage0 = STMEMEncoder(stage0_config)
-    model = build_model(cfg, stage0)
+    base = nested_of(_base_levels(run_dir, cfg.stage, info)) if cfg.stage >= 1 else None
+    model = build_model(cfg, base)
     state = read_safetensors(checkpoint / WEIGHTS_FILE, "checkpoint weights")
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:
         text = " ".join(str(err).split())
         raise EcgposError(f"{checkpoint / WEIGHTS_FILE} does not fit the run's config: {text[:300]}") from None
+    if base is not None:
+        _check_chain_weights(model, run_dir, info)
     return model, cfg, checkpoint, info
 
 
@@ -181,7 +235,7 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
     summary: dict[str, Any] = {
         "name": run_dir.resolve().name,
         "run_dir": str(run_dir.resolve()),
-        "stage": run_info.get("stage", config.get("stage", 1 if arch.get("kind") == "nested" else 0)),
+        "stage": run_info.get("stage", config.get("stage", _top_level(arch))),
         "step": run_info.get("step"),
         "steps": optim.get("steps"),
         "finished": run_info.get("finished"),
@@ -194,11 +248,10 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
         if push_pull.get("enabled")
         else ("off" if push_pull else None),
         "records": run_info.get("num_train_records"),
-        "stage0": run_info.get("stage0"),
+        "base": base_source(run_info),
+        "chain": run_info.get("chain"),
         "checkpoint": run_info.get("checkpoint") or info.get("checkpoint"),
     }
-    if summary["stage"] != 1:
-        summary.pop("push_pull")  # a Stage-1 objective; meaningless for a Stage-0 run
     shards = _shards_summary(run_info.get("shards") or config.get("shards"))
     summary.update({k: v for k, v in shards.items() if summary.get(k) is None})
     summary["shards"] = _pretraining_folders(run_info) or None  # what the probes' leakage guard compares with
@@ -206,14 +259,23 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
 
 
 def _pretraining_folders(run_info: dict[str, Any]) -> list[str]:
-    """Shard folders of the run and, for a Stage-1 run, of its Stage-0 run or export (both pretrained it)."""
+    """Shard folders of the run and, for a latent level, of every level below it (all pretrained it):
+    the chain's records, and what the base run or export folder itself lists."""
     folders = listed_folders(run_info.get("shards"))
-    stage0 = run_info.get("stage0")
-    if stage0 and isinstance(stage0, str):
-        folders += listed_folders(read_json_object(Path(stage0) / RUN_INFO).get("shards"))
-        training = read_json_object(Path(stage0) / "config.json").get("training")
+    for entry in run_chain(run_info):
+        folders += listed_folders(entry.get("shards"))
+    base = base_source(run_info)
+    if base:
+        folders += listed_folders(read_json_object(Path(base) / RUN_INFO).get("shards"))
+        training = read_json_object(Path(base) / "config.json").get("training")
         folders += listed_folders(training.get("shards") if isinstance(training, dict) else None)
     return list(dict.fromkeys(folders))
+
+
+def _top_level(arch: dict[str, Any]) -> int:
+    """The top level of the encoder an arch describes (0 for a Stage-0 encoder)."""
+    levels = arch.get("levels")
+    return len(levels) - 1 if isinstance(levels, list) else (1 if arch.get("kind") == "nested" else 0)
 
 
 def listed_folders(value: Any) -> list[str]:

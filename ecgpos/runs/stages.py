@@ -1,8 +1,8 @@
-"""The training model of each stage, built from a RunConfig (trainer, run folders, benchmarks).
+"""The training model of each level, built from a RunConfig (trainer, run folders, benchmarks).
 
-Stage 0: MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, ...).
-Stage 1: LatentMaskedAutoencoder(frozen Stage-0 encoder, LatentEncoder(cfg.encoder), ...), where
-cfg.encoder describes the latent encoder and must have the Stage-0 width and token layout.
+Level 0: MaskedECGAutoencoder(STMEMEncoder(cfg.encoder), cfg.decoder, ...).
+Level N >= 1: LatentMaskedAutoencoder(frozen base = levels 0..N-1, LatentEncoder(cfg.encoder), ...),
+where cfg.encoder describes level N's latent encoder and must have the base's width and token layout.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from torch import nn
 
 from ecgpos.config import to_dict
 from ecgpos.errors import ConfigError
+from ecgpos.models.factory import depth_of
 from ecgpos.models.nested import check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
@@ -20,23 +21,34 @@ from ecgpos.runs.run_config import RunConfig
 def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
     """Fresh Stage-0 masked autoencoder (initialised from the current torch RNG)."""
     return MaskedECGAutoencoder(
-        STMEMEncoder(cfg.encoder), cfg.decoder, mask_ratio=cfg.mask_ratio, norm_target=cfg.norm_target
+        STMEMEncoder(cfg.encoder),
+        cfg.decoder,
+        mask_ratio=cfg.mask_ratio,
+        norm_target=cfg.norm_target,
+        push_pull=cfg.push_pull,
     )
 
 
-def check_stage0_fits(stage0: STMEMEncoder, cfg: RunConfig, what: str) -> None:
-    """ConfigError (one line) unless the Stage-0 encoder's width and token layout match cfg.encoder."""
-    check_stages_fit(stage0.cfg, cfg.encoder, what)
+def check_base_fits(base: nn.Module, cfg: RunConfig, what: str) -> None:
+    """ConfigError (one line) unless the base's depth is cfg.stage and its width and token layout
+    match cfg.encoder."""
+    depth = depth_of(base)
+    if depth != cfg.stage:
+        raise ConfigError(
+            f"{what} has {depth} level{'s' if depth > 1 else ''} (0..{depth - 1}) but level {cfg.stage} "
+            f"trains on levels 0..{cfg.stage - 1}: pass a base of {cfg.stage} level{'s' if cfg.stage > 1 else ''}"
+        )
+    check_stages_fit(base.cfg, cfg.encoder, what)
 
 
-def build_stage1_model(cfg: RunConfig, stage0: STMEMEncoder) -> nn.Module:
-    """Stage-1 latent masked autoencoder around a (frozen inside) Stage-0 encoder."""
+def build_latent_model(cfg: RunConfig, base: nn.Module) -> nn.Module:
+    """Level-N latent masked autoencoder around a (frozen inside) base of levels 0..N-1."""
     from ecgpos.models.latent_encoder import LatentEncoder
     from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 
-    check_stage0_fits(stage0, cfg, "the Stage-0 encoder")
+    check_base_fits(base, cfg, "the base encoder")
     return LatentMaskedAutoencoder(
-        stage0,
+        base,
         LatentEncoder(cfg.encoder),
         cfg.decoder,
         mask_ratio=cfg.mask_ratio,
@@ -45,17 +57,18 @@ def build_stage1_model(cfg: RunConfig, stage0: STMEMEncoder) -> nn.Module:
     )
 
 
-def build_model(cfg: RunConfig, stage0: STMEMEncoder | None = None) -> nn.Module:
+def build_model(cfg: RunConfig, base: nn.Module | None = None) -> nn.Module:
+    """The training model of level cfg.stage; levels >= 1 need their frozen `base`."""
     if cfg.stage == 0:
         return build_stage0_model(cfg)
-    if stage0 is None:
-        raise ConfigError("Stage 1 needs a Stage-0 encoder (--stage0 RUN_OR_EXPORT_DIR)")
-    return build_stage1_model(cfg, stage0)
+    if base is None:
+        raise ConfigError(f"level {cfg.stage} needs its base, levels 0..{cfg.stage - 1} (--base RUN_OR_EXPORT_DIR)")
+    return build_latent_model(cfg, base)
 
 
-def stage0_of(model: nn.Module) -> STMEMEncoder | None:
-    """The frozen Stage-0 encoder inside a Stage-1 model (None for Stage 0)."""
-    return getattr(model, "stage0", None)
+def base_of(model: nn.Module) -> nn.Module | None:
+    """The frozen base inside a latent level's model (None at level 0)."""
+    return getattr(model, "base", None)
 
 
 def trainable_encoder(model: nn.Module) -> nn.Module:
@@ -65,5 +78,6 @@ def trainable_encoder(model: nn.Module) -> nn.Module:
     return model.encoder
 
 
-def stage0_config_dict(stage0: STMEMEncoder) -> dict:
-    return to_dict(stage0.cfg)
+def encoder_config_dict(encoder: nn.Module) -> dict:
+    """The EncoderConfig of one level as a plain dict."""
+    return to_dict(encoder.cfg)

@@ -1,0 +1,249 @@
+"""`ecgpos carve`: the depth loop. Train level 0, then level 1 on it, and so on, until the carving
+criterion says stop.
+
+    ecgpos carve --config stage0 --latent-config stage1 --shards DIR [DIR ...] --run-dir RUNS
+                 [--max-levels 4] [--stop-below 0.05] [--min-drop 0.01] [--val-fraction 0.1]
+                 [--set key=value ...] [--latent-set key=value ...]
+                 [--probe-task TASK --data-root DIR [--splits DIR] [--probe-args "..."]]
+                 [--geometry-task TASK --nominal A,B --anomalous C [--geometry-args "..."]]
+    accelerate launch -m ecgpos carve ...        (each level trains on every process)
+
+Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
+with train.val_fraction set to --val-fraction at every level, so all levels hold out the same records.
+After each level the criterion (ecgpos.objectives.criterion) is measured on those held-out records
+(label-free) and ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
+than --min-drop since the level before, stop at --max-levels, else carve the next level.
+RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the same command again to
+resume: finished levels are kept (their measurement too), an interrupted level continues from its
+newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
+into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
+`ecgpos geometry --level l` (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ecgpos.config import add_set_option
+from ecgpos.errors import EcgposError
+from ecgpos.files import user_path
+from ecgpos.pretrain.carve_plan import Decision, LevelRecord, decide, read_carve, write_carve
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ecgpos carve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--config", default="stage0", help="level-0 run config (default stage0; tiny/stage0 for tests)")
+    p.add_argument("--latent-config", default="stage1", help="config of every level >= 1 (default stage1)")
+    p.add_argument("--shards", type=user_path, nargs="+", required=True, metavar="DIR", help="the pretraining pool")
+    p.add_argument("--run-dir", type=user_path, required=True, help="folder of the level runs and carve.*")
+    p.add_argument("--max-levels", type=int, default=4, help="at most this many levels (default 4)")
+    p.add_argument("--stop-below", type=float, default=0.05, help="stop when the criterion is below (default 0.05)")
+    p.add_argument("--min-drop", type=float, default=0.01, help="stop when it fell by less (default 0.01)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the pool (default 0.1)")
+    p.add_argument("--batch-size", type=int, default=32, help="windows per forward of the criterion (default 32)")
+    add_set_option(p, "a config key of every level", "optim.steps=200")
+    p.add_argument(
+        "--latent-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config key of the levels >= 1 only, after --set (repeatable), e.g. optim.steps=100",
+    )
+    p.add_argument("--probe-task", help="also linear-probe each level on this task (e.g. ptbxl-rhythm)")
+    p.add_argument("--data-root", type=user_path, help="with --probe-task: folder holding ptbxl/ and cpsc2018/")
+    p.add_argument("--splits", type=user_path, help="with --probe-task: folder holding MERL's split folders")
+    p.add_argument("--probe-args", default="", help="with --probe-task: extra `ecgpos probe` flags, one string")
+    p.add_argument("--geometry-task", help="also measure geometry between levels l-1 and l on this task (l >= 1)")
+    p.add_argument("--nominal", help="with --geometry-task: comma-separated nominal classes")
+    p.add_argument("--anomalous", help="with --geometry-task: comma-separated anomalous classes")
+    p.add_argument("--geometry-args", default="", help="with --geometry-task: extra `ecgpos geometry` flags")
+    return p
+
+
+def is_main_process() -> bool:
+    """Whether this is the process that writes (rank 0 under `accelerate launch`, or the only one)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.max_levels < 1:
+        raise EcgposError(f"--max-levels must be at least 1, got {args.max_levels}")
+    if not 0 < args.val_fraction < 1:
+        raise EcgposError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+    if not 0 <= args.stop_below <= 1:
+        raise EcgposError(f"--stop-below is a fraction in [0, 1], got {args.stop_below}")
+    if args.batch_size < 1:
+        raise EcgposError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.probe_task and args.data_root is None and not args.probe_task.startswith("custom:"):
+        raise EcgposError("--probe-task needs --data-root")
+    if args.geometry_task and not (args.nominal and args.anomalous):
+        raise EcgposError("--geometry-task needs --nominal and --anomalous")
+    if args.run_dir.exists() and not args.run_dir.is_dir():
+        raise EcgposError(f"--run-dir {args.run_dir} is a file, not a folder")
+
+
+def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
+    run = args.run_dir / f"level{level}"
+    argv = ["--stage", str(level), "--config", args.config if level == 0 else args.latent_config]
+    argv += ["--shards", *map(str, args.shards), "--run-dir", str(run), "--resume", "auto"]
+    if level >= 1:
+        argv += ["--stage0" if level == 1 else "--base", str(args.run_dir / f"level{level - 1}")]
+    argv += ["--set", f"train.val_fraction={args.val_fraction}"]
+    for override in [*args.overrides, *(args.latent_set if level >= 1 else [])]:
+        argv += ["--set", override]
+    return argv
+
+
+def _finished(run: Path) -> bool:
+    info = run / "run_info.json"
+    return info.is_file() and bool(json.loads(info.read_text()).get("finished"))
+
+
+def _train(args: argparse.Namespace, level: int) -> int:
+    """Train (or finish) level `level`; 0 when its run folder is finished."""
+    run = args.run_dir / f"level{level}"
+    if _finished(run):
+        return 0
+    from ecgpos.cli.pretrain import main as pretrain
+
+    code = pretrain(_pretrain_argv(args, level))
+    if code == 0 and not _finished(run):  # stopped cleanly by a signal: exit 0 as pretrain does, for a requeue
+        print(f"ecgpos carve: level {level} stopped before its last step; rerun to resume", file=sys.stderr)
+        return -1
+    return code
+
+
+def _run_facts(run: Path) -> tuple[int, float | None]:
+    """(steps trained, last validation loss) of a finished run folder."""
+    info = json.loads((run / "run_info.json").read_text())
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    val = [r["val_loss"] for r in lines if "val_loss" in r]
+    return int(info.get("step", info.get("steps", 0)) or 0), (val[-1] if val else None)
+
+
+def measure(args: argparse.Namespace, level: int) -> tuple[dict[str, float], tuple[int, float | None]]:
+    """Per-record push-margin violation of level `level` on the pool's validation records."""
+    import torch
+
+    from ecgpos.pretrain.carving import shard_violations, validation_index
+    from ecgpos.pretrain.data import ShardDataset
+    from ecgpos.runs.run_folder import load_run_model
+
+    run = args.run_dir / f"level{level}"
+    model, cfg, _, _ = load_run_model(run)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device).float().eval()
+    index = validation_index(args.shards, args.val_fraction)
+    if index is None:
+        raise EcgposError(f"--val-fraction {args.val_fraction} holds out no record of the pool: nothing to measure on")
+    per_record = shard_violations(
+        model, ShardDataset(index, cfg.preprocess.window, train=False), args.batch_size, device
+    )
+    return per_record, _run_facts(run)
+
+
+def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[float, float] | None]:
+    """Macro AUROC (test, mean over seeds) of a linear probe on level `level`, with its 95 % interval."""
+    import csv
+
+    from ecgpos.cli import run_command
+
+    out = args.run_dir / "probes" / f"level{level}"
+    argv = ["--encoder", str(args.run_dir / f"level{level}"), "--task", args.probe_task, "--out", str(out)]
+    argv += ["--name", f"level{level}"]
+    argv += ["--data-root", str(args.data_root)] if args.data_root else []
+    argv += ["--splits", str(args.splits)] if args.splits else []
+    argv += args.probe_args.split()
+    if run_command("probe", argv) != 0:
+        raise EcgposError(f"probing level {level} failed (see above); its run is kept, rerun carve to continue")
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    auroc = sum(float(r["test_auroc"]) for r in rows) / len(rows)
+    lo, hi = rows[0].get("mean_auroc_low"), rows[0].get("mean_auroc_high")
+    return auroc, ((float(lo), float(hi)) if lo not in (None, "") and hi not in (None, "") else None)
+
+
+def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
+    """Delta % of each geometry metric between levels level-1 and level (`ecgpos geometry --level`)."""
+    import csv
+
+    from ecgpos.cli import run_command
+
+    out = args.run_dir / "geometry" / f"level{level}"
+    argv = ["--encoder", str(args.run_dir / f"level{level}"), "--level", str(level), "--task", args.geometry_task]
+    argv += ["--nominal", args.nominal, "--anomalous", args.anomalous, "--out", str(out)]
+    argv += ["--data-root", str(args.data_root)] if args.data_root else []
+    argv += ["--splits", str(args.splits)] if args.splits else []
+    argv += args.geometry_args.split()
+    if run_command("geometry", argv) != 0:
+        raise EcgposError(f"geometry of level {level} failed (see above); its run is kept, rerun carve to continue")
+    with (out / "metrics.csv").open() as handle:
+        return {r["metric"]: float(r["delta_pct"]) for r in csv.DictReader(handle) if r["level"] == str(level)}
+
+
+def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) -> LevelRecord:
+    """Measure level `level` (or reuse carve.json's measurement of the same finished run)."""
+    from ecgpos.objectives.criterion import bootstrap_interval, criterion
+
+    run = args.run_dir / f"level{level}"
+    old = known.get(level)
+    if old is not None and old["run_dir"] == str(run) and old["steps"] == _run_facts(run)[0]:
+        old = {**old, "interval": tuple(old["interval"])}
+        if old.get("probe_interval") is not None:
+            old["probe_interval"] = tuple(old["probe_interval"])
+        probed = args.probe_task is None or old.get("probe_auroc") is not None
+        measured = args.geometry_task is None or level == 0 or old.get("geometry")
+        if probed and measured:
+            return LevelRecord(**old)
+    per_record, (steps, val_loss) = measure(args, level)
+    record = LevelRecord(
+        level, str(run), steps, val_loss, criterion(per_record), bootstrap_interval(per_record), len(per_record), {}
+    )
+    if args.probe_task and is_main_process():  # the other processes go on to the next level's training
+        record.probe_auroc, record.probe_interval = _probe(args, level)
+    if args.geometry_task and level >= 1 and is_main_process():
+        record.geometry = _geometry(args, level)
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _check(args)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    settings = {
+        k: (str(v) if isinstance(v, Path) else v)
+        for k, v in vars(args).items()
+        if k in ("config", "latent_config", "max_levels", "stop_below", "min_drop", "val_fraction", "probe_task")
+    }
+    settings["shards"] = [str(s) for s in args.shards]
+    known = {int(r["level"]): r for r in read_carve(args.run_dir)}
+    done: list[LevelRecord] = []
+    decision = Decision(False, "continue", "")
+    for level in range(args.max_levels):
+        code = _train(args, level)
+        if code != 0:
+            return max(code, 0)
+        record = _level_record(args, level, known)
+        decision = decide(
+            [r.criterion for r in done] + [record.criterion], args.max_levels, args.stop_below, args.min_drop
+        )
+        record.decision = {"stop": decision.stop, "rule": decision.rule, "reason": decision.reason}
+        done.append(record)
+        if is_main_process():
+            write_carve(args.run_dir, settings, done)
+            lo, hi = record.interval
+            print(
+                f"ecgpos carve: level {level}: criterion {record.criterion:.4f} [{lo:.4f}, {hi:.4f}]; {decision.reason}"
+            )
+        if decision.stop:
+            break
+    if is_main_process():
+        print(f"wrote {args.run_dir / 'carve.json'}, {args.run_dir / 'carve.md'}, {args.run_dir / 'carve.png'}")
+    return 0
