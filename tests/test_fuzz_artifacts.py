@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from refusal_helpers import read_rows
 from shard_fixtures import write_tiny_shards
@@ -201,6 +201,7 @@ GOOD_LABELS = [("0", "N"), ("1", "N"), ("2", "A"), ("3", "A")]
     bom=st.booleans(),
     header=st.sampled_from(["record_id,label", "record_id,label", "id,label", "record_id"]),
 )
+@example(keep=[True] * 4, rows=[("ghost", "N")], bom=True, header="record_id,label")  # always one scored run
 def test_fuzzed_label_csvs_give_a_finite_auroc_or_one_line(capsys, tiny_run, scored, keep, rows, bom, header):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -232,6 +233,7 @@ decoder_damage = st.one_of(
 
 @FUZZ
 @given(damage=decoder_damage)
+@example(damage=("pop", "encoder_sha256"))  # an older export's entry: scores, with a warning
 def test_fuzzed_decoders_verify_fail_or_score(capsys, scored, damage):
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "enc"
@@ -279,6 +281,7 @@ npy_damage = st.fixed_dictionaries(
 
 @FUZZ
 @given(damage=npy_damage)
+@example(damage={"dtype": "float32", "values": [(1, 3, 500, 1e300)], "scale": 1.0})  # one record embedded, one skipped
 def test_fuzzed_npy_arrays_embed_finite_or_refuse(capsys, export, scored, damage):
     x = np.load(scored["npy"])[:2].astype(np.float64) * damage["scale"]
     for row, lead, t, value in damage["values"]:

@@ -339,9 +339,11 @@ def test_a_run_that_embeds_or_scores_nothing_leaves_no_earlier_output_beside_its
     out = tmp_path / "out" / ("f.npy" if command == "embed" else "s.csv")
     model = export if command == "embed" else tiny_run
     labels = tmp_path / "in" / "labels.csv"
-    labels.write_text("record_id,label\n0,A\n1,N\n")
+    labels.write_text("record_id,label\n0,A\n1,N\n2,A\n3,N\n")  # an AUROC needs 2 records of each class
+    x = np.load(tmp_path / "in" / "one.npy")[0]
+    np.save(tmp_path / "in" / "four.npy", np.stack([x, x[:, ::-1], np.roll(x, 500, 1), np.roll(x[:, ::-1], 500, 1)]))
     more = ["--labels", labels, "--nominal", "N", "--anomalous", "A"] if command == "score" else []
-    assert main(_npy_args(command, model, tmp_path / "in" / "three.npy", out, *more)) == 0
+    assert main(_npy_args(command, model, tmp_path / "in" / "four.npy", out, *more)) == 0
     earlier = ["f.ids.txt", "f.npy", "f.skipped.csv"] if command == "embed" else ["s.csv", "s.skipped.csv"]
     assert sorted(p.name for p in out.parent.iterdir()) == sorted([*earlier, *(["s.summary.md"] if more else [])])
     capsys.readouterr()

@@ -206,13 +206,14 @@ def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_sc
     rc, _, err = _compare(capsys, stale)
     one_line_error(rc, err, "probe", "results.csv disagrees with test_scores.npz")
 
-    # a row of a seed without stored scores (seed 7) is left as it is
+    # a row of a seed without stored scores (seed 7) is one the probe never ran: its probe.json names seeds 0-1
     def extra_seed(rows: pd.DataFrame) -> pd.DataFrame:
         row = rows.iloc[[0]].assign(seed=7, test_auroc=0.5)
         return pd.concat([rows, row], ignore_index=True)
 
     more = _edited_copy(base, tmp_path / "more", extra_seed)
-    assert _compare(capsys, more)[0] == 0
+    rc, _, err = _compare(capsys, more)
+    one_line_error(rc, err, "probe", "seed 7 is not one of the 2 seeds (0 to 1) its probe.json names")
 
 
 def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> None:
