@@ -117,6 +117,8 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
     whole, part = load_encoder(export), load_encoder(cut)
     assert whole.encoder.depth == 3 and part.encoder.depth == 2
     assert weights_hash(part.encoder) == weights_hash(whole.cut(1).encoder)
+    card = (cut / "README.md").read_text()
+    assert "nested encoder of 2 levels" in card and "Levels in this export: 0..1" in card
 
     record = shared_data / "ptbxl" / "records500"
     feats = {}
