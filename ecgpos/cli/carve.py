@@ -17,7 +17,7 @@ RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the 
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
 newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
 into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
-`ecgpos geometry --level l` (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
+`ecgpos geometry --level L` with L = l (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
 """
 
 from __future__ import annotations
