@@ -223,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k in ("config", "latent_config", "max_levels", "stop_below", "min_drop", "val_fraction", "probe_task")
     }
     settings["shards"] = [str(s) for s in args.shards]
-    known = {int(r["level"]): r for r in read_carve(args.run_dir)}
+    before, levels = read_carve(args.run_dir)
+    # earlier measurements hold only for the same validation records
+    same = all(before.get(k) == settings[k] for k in ("shards", "val_fraction"))
+    known = {int(r["level"]): r for r in levels} if same else {}
     done: list[LevelRecord] = []
     decision = Decision(False, "continue", "")
     for level in range(args.max_levels):

@@ -149,7 +149,10 @@ def plot_carve(levels: list[LevelRecord], path: Path) -> None:
     plt.close(fig)
 
 
-def read_carve(out: Path) -> list[dict]:
-    """The levels of an earlier carve.json in `out` ([] when none)."""
+def read_carve(out: Path) -> tuple[dict, list[dict]]:
+    """The settings and levels of an earlier carve.json in `out` (({}, []) when none)."""
     path = out / "carve.json"
-    return json.loads(path.read_text())["levels"] if path.is_file() else []
+    if not path.is_file():
+        return {}, []
+    data = json.loads(path.read_text())
+    return data.get("settings", {}), data.get("levels", [])
