@@ -83,9 +83,10 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 def carve_markdown(settings: dict, levels: list[LevelRecord]) -> str:
     """The per-level table and the decision, as carve.md."""
     probe = settings.get("probe_task")
-    metrics = sorted({m for r in levels for m in r.geometry})
+    task = str(probe).removeprefix("custom:").rstrip("/").rsplit("/", 1)[-1] if probe else None
+    metrics = list(dict.fromkeys(m for r in levels for m in r.geometry))  # in geometry's order
     head = ["level", "run", "steps", "val loss", "criterion", "95 % CI", "records"]
-    head += [f"probe AUROC ({probe})", "95 % CI"] if probe else []
+    head += [f"probe AUROC ({task})", "95 % CI"] if probe else []
     head += [f"Delta {m} %" for m in metrics]
     head += ["decision"]
     lines = [
