@@ -10,7 +10,7 @@ config it also times the frozen forward of the levels below and reports its shar
 base is --stage0 / --base (a run or export folder) or random levels (level 0 from the `stage0.yaml`
 beside the config, the latent levels from the config). --level N trains level N of a latent config
 (default: its own stage) and, for N >= 2, also times a level-1 step of the same config on the same
-level 0 and prints both with their ratio (the cost of depth: the frozen levels run under
+level 0, alternating with level N's, and prints both with their ratio (the cost of depth: the frozen levels run under
 torch.inference_mode and compile with the trained level).
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
 and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
@@ -206,8 +206,8 @@ def make_step(model, cfg, x: torch.Tensor, autocast, device: torch.device):
     return step, optimizer, trainable
 
 
-def level1_seconds(args: argparse.Namespace, cfg, base: torch.nn.Module, x, autocast, device, mode) -> float:
-    """Seconds per step of level 1 of the same latent config on level 0 of `base`."""
+def level1_step(cfg, base: torch.nn.Module, x, autocast, device, mode):
+    """A level-1 training step of the same latent config on level 0 of `base` (step(i), as make_step)."""
     import dataclasses
 
     cfg1 = dataclasses.replace(cfg, stage=1)
@@ -215,8 +215,24 @@ def level1_seconds(args: argparse.Namespace, cfg, base: torch.nn.Module, x, auto
     model = build_model(cfg1, cut_encoder(base, 0)).to(device).train()
     compile_model(model, mode)
     step = make_step(model, cfg1, x, autocast, device)[0]
-    step(0)
-    return timed(step, args.steps, args.warmup, device)
+    step(0)  # with --compile: its compile
+    return step
+
+
+def paired(step_a, step_b, steps: int, warmup: int, device: torch.device) -> tuple[float, float]:
+    """Seconds per call of each of two steps, timed alternately, so that a machine whose load changes
+    during the measurement weighs on both alike."""
+    for i in range(warmup):
+        step_a(i), step_b(i)
+    took = [0.0, 0.0]
+    for i in range(steps):
+        for k, fn in enumerate((step_a, step_b)):
+            sync(device)
+            start = time.perf_counter()
+            fn(warmup + i)
+            sync(device)
+            took[k] += time.perf_counter() - start
+    return took[0] / steps, took[1] / steps
 
 
 def main() -> None:
@@ -285,9 +301,11 @@ def main() -> None:
         name = "stage0" if cfg.stage == 1 else "base"  # the frozen levels below the trained one
         share = f" {name}_forward_ms={s0 * 1e3:.1f} {name}_forward_share={s0 / seconds:.2f}"
         assert not any(p.requires_grad for p in model.base.parameters())
-    if cfg.stage >= 2:
-        one = level1_seconds(args, cfg, base, x, autocast, device, compile_mode)
-        share += f" level1_step_ms={one * 1e3:.1f} level{cfg.stage}_over_level1={seconds / one:.2f}"
+    if cfg.stage >= 2:  # both levels again, alternately: the ratio is the figure
+        one_step = level1_step(cfg, base, x, autocast, device, compile_mode)
+        mine, one = paired(step, one_step, args.steps, args.warmup, device)
+        share += f" paired_step_ms={mine * 1e3:.1f} level1_step_ms={one * 1e3:.1f}"
+        share += f" level{cfg.stage}_over_level1={mine / one:.2f}"
     rate = batch / seconds
     if args.profile:
         from step_profile import profile_steps

@@ -227,6 +227,8 @@ def sbatch_modes(script: Path) -> set[str]:
     modes = set(re.findall(r'"\$\{1:-\}" = (\w+)', text))
     for pattern in re.findall(r"^\s*([\d|]+)\) ;;", text, re.M):
         modes |= set(pattern.split("|"))
+    if "=~ ^[0-9]+$ ]]" in text:  # a level number (`pretrain.sbatch 2`)
+        modes.add("LEVEL")
     if "ecgpos_corpora DATASETS" in text:  # it takes a corpus by its dataset name (`preprocess.sbatch code15`)
         known = re.search(r'^ECGPOS_KNOWN_DATASETS="([^"]*)"', (script.parent / "common.sh").read_text(), re.M)
         modes |= set(known.group(1).split()) if known else set()
@@ -279,7 +281,8 @@ def check_command(words: list[str], parsers: dict, complete: bool) -> list[str]:
                 return [f"no file {script}"]
             args = [w for w in rest[scripts[0] + 1 :] if not is_placeholder(w)]
             modes = sbatch_modes(ROOT / script)
-            return [f"{script} takes no argument {a!r} (it takes {sorted(modes)})" for a in args if a not in modes]
+            taken = [a for a in args if a in modes or ("LEVEL" in modes and a.isdigit())]
+            return [f"{script} takes no argument {a!r} (it takes {sorted(modes)})" for a in args if a not in taken]
         if re.fullmatch(r"(slurm|bench)/[\w.-]+\.(sh|sbatch|py)", word) and not is_placeholder(Path(word).name):
             if (ROOT / word).is_file():
                 continue
@@ -296,8 +299,14 @@ def check_mention(mention: Mention, parsers: dict) -> list[str]:
 
 
 def known_flags(parsers: dict) -> set[str]:
-    """Every flag of every ecgpos command and benchmark, and those of the tools around them."""
-    return EXTERNAL_FLAGS | {flag for parser in parsers.values() for flag in parser._option_string_actions}
+    """Every flag of every ecgpos command, benchmark and shell script (its `case` labels, `--depth)`), and
+    those of the tools around them."""
+    scripts = {
+        flag
+        for path in (ROOT / "slurm").glob("*.sh")
+        for flag in re.findall(r"^\s*(--[\w-]+)\)", path.read_text(), re.M)
+    }
+    return EXTERNAL_FLAGS | scripts | {flag for parser in parsers.values() for flag in parser._option_string_actions}
 
 
 def check_flags(where: str, text: str, flags: set[str]) -> list[str]:

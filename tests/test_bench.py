@@ -63,6 +63,17 @@ def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
 
 
 @pytest.mark.slow
+def test_train_step_bench_puts_a_level_2_step_next_to_a_level_1_step() -> None:
+    config = str(ROOT / "configs/tiny/stage1.yaml")
+    lines = run_bench(
+        "train_step.py", "--config", config, "--level", "2", "--batch", "4", "--steps", "1", "--warmup", "0"
+    )
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    assert fields["stage"] == "2" and float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
+    assert 0 < float(fields["base_forward_ms"])
+
+
+@pytest.mark.slow
 def test_train_step_bench_compiles_the_step_as_one_graph() -> None:
     """The bench draws the masks outside the model, as the trainer does: one graph, and the first
     line says how many there were and how long the first (compiling) step took."""

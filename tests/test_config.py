@@ -132,7 +132,7 @@ def test_tiny_configs_are_small_versions() -> None:
         ("mask_ratio=1.0", "mask_ratio must lie in"),
         ("mask_ratio=0.0", "mask_ratio must lie in"),
         ("mask_ratio=0.99", "keeps 0 of 30"),
-        ("stage=2", "stage must be 0 or 1"),
+        ("stage=-1", "stage must be an integer >= 0"),
         ("encoder.patch_size=80", "not a multiple"),
         ("encoder.seq_len=1500", "must equal preprocess.window"),
         ("encoder.heads=5", "not divisible"),
@@ -143,7 +143,7 @@ def test_tiny_configs_are_small_versions() -> None:
         ("train.batch_size=10", "not a multiple of train.grad_accum"),
         ("train.val_fraction=1.0", "val_fraction"),
         ("train.mixed_precision=fp16", "must be one of"),
-        ("push_pull.enabled=true", "Stage-1 objective"),
+        ("push_pull.lambda_sp=0.1", "at stage 0 it must be 0"),
         ("preprocess.standardise=global", "standardise"),
     ],
 )

@@ -111,12 +111,16 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
     assert info["chain"][1]["weights_sha256"] == weights_hash(resolve_encoder(tmp_path / "l1").module.levels[1])
 
     export, cut = tmp_path / "export", tmp_path / "export-l1"
-    assert main(["export", "--run-dir", str(straight), "--out", str(export)]) == 0
+    assert main(["export", "--run-dir", str(straight), "--out", str(export), "--with-decoders"]) == 0
     assert main(["export", "--run-dir", str(straight), "--out", str(cut), "--level", "1"]) == 0
     assert main(["verify", str(export)]) == 0 and main(["verify", str(cut)]) == 0
+    decoders = json.loads((export / "config.json").read_text())["decoders"]
+    assert [k for k in decoders if k.startswith("stage")] == ["stage0", "stage1", "stage2"]
     whole, part = load_encoder(export), load_encoder(cut)
     assert whole.encoder.depth == 3 and part.encoder.depth == 2
     assert weights_hash(part.encoder) == weights_hash(whole.cut(1).encoder)
+    card = (cut / "README.md").read_text()
+    assert "nested encoder of 2 levels" in card and "Levels in this export: 0..1" in card
 
     record = shared_data / "ptbxl" / "records500"
     feats = {}

@@ -126,7 +126,7 @@ def test_configs_readme_lists_every_key_with_its_default() -> None:
         "ecgpos export --rundir runs/stage1 --out DIR",  # a renamed flag
         "ecgpos pretrian --stage 0",  # no such command
         "ecgpos preprocess code-15 --out DIR",  # not a choice
-        "ecgpos pretrain --stage 2 --config stage0 --check-config",
+        "ecgpos pretrain --stage two --config stage0 --check-config",  # not a level
         "ecgpos pretrain --stage 0 --config stage0 --set train.num_worker=2 --check-config",  # unknown key
         "ecgpos pretrain --stage 0 --config stage0 --set train.compile=fast --check-config",  # bad value
         "ecgpos probe --task ptbxl-rythm --out DIR",

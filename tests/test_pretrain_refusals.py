@@ -12,7 +12,7 @@ from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
 from ecgpos.errors import ConfigError
-from ecgpos.pretrain.plan import load_stage0
+from ecgpos.pretrain.plan import load_base
 from ecgpos.runs.run_config import load_run_config
 
 
@@ -67,9 +67,9 @@ BAD_CASES = {
     "batch > records": (0, lambda s, r0, t: ["--set", "train.batch_size=64"], "fewer than the global batch"),
     "stage contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--stage0", str(r0)], "contradicts"),
     "stage0 with stage 0": (0, lambda s, r0, t: ["--stage0", str(r0)], "only used with --stage 1"),
-    "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --stage0"),
+    "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --base"),
     "stage0 missing": (1, lambda s, r0, t: ["--stage0", str(t / "nothing")], "does not exist"),
-    "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a Stage-0 run folder"),
+    "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a run folder"),
     "stage0 no checkpoint": (
         1,
         lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
@@ -79,10 +79,12 @@ BAD_CASES = {
     "stage0 other spec": (
         1,
         lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
-        "the Stage-0 encoder",
+        "the base encoder",
     ),
     "stage0 width": (1, lambda s, r0, t: ["--stage0", str(r0), "--set", "encoder.width=32"], "width 64"),
-    "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "Stage-1 run"),
+    "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "is a level-1 run"),
+    "level 2 on a level-0 base": (2, lambda s, r0, t: ["--base", str(r0)], "level 2 trains on levels 0..1"),
+    "base and stage0": (1, lambda s, r0, t: ["--base", str(r0), "--stage0", str(r0)], "give one of them"),
 }
 
 
@@ -140,7 +142,7 @@ def test_stage1_on_other_shards_than_its_stage0_warns(run0: Path, shards: Path, 
     assert len(err) == 1 and str(other.resolve()) in err[0] and str(shards.resolve()) in err[0], err
     # An export carries its pretraining shards in config.json: the same check applies.
     training = json.loads((export / "config.json").read_text())["training"]
-    _, _, info = load_stage0(export, load_run_config(TINY1))
+    _, _, info = load_base(export, load_run_config(TINY1))
     assert info["kind"] == "export" and info["shards"] == training["shards"] and info["shards"]
 
 
@@ -151,8 +153,8 @@ def test_an_export_of_an_unfinished_stage0_run_is_a_stage0(tiny_run: Path, tmp_p
     shutil.copytree(tiny_run, unfinished)
     shutil.rmtree(unfinished / "checkpoints" / "step-0000004")
     with pytest.raises(ConfigError, match="incomplete"):
-        load_stage0(unfinished, load_run_config(TINY1))
+        load_base(unfinished, load_run_config(TINY1))
     assert main(["export", "--run-dir", str(unfinished), "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["training"]["finished"] is False
-    _, _, info = load_stage0(out, load_run_config(TINY1))
+    _, _, info = load_base(out, load_run_config(TINY1))
     assert info["kind"] == "export"

@@ -340,14 +340,25 @@ def test_export_of_a_file_given_as_run_folder_says_it_is_a_file(capsys, tmp_path
     ("damage", "needle"),
     [
         (lambda info: [], "is damaged: a JSON list, not the run's record"),
-        (lambda info: {**info, "stage0_encoder": "x"}, "is damaged: stage0_encoder is not an object"),
+        (lambda info: {**info, "chain": [{**info["chain"][0], "encoder": "x"}]}, "is damaged: chain[0].encoder is not"),
         (
-            lambda info: {**info, "stage0_encoder": {**info["stage0_encoder"], "bogus": 1}},
-            "is damaged: unknown config key(s): stage0_encoder.bogus",
+            lambda info: {
+                **info,
+                "chain": [{**info["chain"][0], "encoder": {**info["chain"][0]["encoder"], "bogus": 1}}],
+            },
+            "is damaged: unknown config key(s): chain[0].encoder.bogus",
         ),
         (
-            lambda info: {**info, "stage0_encoder": {**info["stage0_encoder"], "depth": "two"}},
-            "is damaged: stage0_encoder.depth: expected an integer",
+            lambda info: {
+                **info,
+                "chain": [{**info["chain"][0], "encoder": {**info["chain"][0]["encoder"], "depth": "x"}}],
+            },
+            "is damaged: chain[0].encoder.depth: expected an integer",
+        ),
+        (lambda info: {**info, "chain": [{**info["chain"][0], "level": 1}]}, "is damaged: its chain does not list"),
+        (
+            lambda info: {**info, "chain": [{**info["chain"][0], "weights_sha256": "0" * 64}]},
+            "holds other level-0 weights than its run_info.json records",
         ),
     ],
 )

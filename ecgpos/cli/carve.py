@@ -17,7 +17,7 @@ RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the 
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
 newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
 into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
-`ecgpos geometry --level l` (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
+`ecgpos geometry --level L` with L = l (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
 """
 
 from __future__ import annotations
@@ -223,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k in ("config", "latent_config", "max_levels", "stop_below", "min_drop", "val_fraction", "probe_task")
     }
     settings["shards"] = [str(s) for s in args.shards]
-    known = {int(r["level"]): r for r in read_carve(args.run_dir)}
+    before, levels = read_carve(args.run_dir)
+    # earlier measurements hold only for the same validation records
+    same = all(before.get(k) == settings[k] for k in ("shards", "val_fraction"))
+    known = {int(r["level"]): r for r in levels} if same else {}
     done: list[LevelRecord] = []
     decision = Decision(False, "continue", "")
     for level in range(args.max_levels):

@@ -124,6 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if warning:
             print(f"ecgpos export: warning: {warning}", file=sys.stderr)
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
+    if args.level is not None:
+        training["exported_levels"] = f"0..{args.level}"
     unfinished = unfinished_note(training)
     if unfinished:
         print(f"ecgpos export: warning: {unfinished}", file=sys.stderr)

@@ -31,10 +31,12 @@ def _describe_arch(arch: dict[str, Any]) -> str:
         return ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg)
 
     if arch.get("kind") == "nested":
+        levels = arch.get("levels") or [arch.get("stage0", {}), arch.get("stage1", {})]  # the two-level form
+        latent = "; ".join(f"level {i} ({one(cfg)})" for i, cfg in enumerate(levels[1:], start=1))
         return (
-            f"nested encoder: Stage 0 ST-MEM-style transformer ({one(arch.get('stage0', {}))}) "
-            f"followed by the Stage 1 latent transformer ({one(arch.get('stage1', {}))}) "
-            "trained by nested manifold carving on the frozen Stage 0 tokens"
+            f"nested encoder of {len(levels)} levels: Stage 0 ST-MEM-style transformer ({one(levels[0])}) "
+            f"followed by latent transformers, {latent}, each trained by nested manifold carving on the "
+            "frozen tokens of the levels below"
         )
     return f"Stage 0 ST-MEM-style masked ECG transformer ({one(arch.get('encoder', {}))})"
 
@@ -115,7 +117,12 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     lines = []
     stage = training.get("stage")
     if stage is not None:
-        lines.append(f"- Stage: {stage}" + (" (Stage 1 on top of a frozen Stage 0)" if stage == 1 else ""))
+        below = (
+            f" (level {stage} on top of the frozen levels 0..{stage - 1})" if isinstance(stage, int) and stage else ""
+        )
+        lines.append(f"- Stage: {stage}{below}")
+    if training.get("exported_levels") is not None:
+        lines.append(f"- Levels in this export: {training['exported_levels']} (the export cuts the run's nest)")
     if training.get("step") is not None:
         total = training.get("steps")
         finished = training.get("finished")

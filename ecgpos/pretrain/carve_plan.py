@@ -83,9 +83,10 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 def carve_markdown(settings: dict, levels: list[LevelRecord]) -> str:
     """The per-level table and the decision, as carve.md."""
     probe = settings.get("probe_task")
-    metrics = sorted({m for r in levels for m in r.geometry})
+    task = str(probe).removeprefix("custom:").rstrip("/").rsplit("/", 1)[-1] if probe else None
+    metrics = list(dict.fromkeys(m for r in levels for m in r.geometry))  # in geometry's order
     head = ["level", "run", "steps", "val loss", "criterion", "95 % CI", "records"]
-    head += [f"probe AUROC ({probe})", "95 % CI"] if probe else []
+    head += [f"probe AUROC ({task})", "95 % CI"] if probe else []
     head += [f"Delta {m} %" for m in metrics]
     head += ["decision"]
     lines = [
@@ -149,7 +150,10 @@ def plot_carve(levels: list[LevelRecord], path: Path) -> None:
     plt.close(fig)
 
 
-def read_carve(out: Path) -> list[dict]:
-    """The levels of an earlier carve.json in `out` ([] when none)."""
+def read_carve(out: Path) -> tuple[dict, list[dict]]:
+    """The settings and levels of an earlier carve.json in `out` (({}, []) when none)."""
     path = out / "carve.json"
-    return json.loads(path.read_text())["levels"] if path.is_file() else []
+    if not path.is_file():
+        return {}, []
+    data = json.loads(path.read_text())
+    return data.get("settings", {}), data.get("levels", [])

@@ -145,9 +145,9 @@ def _base_levels(run_dir: Path, stage: int, info: dict[str, Any]) -> list[nn.Mod
     levels = []
     for entry in chain:
         if not isinstance(entry.get("encoder"), dict):
-            raise EcgposError(f"{where} is damaged: level {entry['level']} of the chain has no encoder object")
+            raise EcgposError(f"{where} is damaged: chain[{entry['level']}].encoder is not an object")
         try:
-            cfg = from_dict(EncoderConfig, entry["encoder"], f"chain level {entry['level']} encoder.")
+            cfg = from_dict(EncoderConfig, entry["encoder"], f"chain[{entry['level']}].encoder.")
         except EcgposError as err:
             raise EcgposError(f"{where} is damaged: {err}") from None
         levels.append(build_level(entry["level"], cfg))
