@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import psutil  # noqa: E402
 
-from ecgpos.ecg.fingerprint import FingerprintIndex, fingerprint  # noqa: E402
+from ecgpos.ecg.fingerprint import fingerprint  # noqa: E402
 from ecgpos.ecg.shards import shard_name, write_shard  # noqa: E402
 from ecgpos.ecg.spec import PreprocessSpec  # noqa: E402
 from ecgpos.errors import EcgposError  # noqa: E402
@@ -312,9 +312,8 @@ def main() -> None:
             f"{r['rss_trainer_mb']:.0f} MB, worker RSS {r['rss_worker_mb']:.0f} MB, leakage guard "
             f"{r['guard_s']:.1f} s ({args.probe_set_records} x {n})"
         )
-    print(
-        f"ecgpos score: {args.score_records} records in {score_s:.1f} s ({score_s / args.score_records * 1e3:.2f} ms/record)"
-    )
+    per_score = score_s / args.score_records * 1e3
+    print(f"ecgpos score: {args.score_records} records in {score_s:.1f} s ({per_score:.2f} ms/record)")
     print(f"worst growth {sizes[0]} -> {sizes[-1]} records: {worst:.2f}x ({worst_name})")
 
 
