@@ -33,7 +33,7 @@ CLI_MODULES = {
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
 DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.cli")
-BENCH_SCRIPTS = ("loader", "preprocess", "probe", "train_step")
+BENCH_SCRIPTS = ("loader", "preprocess", "probe", "scale", "train_step")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 
 

@@ -141,3 +141,19 @@ def test_gpu_check_reports_wheels_and_sample_data_it_could_not_set_up(tmp_path: 
     # the checkout is installed into that interpreter as an editable install would be: importable, on PATH
     assert [p.read_text().strip() for p in bare.glob("lib/python*/site-packages/ecgpos-checkout.pth")] == [str(copy)]
     assert f"{bare / 'bin' / 'python'} -m ecgpos" in (bare / "bin" / "ecgpos").read_text()
+
+
+@pytest.mark.slow
+def test_scale_bench_prints_its_table_and_the_worst_growth_last(tmp_path: Path) -> None:
+    """bench/scale.py at its smallest: one tiny corpus, every cost measured, the growth line last, the
+    corpus removed."""
+    work = tmp_path / "work"
+    lines = run_bench(
+        "scale.py", "--sizes", "64", "--steps", "2", "--probe-set-records", "200", "--score-records", "16",
+        "--work", str(work),
+    )  # fmt: skip
+    assert re.fullmatch(r"worst growth 64 -> 64 records: \d+\.\d\dx \(.+\)", lines[-1]), lines[-1]
+    rows = [line for line in lines if line.startswith("| ")]
+    assert len(rows) == 9 and rows[0].startswith("| cost | unit | N=64 | growth |")
+    assert any(re.match(r"N=64: start-up [\d.]+ s, resume [\d.]+ s, trainer RSS \d+ MB", line) for line in lines)
+    assert not work.exists()

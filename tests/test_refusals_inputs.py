@@ -411,6 +411,8 @@ def test_preprocess_into_a_folder_of_other_files_is_refused(capsys, tmp_path, re
     out = tmp_path / "mine"
     out.mkdir()
     (out / "notes.txt").write_text("kept")
-    rc, _, err = run(capsys, "preprocess", "ecg-arrhythmia", "--src", real_record.parent, "--subset", "all", "--out", out)
+    rc, _, err = run(
+        capsys, "preprocess", "ecg-arrhythmia", "--src", real_record.parent, "--subset", "all", "--out", out
+    )
     one_line_error(rc, err, "preprocess", "is a non-empty folder that is not a preprocessing output")
     assert "e.g. notes.txt" in err and sorted(p.name for p in out.iterdir()) == ["notes.txt"]

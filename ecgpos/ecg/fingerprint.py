@@ -115,8 +115,32 @@ class FingerprintIndex:
         ]
 
     def extend(self, pairs: Iterable[tuple[str, str]]) -> None:
-        for name, hex_print in pairs:
-            self.add(name, hex_print)
+        """`add` each pair; fingerprints of one length are decoded and banded together (a whole corpus's
+        in a few array operations: per record, `add` spends ~0.3 ms in numpy's per-call overhead)."""
+        pairs = list(pairs)
+        lengths = {len(hex_print) for _, hex_print in pairs}
+        if len(lengths) != 1 or lengths.pop() % 2:  # mixed or odd lengths: each on its own (and its own error)
+            for name, hex_print in pairs:
+                self.add(name, hex_print)
+            return
+        self._add_same_length([name for name, _ in pairs], [hex_print for _, hex_print in pairs])
+
+    def _add_same_length(self, names: list[str], prints: list[str]) -> None:
+        """`add` for fingerprints of one length: the same names, bit rows and band keys, in the same order."""
+        packed = np.frombuffer(bytes.fromhex("".join(prints)), dtype=np.uint8).reshape(len(prints), -1)
+        bits = np.unpackbits(packed, axis=1)
+        first = len(self.names)
+        self.names.extend(names)
+        self.prints.extend(prints)
+        self._bitrows.extend(bits)
+        for lead, columns in enumerate(np.array_split(np.arange(bits.shape[1]), self.leads)):
+            band = bits[:, columns]
+            ones = band.sum(axis=1)
+            keys = np.packbits(band, axis=1)
+            width = keys.shape[1]
+            flat = keys.tobytes()
+            for row in np.flatnonzero((ones > 0) & (ones < len(columns))):  # as _band_keys: no constant band
+                self._bands.setdefault((lead, flat[row * width : (row + 1) * width]), []).append(first + int(row))
 
     def __len__(self) -> int:
         return len(self.names)
