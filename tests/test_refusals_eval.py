@@ -110,7 +110,7 @@ def test_geometry_refuses_classes_whose_ratios_divide_by_zero(capsys, tmp_path, 
     names = {f"r{i}": copy_record(real_record, tmp_path / "copies", f"r{i}") for i in range(1, 6)}
     same = _task(tmp_path / "same", shared_data, {"r1": "A", "r2": "A", "r3": "B", "r4": "B", "r5": "X"}, names)
     rc, _, err = run(capsys, *_geometry(same, runs["stage1"], tmp_path / "g2"))
-    one_line_error(rc, err, "geometry", "have identical Stage-0 features (radius 0)")
+    one_line_error(rc, err, "geometry", "have identical level 0 features (radius 0)")
     assert not (tmp_path / "g1").exists() and not (tmp_path / "g2").exists()
 
 
