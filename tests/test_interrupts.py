@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pretrain_helpers import FAST, TINY0, max_diff, metrics, pretrain, weights
+from pretrain_helpers import FAST, TINY0, TINY1, max_diff, metrics, pretrain, weights
 from shard_fixtures import write_tiny_shards
 
 from ecgpos.cli import main
-from ecgpos.demo.demo import _pretrain
+from ecgpos.demo.demo import _carve
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
@@ -224,29 +224,30 @@ def test_an_export_a_kill_left_aside_survives_the_next_killed_export(tiny_run: P
 
 @pytest.mark.parametrize(
     ("sig", "said"),
-    [(signal.SIGINT, "continues from its `pretrain` step"), (signal.SIGTERM, "stopped before its last step")],
+    [(signal.SIGINT, "continues from its `carve` step"), (signal.SIGTERM, "carving stopped at level 0")],
 )
 def test_demo_step_stopped_by_a_signal_is_an_interruption_not_an_error(
     shards: Path, tmp_path: Path, sig: int, said: str
 ) -> None:
-    """Ctrl-C or SIGTERM during the demo's pretraining: the step saves a checkpoint (exit 130, or 0 after
-    SIGTERM, as a scheduler expects), and the demo reports an interruption that its rerun continues
-    from: not a failed step (exit 2), and never the next step built on an unfinished run."""
-    run = tmp_path / "run"
+    """Ctrl-C or SIGTERM during the demo's carving: the level in training saves a checkpoint (exit 130, or
+    0 after SIGTERM, as a scheduler expects), and the demo reports an interruption that its rerun continues
+    from: not a failed step (exit 2), and never the next step built on an unfinished level."""
+    runs = tmp_path / "runs"
+    metrics_file = runs / "level0" / "metrics.jsonl"
 
     def signal_after_three_steps() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if (run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3:
+            if metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 3:
                 os.kill(os.getpid(), sig)  # the trainer's handler, in the main thread, takes it
                 return
             time.sleep(0.01)
 
     threading.Thread(target=signal_after_three_steps, daemon=True).start()
-    args = ["--stage", 0, "--config", TINY0, "--shards", shards, *FAST, "--set", "optim.steps=400"]
+    args = ["--config", TINY0, "--latent-config", TINY1, "--shards", shards, "--stop-below", 0, "--min-drop", -1]
     with pytest.raises(Interrupted, match=said):
-        _pretrain(run, *args, "--set", "train.checkpoint_every=1000", "--resume", "auto")
-    assert len(list_checkpoints(run)) == 1
+        _carve(runs, 2, *args, *FAST, "--set", "optim.steps=400", "--set", "train.checkpoint_every=1000")
+    assert len(list_checkpoints(runs / "level0")) == 1
 
 
 def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_path: Path, capsys) -> None:

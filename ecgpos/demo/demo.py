@@ -85,6 +85,16 @@ def _run(name: str, *argv: object) -> None:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
 
 
+def _carve(runs: Path, levels: int, *argv: object) -> None:
+    """The carving step: `ecgpos carve` to `levels` levels into `runs`. A level stopped by SIGUSR1/SIGTERM
+    checkpoints and exits 0 (a scheduler requeues it), so the demo checks that every level was measured
+    before it builds on them."""
+    _run("carve", *argv, "--run-dir", runs, "--max-levels", levels)
+    carved = json.loads((runs / "carve.json").read_text())["levels"] if (runs / "carve.json").is_file() else []
+    if len(carved) < levels:
+        raise Interrupted(f"carving stopped at level {len(carved)}; the same `ecgpos demo` command continues it")
+
+
 def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
     """Simulate and write the pretraining corpora and the labelled probe set (cached in out/raw)."""
     from ecgpos.demo import synthetic
@@ -168,18 +178,15 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         f"({size.stage1_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
         "(brady/normal/tachy + noisy) and PoS geometry (rhythm classes nominal, noisy anomalous)"
     )
-    _run(
-        "carve",
+    _carve(
+        runs,
+        size.levels,
         "--config",
         config_path("tiny/stage0"),
         "--latent-config",
         config_path("tiny/stage1"),
         "--shards",
         *pool,
-        "--run-dir",
-        runs,
-        "--max-levels",
-        size.levels,
         # a fixed depth, to show every level's row: the default stop rules are the decision column
         "--stop-below",
         0,
@@ -209,9 +216,6 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         "--split all --device cpu",
     )
     top = runs / f"level{size.levels - 1}"
-    carved = json.loads((runs / "carve.json").read_text())["levels"] if (runs / "carve.json").is_file() else []
-    if len(carved) < size.levels:  # a level stopped by SIGUSR1/SIGTERM checkpointed and exited 0
-        raise Interrupted(f"carving stopped at level {len(carved)}; the same `ecgpos demo` command continues it")
     step("linear probe of a random-init encoder, merged with every level's probe")
     _run(
         "probe",
