@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from ecgpos.config import add_set_option
 from ecgpos.errors import Interrupted
+from ecgpos.export.hub import model_ref
 from ecgpos.files import user_path
 from ecgpos.pretrain.plan import prepare
 from ecgpos.runs.run_folder import newest_checkpoint
@@ -64,7 +65,9 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--run-dir", type=user_path, required=not check_only, help="run folder (created; not a shard or export folder)"
     )
-    parser.add_argument("--stage0", type=user_path, help="Stage 1: finished Stage-0 run folder or export folder")
+    parser.add_argument(
+        "--stage0", type=model_ref, help="Stage 1: finished Stage-0 run folder, export folder or hf://ORG/NAME"
+    )
     add_set_option(parser, "a config key", "optim.steps=200")
     parser.add_argument(
         "--resume",

@@ -1,8 +1,8 @@
 """Frozen encoders for downstream use, from a run folder, an export folder or a random init.
 
 `resolve_encoder(x)` is the one entry point probes use: a training run folder (its newest complete
-checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
-baseline). Anything unloadable raises EcgposError with one line.
+checkpoint), an export folder (ecgpos.export.load) or `hf://ORG/NAME[@REVISION]` (ecgpos.export.hub),
+or 'random:<config.yaml>' (the random-init baseline). Anything unloadable raises EcgposError with one line.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import is_export_dir
+from ecgpos.export.hub import is_hub_ref
 from ecgpos.models.factory import random_init
 from ecgpos.runs.run_config import load_run_config
 from ecgpos.runs.run_folder import is_run_dir, load_run_model, read_trainer_state
@@ -102,14 +103,17 @@ def load_export(path: str | Path) -> LoadedEncoder:
     from ecgpos.export.load import load_encoder
 
     exported = load_encoder(path)
-    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), str(Path(path)), dict(exported.info))
+    source = str(path) if is_hub_ref(path) else str(Path(path))
+    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), source, dict(exported.info))
 
 
 def resolve_encoder(path_or_random: str | Path) -> LoadedEncoder:
-    """'random:<config.yaml>', a training run folder, or an export folder -> LoadedEncoder."""
+    """'random:<config.yaml>', a training run folder, an export folder or hf://ORG/NAME[@REVISION] -> LoadedEncoder."""
     text = str(path_or_random)
     if text.startswith("random:"):
         return random_encoder(text.split(":", 1)[1])
+    if is_hub_ref(text):
+        return load_export(text)
     path = Path(text).expanduser()
     if not path.exists():
         raise EcgposError(

@@ -86,14 +86,16 @@ def check_resources(cfg: RunConfig) -> None:
         )
 
 
-def load_stage0(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
+def load_stage0(path: Path | str, cfg: RunConfig) -> tuple[Any, str, dict]:
     """(STMEMEncoder, source, info) from a finished Stage-0 run folder or a Stage-0 export folder,
     loaded through the one resolver (ecgpos.inference.resolve)."""
     from ecgpos.config import load_config
+    from ecgpos.export.hub import resolve_model_path
     from ecgpos.inference.resolve import resolve_encoder
     from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir, read_run_info
     from ecgpos.runs.stages import check_stage0_fits, stage0_config_dict
 
+    path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
     if not path.exists():
         raise ConfigError(f"--stage0 {path} does not exist")
     if is_run_dir(path):
