@@ -29,10 +29,12 @@ CLI_MODULES = {
     "geometry": "probes.geometry_cli",
     "score": "ecgpos.cli.score",
     "demo": "ecgpos.demo.demo",
+    "predict": "ecgpos.cli.predict",
+    "finetune": "probes.finetune.args",
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
 DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.cli")
-BENCH_SCRIPTS = ("loader", "preprocess", "probe", "train_step")
+BENCH_SCRIPTS = ("loader", "preprocess", "probe", "train_step", "predict")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 
 

@@ -70,7 +70,7 @@ def resolve_model_path(ref: str | Path) -> Path:
     if is_hub_ref(ref):
         return hub_snapshot(str(ref))
     if not isinstance(ref, (str, Path)):
-        raise EcgposError(f"an export folder is a str, a Path or hf://ORG/NAME, got {type(ref).__name__} {ref!r}")
+        raise EcgposError(f"an export folder is a str or Path (or hf://ORG/NAME), got {type(ref).__name__} {ref!r}")
     return Path(ref).expanduser()
 
 

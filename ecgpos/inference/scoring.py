@@ -77,10 +77,11 @@ def load_recon_models(path: str | Path) -> ReconModels:
     """Run folder (Stage 0 or Stage 1) or export with decoders -> the reconstructing levels, frozen."""
     from ecgpos.export.decoders import load_decoders
     from ecgpos.export.format import is_export_dir
+    from ecgpos.export.hub import resolve_model_path
     from ecgpos.export.load import read_export_config
     from ecgpos.runs.run_folder import is_run_dir, load_run_model
 
-    path = Path(path)
+    path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
     if not path.exists():
         raise EcgposError(f"{path} does not exist (expected a run folder or an export with decoders)")
     notes: list[str] = []
