@@ -178,3 +178,60 @@ def test_hub_references_load_from_an_offline_cache(
         cli("predict", "--model", "hf://ecg-lab/tiny-classifier", "--input", real_record, "--out", tmp_path / "p.csv")
         == 0
     )
+
+
+def test_encoder_card_opens_with_hub_metadata_and_its_probe_results(finetuned: dict, tmp_path: Path) -> None:
+    from ecgpos.export.card import render_card
+
+    config = json.loads((finetuned["encoder_export"] / "config.json").read_text())
+    meta = yaml.safe_load((finetuned["encoder_export"] / "README.md").read_text().split("---\n")[1])
+    assert meta["pipeline_tag"] == "feature-extraction" and "model-index" not in meta  # no probe results attached
+    probes = tmp_path / "probe"
+    probes.mkdir()
+    rows = [
+        "encoder,protocol,task,fraction,seed,test_auroc",
+        "own,linear,ptbxl-super,1.0,0,0.8",
+        "own,linear,ptbxl-super,1.0,1,0.7",
+    ]
+    rows += ["other,linear,ptbxl-super,1.0,0,0.5"]  # another encoder's row, probed beside it
+    (probes / "results.csv").write_text("\n".join(rows) + "\n")
+    key = json.dumps({"encoder": config["weights_sha256"]})
+    (probes / "probe.json").write_text(
+        json.dumps({"sources": {"own": key, "other": json.dumps({"encoder": "0" * 64})}})
+    )
+    meta = yaml.safe_load(render_card(config, probes, "mit").split("---\n")[1])
+    (result,) = meta["model-index"][0]["results"]
+    assert result["dataset"]["name"] == "ptbxl-super" and meta["license"] == "mit"
+    assert result["metrics"] == [
+        {"type": "roc_auc", "value": 0.75, "name": "macro AUROC, linear, 100 % of labels (own)"}
+    ]
+
+
+# ecgpos.load_classifier and `ecgpos predict` with every package of the train extra unimportable
+PLAIN = """
+import sys
+for name in sys.argv[3].split(","):
+    sys.modules[name] = None
+import ecgpos
+from ecgpos.cli import main
+model = ecgpos.load_classifier(sys.argv[1])
+sys.exit(main(["predict", "--model", sys.argv[1], "--input", sys.argv[2], "--out", sys.argv[4], "--no-progress"]))
+"""
+
+
+def test_predict_needs_no_package_of_the_train_extra(classifier: Path, real_record: Path, tmp_path: Path) -> None:
+    from ecgpos.extras import OPTIONAL
+
+    blocked = sorted(set(OPTIONAL) - {"pandas"})  # wfdb itself imports pandas (tests/test_install_extras.py)
+    out = tmp_path / "p.csv"
+    path = os.environ.get("PYTHONPATH")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN, str(classifier), str(real_record), ",".join(blocked), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "sklearn" in blocked and len(out.read_text().splitlines()) == 2

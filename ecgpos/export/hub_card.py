@@ -21,7 +21,7 @@ TAGS = ["ecg", "electrocardiogram", "self-supervised", "time-series", "medical",
 DEFAULT_LICENSE = "other"  # the weights' terms follow the training data's; the exporter states them (--license)
 
 
-def _result(task: str, dataset: str, metric_name: str, value: float) -> dict[str, Any]:
+def _result(dataset: str, metric_name: str, value: float) -> dict[str, Any]:
     return {
         "task": {"type": "ecg-classification", "name": "ECG classification"},
         "dataset": {"name": dataset, "type": dataset, "split": "test"},
@@ -83,7 +83,11 @@ def probe_index_results(folder: str | Path | None, weights_sha256: str) -> list[
                     value
                 )
     return [
-        _result(task, task, f"macro AUROC, {protocol}, {_percent(fraction)} of labels ({label})", sum(v) / len(v))
+        _result(
+            task,
+            f"macro AUROC, {protocol}, {_percent(fraction)} of labels" + (f" ({label})" if label else ""),
+            sum(v) / len(v),
+        )
         for (label, protocol, task, fraction), v in sorted(cells.items())
     ]
 
@@ -100,8 +104,8 @@ def classifier_results(config: dict[str, Any]) -> list[dict[str, Any]]:
     test, task = config.get("test") or {}, str(config.get("training", {}).get("task", "task"))
     out = []
     if test.get("macro_auroc") is not None:
-        out.append(_result(task, task, "macro AUROC", test["macro_auroc"]))
+        out.append(_result(task, "macro AUROC", test["macro_auroc"]))
     for label, cell in (test.get("per_label") or {}).items():
         if cell.get("auroc") is not None:
-            out.append(_result(task, task, f"AUROC {label}", cell["auroc"]))
+            out.append(_result(task, f"AUROC {label}", cell["auroc"]))
     return out
