@@ -138,8 +138,14 @@ def _hub_env(cache: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_hub_references_load_from_an_offline_cache(
-    finetuned: dict, classifier: Path, real_record: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    finetuned: dict,
+    classifier: Path,
+    real_record: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     from classifier_fixtures import hub_cache
 
@@ -148,7 +154,10 @@ def test_hub_references_load_from_an_offline_cache(
     commit = hub_cache(cache, "ecg-lab/tiny-classifier", classifier, commit="b" * 40)
     # the command line in a fresh interpreter: huggingface_hub reads HF_HUB_OFFLINE and HF_HUB_CACHE at import
     local, hub = tmp_path / "local.csv", tmp_path / "hub.csv"
-    assert cli("embed", "--encoder", finetuned["encoder_export"], "--input", real_record, "--out", local) == 0
+    assert (
+        cli("embed", "--encoder", finetuned["encoder_export"], "--input", real_record, "--out", local, "--no-progress")
+        == 0
+    )
     done = subprocess.run(
         [sys.executable, "-m", "ecgpos", "embed", "--encoder", "hf://ecg-lab/tiny-encoder", "--input", str(real_record)]
         + ["--out", str(hub), "--no-progress"],
@@ -159,16 +168,18 @@ def test_hub_references_load_from_an_offline_cache(
     )
     assert done.returncode == 0, done.stderr
     assert hub.read_text() == local.read_text()
-    for ref, why in (("hf://ecg-lab/missing", "not in the Hub cache"), ("hf://ecg-lab/tiny-encoder@v9", "v9")):
-        done = subprocess.run(
-            [sys.executable, "-m", "ecgpos", "verify", ref], env=_hub_env(cache), capture_output=True, text=True
-        )
-        assert done.returncode == 2 and why in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    # in this process: the same loader behind load_classifier and --model, at a pinned revision
+    # in this process (huggingface_hub's settings set as the environment would have set them at import):
+    # the same loader behind verify, load_classifier and --model, at a pinned revision
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    capsys.readouterr()
+    for ref, why in (("hf://ecg-lab/missing", "not in the Hub cache"), ("hf://ecg-lab/tiny-encoder@v9", "'v9'")):
+        assert cli("verify", ref) == 2
+        err = capsys.readouterr().err
+        assert why in err and "HF_HUB_OFFLINE is set" in err and len(err.strip().splitlines()) == 1
+    assert cli("verify", "hf://ecg-lab/tiny-encoder") == 0
     model = ecgpos.load_classifier(f"hf://ecg-lab/tiny-classifier@{commit}")
     assert (
         model.labels == ["SB", "AFIB", "SR"]
@@ -219,6 +230,7 @@ sys.exit(main(["predict", "--model", sys.argv[1], "--input", sys.argv[2], "--out
 """
 
 
+@pytest.mark.slow
 def test_predict_needs_no_package_of_the_train_extra(classifier: Path, real_record: Path, tmp_path: Path) -> None:
     from ecgpos.extras import OPTIONAL
 
