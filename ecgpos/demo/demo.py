@@ -2,7 +2,8 @@
 
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
 tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> Stage 0 -> Stage 1 ->
-linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) -> PoS geometry between the two
+linear probes (random-init vs Stage 0 vs Stage 1, the real protocol) and the Stage-1 encoder fine-tuned
+(one seed; not with --quick) -> PoS geometry between the two
 levels (rhythm classes nominal, noisy recordings anomalous) and per-level reconstruction anomaly
 scores -> export + verify.
 """
@@ -36,6 +37,7 @@ class DemoSize:
     stage1_steps: int
     probe_epochs: int
     probe_seeds: int
+    finetune_epochs: int = 0  # 0: no fine-tuned row
 
 
 PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
@@ -58,6 +60,7 @@ FULL = DemoSize(
     stage1_steps=1000,
     probe_epochs=100,
     probe_seeds=5,
+    finetune_epochs=10,
 )
 
 
@@ -215,8 +218,16 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     }
     for name, encoder in encoders.items():
         _run("probe", "--encoder", encoder, "--name", name, "--out", out / "probes" / name, *probe_args)
+    rows = [out / "probes" / name for name in encoders]
+    if size.finetune_epochs:  # the Stage-1 encoder fine-tuned on the same task, one seed, beside its probe
+        tuned = out / "probes" / "stage1-finetune"
+        ft_args = [*probe_args[:4], "--seeds", 1, "--epochs", size.finetune_epochs]
+        _run("finetune", "--encoder", runs / "stage1", "--name", "stage1 (finetune-full)", "--out", tuned, *ft_args)
+        rows.append(tuned)
+    else:
+        print("--quick: fine-tuning skipped (`ecgpos demo` without --quick adds the fine-tuned Stage-1 row)")
     step("merging probe results")
-    _run("probe", "--compare", *[out / "probes" / name for name in encoders], "--out", out / "probes" / "summary")
+    _run("probe", "--compare", *rows, "--out", out / "probes" / "summary")
     step("PoS geometry between Stage 0 and Stage 1 (brady/normal/tachy nominal, noisy anomalous)")
     from ecgpos.demo.synthetic import RHYTHM_CLASSES
 
@@ -268,7 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ecgpos demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=user_path, default=Path("demo-out"), help="output folder (default ./demo-out)")
-    parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller corpus and fewer steps, no fine-tuning (under 3 min)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (0 or more)")
     return parser
 

@@ -44,6 +44,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     lora_alpha: float = 0.0  # LoRA scale alpha / r; 0: alpha = r (scale 1)
     lp_epochs: int = 10  # lp-ft: epochs of the linear-probe stage (then `epochs` of full fine-tuning)
+    head_init_std: float = 2e-5  # MAE's fine-tuning head init: the first steps leave the pretrained features be
 
     @property
     def lr(self) -> float:
@@ -113,7 +114,11 @@ def check_finetune_config(cfg: FinetuneConfig) -> None:
     o, a = cfg.optim, cfg.augment
     bad = [f"optim.{k}={getattr(o, k)}" for k in ("epochs", "batch_size") if getattr(o, k) < 1]
     bad += [f"optim.{k}={getattr(o, k)}" for k in ("base_lr", "grad_clip") if not getattr(o, k) > 0]
-    bad += [f"optim.{k}={getattr(o, k)}" for k in ("min_lr", "weight_decay", "lora_alpha") if getattr(o, k) < 0]
+    bad += [
+        f"optim.{k}={getattr(o, k)}"
+        for k in ("min_lr", "weight_decay", "lora_alpha", "head_init_std")
+        if getattr(o, k) < 0
+    ]
     bad += [f"optim.lp_epochs={o.lp_epochs}"] if o.lp_epochs < 1 else []
     bad += [f"optim.warmup_epochs={o.warmup_epochs}"] if o.warmup_epochs < 0 else []
     bad += [f"optim.{k}={getattr(o, k)}" for k in ("layer_decay",) if not 0 < getattr(o, k) <= 1]

@@ -13,8 +13,6 @@ from ecgpos.models.st_mem import TokenEncoder
 from probes.finetune.config import Mode, OptimConfig
 from probes.finetune.lora import add_lora
 
-HEAD_INIT_STD = 2e-5  # MAE's fine-tuning head init: the first steps do not disturb the pretrained features
-
 
 def bare_encoder(module: nn.Module) -> nn.Module:
     """The STMEMEncoder or NestedEncoder inside a loaded encoder (an export wraps it with its preprocessing)."""
@@ -37,11 +35,14 @@ def blocks(encoder: nn.Module) -> list[nn.Module]:
 class Classifier(nn.Module):
     """encoder.forward_features -> Linear head: (B, leads, window) -> logits (B, classes)."""
 
-    def __init__(self, encoder: nn.Module, num_classes: int) -> None:
+    def __init__(self, encoder: nn.Module, num_classes: int, head_init_std: float = 2e-5) -> None:
         super().__init__()
         self.encoder = encoder
         self.head = nn.Linear(encoder.width, num_classes)
-        nn.init.trunc_normal_(self.head.weight, std=HEAD_INIT_STD)
+        if head_init_std > 0:
+            nn.init.trunc_normal_(self.head.weight, std=head_init_std, a=-2 * head_init_std, b=2 * head_init_std)
+        else:
+            nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:

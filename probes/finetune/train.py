@@ -170,7 +170,7 @@ def train_classifier(
     """A fresh copy of `encoder` with a head, trained under `mode` (lp-ft: the head alone for lp_epochs, then
     everything from that head), selected on validation, then the test split scored once."""
     torch.manual_seed(seed)
-    model = Classifier(copy.deepcopy(bare_encoder(encoder)).train(), num_classes)
+    model = Classifier(copy.deepcopy(bare_encoder(encoder)).train(), num_classes, optim.head_init_std)
     args = (splits["train"], splits["val"], optim, aug, fs, window, (windows, windows), seed, acc)
     if mode.kind == "lp-ft":
         model, *_ = fit(model, Mode("top", 0), *args, optim.lp_epochs, eval_batch, label)
