@@ -44,7 +44,7 @@ def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
     (JSON {class: AUROC}). `protocol` says how the row's classifier was trained: `linear` (a probe on frozen
     features, the default of a row that names none) or `finetune-<mode>` (`ecgpos finetune`)."""
     frame = pd.DataFrame(list(rows), columns=RESULT_COLUMNS)
-    frame["protocol"] = frame["protocol"].fillna(LINEAR)
+    frame["protocol"] = frame["protocol"].astype(object).fillna(LINEAR)
     with atomic_path(out / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)
     return frame
@@ -60,7 +60,7 @@ def read_results(folder: Path) -> pd.DataFrame:
     frame[text] = frame[text].astype(object).fillna("")  # an all-empty column reads as float NaN
     if "protocol" not in frame.columns:  # written before fine-tuning rows existed: every row is a linear probe
         frame.insert(1, "protocol", LINEAR)
-    frame["protocol"] = frame["protocol"].fillna(LINEAR)
+    frame["protocol"] = frame["protocol"].astype(object).fillna(LINEAR)
     missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
     if missing:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")

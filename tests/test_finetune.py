@@ -147,3 +147,14 @@ def test_shipped_config_is_the_dataclass_defaults_and_bad_values_are_refused() -
     ):
         with pytest.raises(EcgposError):
             check_finetune_config(bad)
+
+
+def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> None:
+    from probes.report import RESULT_COLUMNS, read_results, write_results
+
+    row = {c: 0 for c in RESULT_COLUMNS} | {"encoder": "e", "task": "t", "note": "", "test_auroc": 0.7}
+    del row["protocol"]  # what `ecgpos probe` rows hold: no protocol of their own
+    frame = write_results([row], tmp_path)
+    assert list(frame["protocol"]) == ["linear"]
+    (tmp_path / "results.csv").write_text("encoder,task,fraction,seed,test_auroc\ne,t,1.0,0,0.7\n")  # an older file
+    assert list(read_results(tmp_path)["protocol"]) == ["linear"]
