@@ -33,6 +33,7 @@ from pathlib import Path
 
 from ecgpos.ecg.screening import ScreenPolicy
 from ecgpos.errors import EcgposError
+from ecgpos.export.hub import model_ref
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target
 from ecgpos.inference.inputs import open_source
@@ -76,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--run", required=True, type=user_path, help="Stage-0/Stage-1 run folder or export with decoders")
+    p.add_argument(
+        "--run", required=True, type=model_ref, help="Stage-0/Stage-1 run folder, export with decoders or hf://ORG/NAME"
+    )
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument(
         "--masks", type=int, default=8, help=f"fixed masks averaged per record (default 8, at most {MAX_MASKS})"
