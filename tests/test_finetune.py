@@ -138,10 +138,10 @@ def test_modes_parse_and_bad_ones_are_one_line() -> None:
 def test_shipped_config_is_the_dataclass_defaults_and_bad_values_are_refused() -> None:
     shipped = load_config(FinetuneConfig, config_path("finetune"))
     assert shipped == FinetuneConfig()
-    assert shipped.optim.lr == pytest.approx(1e-3 * 64 / 256)
+    assert shipped.tune.lr == pytest.approx(1e-3 * 64 / 256)
     check_finetune_config(shipped)
     for bad in (
-        dataclasses.replace(shipped, optim=dataclasses.replace(shipped.optim, layer_decay=0.0)),
+        dataclasses.replace(shipped, tune=dataclasses.replace(shipped.tune, layer_decay=0.0)),
         dataclasses.replace(shipped, augment=dataclasses.replace(shipped.augment, p_noise=1.5)),
         dataclasses.replace(shipped, fractions=(0.0,)),
     ):

@@ -38,7 +38,7 @@ def _finetune(capsys, shared_data: Path, out: Path, mode: str, *extra, seeds: in
 
 @pytest.mark.slow
 def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_path):
-    one_epoch = ["--epochs", "1", "--set", "optim.lp_epochs=1"]
+    one_epoch = ["--epochs", "1", "--set", "tune.lp_epochs=1"]
     for mode in ("full", "lora:2", "lp-ft"):
         results = _finetune(capsys, shared_data, tmp_path / mode.replace(":", ""), mode, *one_epoch, seeds=1)
         assert list(results["protocol"]) == [f"finetune-{mode}"] and (results["n_train"] == 124).all()
@@ -76,19 +76,22 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
 
 @pytest.mark.slow
 def test_top0_lands_within_the_bootstrap_interval_of_the_probe(capsys, shared_data, tmp_path):
-    """top:0 on the probe's optimiser (batch 16, lr 1e-3 constant, weight decay 1e-4) without augmentations
-    is a linear probe trained on crops: its seed mean lies in the probe's 95 % interval of the seed mean."""
+    """top:0 on the probe's optimiser (batch 16, lr 1e-3 constant, weight decay 1e-4) and its head init scale,
+    without augmentations, is a linear probe trained on crops: its seed mean lies in the probe's 95 % interval
+    of the seed mean. (At the fine-tuning head init, 2e-5, it scores higher on these 29 test records: the
+    probe's larger initial weights are not trained away in 10 epochs on 124 records.)"""
     probe = [*_data(shared_data), "--fractions", "100", "--seeds", "2", "--epochs", "10", "--bootstrap", "500"]
     rc, _, err = run(capsys, "probe", "--encoder", NESTED, *probe, "--out", tmp_path / "probe")
     assert rc == 0, err
     linear = pd.read_csv(tmp_path / "probe" / "results.csv")
     as_probe = [
         "--epochs=10",
-        "--set=optim.batch_size=16",
-        "--set=optim.base_lr=0.016",  # lr 1e-3 at batch 16
-        "--set=optim.min_lr=0.001",  # no decay: the probe's lr is constant over 10 epochs
-        "--set=optim.warmup_epochs=0",
-        "--set=optim.weight_decay=0.0001",
+        "--set=tune.batch_size=16",
+        "--set=tune.base_lr=0.016",  # lr 1e-3 at batch 16
+        "--set=tune.min_lr=0.001",  # no decay: the probe's lr is constant over 10 epochs
+        "--set=tune.warmup_epochs=0",
+        "--set=tune.weight_decay=0.0001",
+        "--set=tune.head_init_std=0.0722",  # the std of nn.Linear's U(+-1/sqrt(64)) init, as the probe's
     ]
     top0 = _finetune(capsys, shared_data, tmp_path / "top0", "top:0", *as_probe, *NO_AUGMENT)
     low, high = linear["mean_auroc_low"].iloc[0], linear["mean_auroc_high"].iloc[0]

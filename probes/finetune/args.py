@@ -23,7 +23,7 @@ and 95 % bootstrap intervals. --mode:
            top:0 is a linear probe trained with crops and augmentations
   lora:R   rank-R adapters on every block's attention and MLP projections, and the head; merged into
            the weights afterwards
-  lp-ft    the head alone first (optim.lp_epochs), then everything from that head (Kumar et al. 2022)
+  lp-ft    the head alone first (tune.lp_epochs), then everything from that head (Kumar et al. 2022)
 Each step trains on a random window of every record plus augmentations (augment.*); validation and
 test average each record's windows as the probes do. Each seed keeps its epoch of best validation
 macro-AUROC; the test split is scored once, with that epoch's weights.
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--config", default="finetune", help="YAML with FinetuneConfig keys, or a shipped name (default finetune)"
     )
-    add_set_option(p, "a FinetuneConfig key", "optim.epochs=5 or --set augment.p_noise=0")
+    add_set_option(p, "a FinetuneConfig key", "tune.epochs=5 or --set augment.p_noise=0")
     p.add_argument("--fractions", help="label fractions in percent, e.g. 1,10,100 (default: 1,10,100)")
     p.add_argument("--seeds", type=int, help="seeds per classifier, 0..N-1 (default 5)")
     p.add_argument("--epochs", type=int, help="epochs of fine-tuning (default 10)")
@@ -81,7 +81,7 @@ def finetune_config(args: argparse.Namespace) -> FinetuneConfig:
     overrides = list(args.overrides)
     if args.fractions is not None:
         overrides.append(f"fractions=[{','.join(fractions_from_percent(args.fractions))}]")
-    for flag, key in ((args.seeds, "seeds"), (args.epochs, "optim.epochs")):
+    for flag, key in ((args.seeds, "seeds"), (args.epochs, "tune.epochs")):
         if flag is not None:
             overrides.append(f"{key}={flag}")
     if args.device is not None:

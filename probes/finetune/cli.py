@@ -192,7 +192,7 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
         len(task.classes),
         mode,
         splits,
-        cfg.optim,
+        cfg.tune,
         cfg.augment,
         enc.spec.fs,
         enc.spec.window,

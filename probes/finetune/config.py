@@ -55,7 +55,7 @@ class OptimConfig:
 class FinetuneConfig:
     """Fine-tuning settings; the data keys (fractions, seeds, records, windows) are the probe's."""
 
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    tune: OptimConfig = field(default_factory=OptimConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
     seeds: int = 5
@@ -111,19 +111,19 @@ def parse_mode(text: str) -> Mode:
 def check_finetune_config(cfg: FinetuneConfig) -> None:
     """One line for settings that would crash later or train the wrong way silently."""
     check_probe_config(cfg.probe_view())
-    o, a = cfg.optim, cfg.augment
-    bad = [f"optim.{k}={getattr(o, k)}" for k in ("epochs", "batch_size") if getattr(o, k) < 1]
-    bad += [f"optim.{k}={getattr(o, k)}" for k in ("base_lr", "grad_clip") if not getattr(o, k) > 0]
+    o, a = cfg.tune, cfg.augment
+    bad = [f"tune.{k}={getattr(o, k)}" for k in ("epochs", "batch_size") if getattr(o, k) < 1]
+    bad += [f"tune.{k}={getattr(o, k)}" for k in ("base_lr", "grad_clip") if not getattr(o, k) > 0]
     bad += [
-        f"optim.{k}={getattr(o, k)}"
+        f"tune.{k}={getattr(o, k)}"
         for k in ("min_lr", "weight_decay", "lora_alpha", "head_init_std")
         if getattr(o, k) < 0
     ]
-    bad += [f"optim.lp_epochs={o.lp_epochs}"] if o.lp_epochs < 1 else []
-    bad += [f"optim.warmup_epochs={o.warmup_epochs}"] if o.warmup_epochs < 0 else []
-    bad += [f"optim.{k}={getattr(o, k)}" for k in ("layer_decay",) if not 0 < getattr(o, k) <= 1]
-    bad += [f"optim.drop_path={o.drop_path}"] if not 0 <= o.drop_path < 1 else []
-    bad += [f"optim.betas={list(o.betas)}"] if not all(0 <= b < 1 for b in o.betas) else []
+    bad += [f"tune.lp_epochs={o.lp_epochs}"] if o.lp_epochs < 1 else []
+    bad += [f"tune.warmup_epochs={o.warmup_epochs}"] if o.warmup_epochs < 0 else []
+    bad += [f"tune.{k}={getattr(o, k)}" for k in ("layer_decay",) if not 0 < getattr(o, k) <= 1]
+    bad += [f"tune.drop_path={o.drop_path}"] if not 0 <= o.drop_path < 1 else []
+    bad += [f"tune.betas={list(o.betas)}"] if not all(0 <= b < 1 for b in o.betas) else []
     bad += [f"augment.{k}={v}" for k, v in vars(a).items() if k.startswith("p_") and not 0 <= v <= 1]
     bad += [f"augment.{k}={v}" for k, v in vars(a).items() if not k.startswith("p_") and v < 0]
     bad += [f"eval_batch_size={cfg.eval_batch_size}"] if cfg.eval_batch_size < 1 else []

@@ -18,7 +18,7 @@ def finetune_protocol(cfg: FinetuneConfig, mode: Mode) -> dict:
     (the optimiser and augmentations as one line each: beside a linear probe every one of them differs)."""
     flat = {
         "fine-tuning": mode.protocol,
-        "fine-tuning optim": json.dumps(to_dict(cfg.optim)),
+        "fine-tuning optimiser": json.dumps(to_dict(cfg.tune)),
         "fine-tuning augment": json.dumps(to_dict(cfg.augment)),
     }
     keys = ("seeds", "ptbxl_records", "windows_ptbxl", "windows_cpsc2018", "windows_csn", "windows_custom")
@@ -29,7 +29,7 @@ def _trains(mode: Mode) -> str:
     if mode.kind == "full":
         return "every parameter of every level trains"
     if mode.kind == "lp-ft":
-        return "the head alone first (linear probe, optim.lp_epochs epochs), then every parameter from that head"
+        return "the head alone first (linear probe, tune.lp_epochs epochs), then every parameter from that head"
     if mode.kind == "lora":
         return (
             f"rank-{mode.k} adapters on each block's attention (qkv, proj) and MLP (fc1, fc2) projections and the "
@@ -41,7 +41,7 @@ def _trains(mode: Mode) -> str:
 
 
 def protocol_markdown(cfg: FinetuneConfig, mode: Mode, tasks: Sequence[str], spec: PreprocessSpec) -> str:
-    o, a = cfg.optim, cfg.augment
+    o, a = cfg.tune, cfg.augment
     datasets = dict.fromkeys(TASKS[t].dataset if t in TASKS else "custom" for t in tasks)
     windows = ", ".join(f"{d} {task_windows(cfg.probe_view(), d)}" for d in datasets)
     return "\n".join(
