@@ -173,7 +173,7 @@ def train_classifier(
     model = Classifier(copy.deepcopy(bare_encoder(encoder)).train(), num_classes, optim.head_init_std)
     args = (splits["train"], splits["val"], optim, aug, fs, window, (windows, windows), seed, acc)
     if mode.kind == "lp-ft":
-        model, *_ = fit(model, Mode("top", 0), *args, tune.lp_epochs, eval_batch, label)
+        model, *_ = fit(model, Mode("top", 0), *args, optim.lp_epochs, eval_batch, label)
         model, best_epoch, val_auroc, val_scores = fit(model, Mode("full"), *args, optim.epochs, eval_batch, label)
     else:
         model, best_epoch, val_auroc, val_scores = fit(model, mode, *args, optim.epochs, eval_batch, label)
@@ -181,7 +181,7 @@ def train_classifier(
     model.requires_grad_(False).eval()
     test_scores = record_logits(model, splits["test"], window, windows, eval_batch, acc.device, acc)
     model.cpu()
-    epochs = optim.epochs + (tune.lp_epochs if mode.kind == "lp-ft" else 0)
+    epochs = optim.epochs + (optim.lp_epochs if mode.kind == "lp-ft" else 0)
     return Trained(model, best_epoch, val_auroc, val_scores, test_scores, epochs)
 
 
