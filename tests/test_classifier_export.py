@@ -247,3 +247,22 @@ def test_predict_needs_no_package_of_the_train_extra(classifier: Path, real_reco
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sklearn" in blocked and len(out.read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_a_real_finetune_folder_exports_and_predicts_cpsc2018(
+    shared_data: Path, cpsc_records: Path, tmp_path: Path
+) -> None:
+    """`ecgpos finetune` -> `ecgpos export --classifier` -> `ecgpos verify` -> `ecgpos predict`, as the README shows."""
+    out, model = tmp_path / "finetune", tmp_path / "classifier"
+    finetune = ["finetune", "--encoder", f"random:{ROOT / 'configs/tiny/stage0.yaml'}", "--task", "cpsc2018"]
+    finetune += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--mode", "top:1"]
+    assert cli(*finetune, "--fractions", "100", "--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--out", out) == 0
+    assert cli("export", "--classifier", out, "--seed", "0", "--out", model) == 0
+    assert cli("verify", model) == 0
+    predictions = tmp_path / "predictions.csv"
+    assert cli("predict", "--model", model, "--input", cpsc_records, "--out", predictions, "--no-progress") == 0
+    labels = json.loads((model / "config.json").read_text())["labels"]
+    rows = list(csv.DictReader(predictions.open()))
+    assert len(rows) == 13 and len(labels) == 9 and f"{labels[0]}_flag" in rows[0]
+    assert (tmp_path / "predictions.skipped.csv").read_text().splitlines()[1].startswith("feb2020/A0003,")
