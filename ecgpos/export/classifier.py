@@ -164,7 +164,3 @@ def head_module(head_state: Mapping[str, torch.Tensor], num_labels: int, width: 
     head = nn.Linear(width, num_labels)
     head.load_state_dict({"weight": weight.float(), "bias": bias.float()}, strict=True)
     return head.eval()
-
-
-def is_classifier_config(config: Mapping[str, Any]) -> bool:
-    return config.get("format") == CLASSIFIER_FORMAT

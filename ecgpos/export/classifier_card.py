@@ -72,6 +72,8 @@ model = ecgpos.load_classifier("path/to/this/folder")            # eval mode, we
 probabilities = model.predict_proba(signal_mV, fs=500, leads=lead_names)
 flags = model.flags(probabilities)                             # in the order of model.labels
 ```
+Uploaded to the Hugging Face Hub as it is (`huggingface-cli upload ORG/NAME DIR .`), the folder loads as
+`hf://ORG/NAME` wherever a path is taken (`--model`, `ecgpos.load_classifier`), hash-checked as here.
 Records are screened and preprocessed exactly as `ecgpos embed` does (band-pass
 {spec["highpass_hz"]}-{spec["lowpass_hz"]} Hz, per-{spec["standardise"]} z-score, {spec["fs"]} Hz, windows of
 {spec["window"]} samples); a record's probabilities come from the mean over its windows
@@ -92,7 +94,7 @@ resamples of the {test.get("bootstrap_unit", "record")}s); macro AUROC {_fmt(tes
 - Pretrained encoder: {source_text or "?"}
 
 ## Files
-- `model.safetensors`: encoder (`encoder.*`) and head (`head.*`) weights; sha256 of the tensors
+- `model.safetensors`: the encoder's weights and the head's (`head.weight`, `head.bias`); sha256 of the tensors
   `{config["weights_sha256"]}`.
 - `config.json`: architecture, preprocessing, labels, head, thresholds, test results.
 - `test_vectors.npz`: deterministic inputs with expected features and probabilities.
