@@ -43,6 +43,12 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
         results = _finetune(capsys, shared_data, tmp_path / mode.replace(":", ""), mode, *one_epoch, seeds=1)
         assert list(results["protocol"]) == [f"finetune-{mode}"] and (results["n_train"] == 124).all()
         assert results["test_auroc_low"].notna().all() and set(results["bootstrap_unit"]) == {"patient"}
+    first = pd.read_csv(tmp_path / "full" / "results.csv")
+    rerun = [*_data(shared_data), "--fractions", "100", "--seeds", "1", "--bootstrap", "200", *one_epoch]
+    rc, out, err = run(capsys, "finetune", "--encoder", NESTED, *rerun, "--out", tmp_path / "full")
+    assert rc == 0, err
+    assert "seed 0: reusing" in out  # a rerun (an interrupted run's too) trains only what has no model folder
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "full" / "results.csv"), first)
     probe = [*_data(shared_data), "--fractions", "100", "--seeds", "1", "--epochs", "2", "--bootstrap", "200"]
     rc, _, err = run(capsys, "probe", "--encoder", NESTED, *probe, "--out", tmp_path / "probe")
     assert rc == 0, err

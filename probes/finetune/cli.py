@@ -25,7 +25,7 @@ from probes.datasets import check_records
 from probes.encoder import load_probe_encoder
 from probes.finetune.args import build_parser, finetune_config
 from probes.finetune.config import FinetuneConfig, Mode, parse_mode
-from probes.finetune.outputs import model_dir, write_model
+from probes.finetune.outputs import model_dir, stored_model, training_key, write_model
 from probes.finetune.records import load_task
 from probes.finetune.report import finetune_protocol, protocol_markdown
 from probes.finetune.train import Split, class_aurocs, train_classifier
@@ -186,61 +186,78 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
         note = "no " + "/".join(empty) + " rows"
         return dict(base, best_epoch=nan, val_auroc=nan, test_auroc=nan, excluded_val="", excluded_test="",
                     test_auroc_per_class="{}", note=note)  # fmt: skip
-    splits = {"train": train, **evals}
-    trained = train_classifier(
-        enc.module,
-        len(task.classes),
-        mode,
-        splits,
-        cfg.tune,
-        cfg.augment,
-        enc.spec.fs,
-        enc.spec.window,
-        windows,
-        seed,
-        acc,
-        cfg.eval_batch_size,
-        f"{task.name} {fraction:g}",
+    folder = model_dir(args.out, task.name, fraction, seed)
+    key = training_key(
+        settings={k: v for k, v in to_dict(cfg).items() if k not in ("fractions", "seeds", "device")},
+        mode=mode.protocol,
+        encoder=source["weights_sha256"],
+        spec=enc.spec.to_dict(),
+        records=[(s.keys, np.asarray(s.labels).tolist()) for s in (train, evals["val"], evals["test"])],
+        seed=seed,
     )
+    stored = stored_model(folder, key)
+    if stored is not None:  # an interrupted or repeated run: this seed was trained under the same settings
+        print(f"{task.name} {fraction:g} seed {seed}: reusing {folder} (trained under the same settings)")
+        meta, val_scores, test_scores = stored
+        best_epoch, val_auroc, model = meta["selected_epoch"], meta["val_macro_auroc"], None
+    else:
+        trained = train_classifier(
+            enc.module,
+            len(task.classes),
+            mode,
+            {"train": train, **evals},
+            cfg.tune,
+            cfg.augment,
+            enc.spec.fs,
+            enc.spec.window,
+            windows,
+            seed,
+            acc,
+            cfg.eval_batch_size,
+            f"{task.name} {fraction:g}",
+        )
+        best_epoch, val_auroc, model = trained.best_epoch, trained.val_auroc, trained.model
+        val_scores, test_scores = trained.val_scores, trained.test_scores
     classes = list(task.classes)
-    excluded_val, _ = class_aurocs(evals["val"].labels, trained.val_scores, classes)
-    excluded_test, per_class = class_aurocs(evals["test"].labels, trained.test_scores, classes)
+    excluded_val, _ = class_aurocs(evals["val"].labels, val_scores, classes)
+    excluded_test, per_class = class_aurocs(evals["test"].labels, test_scores, classes)
     test_auroc = float(np.mean(list(per_class.values()))) if per_class else float("nan")
     absent = [c for c, k in zip(classes, train.labels.sum(0)) if k == 0]
     notes = [f"no positive training example: {' '.join(absent)}"] if absent else []
     if len(excluded_val) == len(classes):
         notes.append("no val class has positives and negatives: epoch 1 reported, no selection")
-    if acc.is_main_process:
+    if acc.is_main_process and model is not None:
         info = {
             "labels": classes,
             "task": task.name,
             "fraction": fraction,
             "seed": seed,
             "protocol": mode.protocol,
-            "selected_epoch": trained.best_epoch,
-            "val_macro_auroc": trained.val_auroc,
+            "selected_epoch": best_epoch,
+            "val_macro_auroc": val_auroc,
             "test_macro_auroc": test_auroc,
             "windows": windows,
             "encoder_source": source,
+            "training_key": key,
         }
         val, test = evals["val"], evals["test"]
         write_model(
-            model_dir(args.out, task.name, fraction, seed),
-            trained.model,
+            folder,
+            model,
             enc.spec,
             info,
-            (val.labels, trained.val_scores, val.keys),
-            (test.labels, trained.test_scores, test.keys),
+            (val.labels, val_scores, val.keys),
+            (test.labels, test_scores, test.keys),
         )
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return dict(
         base,
-        best_epoch=trained.best_epoch,
-        val_auroc=trained.val_auroc,
+        best_epoch=best_epoch,
+        val_auroc=val_auroc,
         test_auroc=test_auroc,
         excluded_val=" ".join(excluded_val),
         excluded_test=" ".join(excluded_test),
         test_auroc_per_class=json.dumps(per_class),
         note="; ".join(notes),
-        scores=trained.test_scores,
+        scores=test_scores,
     )
