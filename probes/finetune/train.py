@@ -96,7 +96,7 @@ def fit(
     aug: AugmentConfig,
     fs: float,
     window: int,
-    windows: tuple[int, int],
+    windows: int,
     seed: int,
     acc,
     epochs: int,
@@ -104,15 +104,17 @@ def fit(
     label: str = "",
 ) -> tuple[Classifier, int, float, np.ndarray]:
     """Train `model` under `mode` for `epochs`; the state of the best validation macro-AUROC epoch is loaded
-    back (epoch 1 when no epoch has a finite one). Returns (model, best epoch 1-based, its val AUROC, its
-    val logits). Every process draws the same permutation and takes its share of each batch."""
+        back (epoch 1 when no epoch has a finite one). Returns (model, best epoch 1-based, its val AUROC, its
+        val logits). Every process draws the same permutation (one generator for the order) and takes its share of
+    each batch, with crops and augmentations of its own (generators seeded with its index)."""
     prepare_mode(model, mode, optim)
     device = acc.device
     model.to(device)
     optimizer = torch.optim.AdamW(param_groups(model, optim), lr=optim.lr, betas=optim.betas)
     wrapped, optimizer = acc.prepare(model, optimizer)
-    rng = np.random.default_rng([seed, 1])
-    generator = torch.Generator(device=device).manual_seed(int(rng.integers(2**62)))
+    order = np.random.default_rng([seed, 1])
+    crops = np.random.default_rng([seed, 2, acc.process_index])
+    generator = torch.Generator(device=device).manual_seed(int(crops.integers(2**62)))
     steps_per_epoch = -(-len(train.keys) // optim.batch_size)
     schedule = _schedule(optim, epochs, steps_per_epoch, min(optim.warmup_epochs, epochs))  # a short run: all warm-up
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -125,11 +127,11 @@ def fit(
         model.train()
         if frozen:
             model.encoder.eval()
-        for rows in _batches(len(train.keys), optim.batch_size, rng):
+        for rows in _batches(len(train.keys), optim.batch_size, order):
             mine = rows[acc.process_index :: acc.num_processes]
             if not len(mine):
                 mine = rows[:1]  # a batch smaller than the process count: every process must step
-            x = np.stack([random_crop(train.signals[i], window, rng) for i in mine])
+            x = np.stack([random_crop(train.signals[i], window, crops) for i in mine])
             batch = augment(torch.from_numpy(x).to(device), aug, fs, generator)
             target = torch.from_numpy(train.labels[mine].astype(np.float32)).to(device)
             for group in optimizer.param_groups:
@@ -141,7 +143,7 @@ def fit(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
-        scores = record_logits(model, val, window, windows[0], eval_batch, device, acc)
+        scores = record_logits(model, val, window, windows, eval_batch, device, acc)
         auroc = macro_auroc(val.labels, scores)
         bar.set_postfix(val_auroc=f"{auroc:.3f}")
         if auroc > best[0] or best[2] is None:
@@ -171,7 +173,7 @@ def train_classifier(
     everything from that head), selected on validation, then the test split scored once."""
     torch.manual_seed(seed)
     model = Classifier(copy.deepcopy(bare_encoder(encoder)).train(), num_classes, optim.head_init_std)
-    args = (splits["train"], splits["val"], optim, aug, fs, window, (windows, windows), seed, acc)
+    args = (splits["train"], splits["val"], optim, aug, fs, window, windows, seed, acc)
     if mode.kind == "lp-ft":
         model, *_ = fit(model, Mode("top", 0), *args, optim.lp_epochs, eval_batch, label)
         model, best_epoch, val_auroc, val_scores = fit(model, Mode("full"), *args, optim.epochs, eval_batch, label)
