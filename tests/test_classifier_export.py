@@ -180,6 +180,11 @@ def test_hub_references_load_from_an_offline_cache(
         err = capsys.readouterr().err
         assert why in err and "HF_HUB_OFFLINE is set" in err and len(err.strip().splitlines()) == 1
     assert cli("verify", "hf://ecg-lab/tiny-encoder") == 0
+    # what probe, finetune and geometry resolve --encoder with
+    from ecgpos.inference.resolve import resolve_encoder
+
+    loaded = resolve_encoder("hf://ecg-lab/tiny-encoder@main")
+    assert loaded.source == "hf://ecg-lab/tiny-encoder@main" and loaded.arch == finetuned["encoder"].arch
     model = ecgpos.load_classifier(f"hf://ecg-lab/tiny-classifier@{commit}")
     assert (
         model.labels == ["SB", "AFIB", "SR"]
