@@ -141,8 +141,10 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     out and other notes."""
     seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
     span = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    kinds = set(frame["protocol"].astype(str) == LINEAR) if "protocol" in frame.columns else {True}
+    title = {frozenset({True}): "Linear-probe", frozenset({False}): "Fine-tuning"}.get(frozenset(kinds))
     parts = [
-        "# Linear-probe test macro-AUROC",
+        f"# {title or 'Fine-tuning and linear-probe'} test macro-AUROC",
         "",
         f"Mean ± population std (ddof 0) over {span} seed(s) "
         "of the test macro-AUROC at the epoch with the best validation macro-AUROC.",
