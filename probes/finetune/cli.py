@@ -249,7 +249,8 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
             (val.labels, val_scores, val.keys),
             (test.labels, test_scores, test.keys),
         )
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():  # the next seed's fresh copy of the encoder starts from free memory
+        torch.cuda.empty_cache()
     return dict(
         base,
         best_epoch=best_epoch,
