@@ -17,8 +17,10 @@ from probes.intervals import INTERVAL_COLUMNS
 from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
 from probes.tasks import TASKS, read_table, task_label
 
+LINEAR = "linear"  # the `protocol` of a linear-probe row
 RESULT_COLUMNS = [
     "encoder",
+    "protocol",
     "task",
     "fraction",
     "seed",
@@ -40,8 +42,10 @@ def write_results(rows: Sequence[dict], out: Path) -> pd.DataFrame:
     """results.csv: encoder, task, fraction, seed, best_epoch (1-based), val/test macro-AUROC, the 95 %
     bootstrap interval of this seed's test AUROC and of the seed mean (the same in every seed's row),
     resamples (0: no bootstrap), split sizes, classes left out of val/test AUROC, per-class test AUROC
-    (JSON {class: AUROC})."""
+    (JSON {class: AUROC}). `protocol` says how the row's classifier was trained: `linear` (a probe on frozen
+    features, the default of a row that names none) or `finetune-<mode>` (`ecgpos finetune`)."""
     frame = pd.DataFrame(list(rows), columns=RESULT_COLUMNS)
+    frame["protocol"] = frame["protocol"].astype(object).fillna(LINEAR)
     with atomic_path(out / "results.csv") as tmp:
         frame.to_csv(tmp, index=False)
     return frame
@@ -56,6 +60,9 @@ def read_results(folder: Path) -> pd.DataFrame:
     frame = read_table(path, keep_default_na=True)
     text = [c for c in ("excluded_val", "excluded_test", "note") if c in frame.columns]
     frame[text] = frame[text].astype(object).fillna("")  # an all-empty column reads as float NaN
+    if "protocol" not in frame.columns:  # written before fine-tuning rows existed: every row is a linear probe
+        frame.insert(1, "protocol", LINEAR)
+    frame["protocol"] = frame["protocol"].astype(object).fillna(LINEAR)
     missing = [c for c in ("encoder", "task", "fraction", "seed", "test_auroc") if c not in frame.columns]
     if missing:
         raise EcgposError(f"{path}: missing column(s) {', '.join(missing)}")
@@ -154,8 +161,10 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     out and other notes."""
     seeds = frame.groupby(["encoder", "task", "fraction"])["seed"].nunique()
     span = f"{seeds.min()}" if seeds.min() == seeds.max() else f"{seeds.min()}-{seeds.max()}"
+    kinds = set(frame["protocol"].astype(str) == LINEAR) if "protocol" in frame.columns else {True}
+    title = {frozenset({True}): "Linear-probe", frozenset({False}): "Fine-tuning"}.get(frozenset(kinds))
     parts = [
-        "# Linear-probe test macro-AUROC",
+        f"# {title or 'Fine-tuning and linear-probe'} test macro-AUROC",
         "",
         f"Mean ± population std (ddof 0) over {span} seed(s) "
         "of the test macro-AUROC at the epoch with the best validation macro-AUROC.",

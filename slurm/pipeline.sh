@@ -57,7 +57,7 @@ ecgpos_require_int ECGPOS_GPUS_PER_NODE 0
 export ECGPOS_PROBE_TASKS ECGPOS_SHARDS ECGPOS_RUNS ECGPOS_PROBES ECGPOS_EXPORT HDF5_USE_FILE_LOCKING
 
 # --- settings are checked here, before anything is submitted: one line naming the variable, exit 2 ---------
-STEPS="preprocess check ${STAGE_STEPS}probe merge export"
+STEPS="preprocess check ${STAGE_STEPS}probe merge finetune export"
 TOP=$(( ${#LEVELS[@]} - 1 ))
 read -r -a _steps <<< "$ECGPOS_STEPS"
 [ "${#_steps[@]}" -gt 0 ] || ecgpos_die "ECGPOS_STEPS is empty (steps: $STEPS)"
@@ -258,6 +258,11 @@ if wants merge; then
     submit merge "${after[*]}" --job-name=ecgpos-probe-merge "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
         "$HERE/probe.sbatch" merge
     after=("$id")
+fi
+if wants finetune; then   # not a default step: add it to ECGPOS_STEPS (slurm/finetune.sbatch's settings)
+    # shellcheck disable=SC2046
+    submit finetune "${after[*]}" --job-name=ecgpos-finetune "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \
+        --nodes="$ECGPOS_NODES" $(gres "$ECGPOS_GPUS_PER_NODE") "$HERE/finetune.sbatch"
 fi
 if wants export; then
     submit export "${after[*]}" --job-name=ecgpos-export "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \

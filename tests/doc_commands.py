@@ -30,10 +30,12 @@ CLI_MODULES = {
     "score": "ecgpos.cli.score",
     "carve": "ecgpos.cli.carve",
     "demo": "ecgpos.demo.demo",
+    "predict": "ecgpos.cli.predict",
+    "finetune": "probes.finetune.args",
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
 DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.cli")
-BENCH_SCRIPTS = ("loader", "preprocess", "probe", "scale", "train_step")
+BENCH_SCRIPTS = ("loader", "predict", "preprocess", "probe", "scale", "train_step")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 
 
@@ -94,11 +96,30 @@ def model_card() -> str:
     return render_card(config)
 
 
+def classifier_card() -> str:
+    """The README.md that `ecgpos export --classifier` writes, with ONNX."""
+    from ecgpos.ecg.spec import DEFAULT_SPEC
+    from ecgpos.export.classifier_card import render_classifier_card
+
+    config = {
+        "preprocess": dataclasses.asdict(DEFAULT_SPEC),
+        "arch": {"kind": "stage0", "encoder": {"width": 768}},
+        "labels": ["AFIB", "NORM"],
+        "thresholds": {"rule": "max F1", "values": {"AFIB": 0.4, "NORM": 0.6}},
+        "test": {"per_label": {"AFIB": {"auroc": 0.9, "low": 0.85, "high": 0.95, "positives": 10}}},
+        "training": {"task": "cpsc2018", "protocol": "finetune-full"},
+        "weights_sha256": "0" * 64,
+        "onnx": {"file": "classifier.onnx", "opset": 18, "input": "ecg", "output": "probabilities"},
+    }
+    return render_classifier_card(config)
+
+
 def text_sources(parsers: dict[str, object]) -> Iterator[tuple[str, str, bool]]:
     """(name, text, is_markdown) of every piece of documentation."""
     for path in markdown_files():
         yield str(path.relative_to(ROOT)), path.read_text(), True
     yield "model card (ecgpos/export/card.py)", model_card(), True
+    yield "classifier card (ecgpos/export/classifier_card.py)", classifier_card(), True
     for path in sorted([*ROOT.glob("slurm/*.sbatch"), *ROOT.glob("slurm/*.sh"), *ROOT.glob("bench/*.sh")]):
         lines = path.read_text().splitlines()
         comments = [

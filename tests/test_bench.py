@@ -86,6 +86,35 @@ def test_train_step_bench_compiles_the_step_as_one_graph() -> None:
     assert fields["compile"] == "True" and fields["graphs"] == "1" and float(fields["first_step_s"]) > 0
 
 
+@pytest.mark.slow
+def test_predict_bench_prints_records_per_s_last(shared_data: Path) -> None:  # it predicts the sample records
+    lines = run_bench(
+        "predict.py", "--config", str(ROOT / "configs/tiny/stage0.yaml"), "--records", "4", "--batch", "2",
+        "--threads", "1",
+    )  # fmt: skip
+    pattern = r"predict: \d+\.\d records/s end to end; classifier alone torch \d+\.\d, onnxruntime \d+\.\d records/s"
+    assert re.fullmatch(pattern + r" \(\d+\.\d\dx\)", lines[-1]), lines[-1]
+
+
+@pytest.mark.slow
+def test_finetune_bench_prints_its_ratio_to_pretraining_last() -> None:
+    lines = run_bench(
+        "finetune.py",
+        "--config",
+        str(ROOT / "configs/tiny/stage0.yaml"),
+        "--batch",
+        "4",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+    )
+    assert re.fullmatch(r"finetune/pretrain samples/s: \d+\.\d\dx \(FLOP/s: \d+\.\d\dx; .*\)", lines[-1]), lines[-1]
+    assert any(line.startswith("finetune: step") for line in lines) and any(
+        line.startswith("pretrain:") for line in lines
+    )
+
+
 def test_loader_bench_prints_samples_per_s_last(arrhythmia_shards: Path) -> None:
     lines = run_bench(
         "loader.py",

@@ -55,6 +55,7 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     assert results["test_auroc"].between(0, 1).all()
     assert (out / "probes" / "summary" / "summary.png").stat().st_size > 1000
     assert "random-init" in proc.stdout and "level1" in proc.stdout
+    assert "--quick: fine-tuning skipped" in proc.stdout  # the full demo adds a fine-tuned row of the top level
 
     # Geometry between the levels and the per-level anomaly AUROCs were computed and printed.
     metrics = pd.read_csv(out / "runs" / "geometry" / "level1" / "metrics.csv")

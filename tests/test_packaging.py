@@ -19,7 +19,7 @@ from ecgpos.resources import config_dir, config_path, shipped_configs
 from ecgpos.runs.run_config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {"stage0", "stage1", "stmem12", "tiny/stage0", "tiny/stage1"}
+SHIPPED = {"finetune", "stage0", "stage1", "stmem12", "tiny/stage0", "tiny/stage1"}
 
 
 @pytest.fixture(scope="module")

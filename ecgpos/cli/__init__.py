@@ -1,5 +1,6 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
-(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.cli, probes.geometry_cli, ecgpos.demo.demo)."""
+(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.cli, probes.finetune.cli, probes.geometry_cli,
+ecgpos.demo.demo)."""
 
 from __future__ import annotations
 
@@ -26,9 +27,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate",
     ),
     "probe": ("probes.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
+    "finetune": (
+        "probes.finetune.cli",
+        "fine-tune the encoder on the probe tasks: full, top:K blocks, lora:R or lp-ft",
+    ),
     "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
     "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
-    "verify": ("ecgpos.cli.verify", "check an exported encoder against its test vectors"),
+    "verify": ("ecgpos.cli.verify", "check an exported encoder or classifier against its test vectors"),
+    "predict": ("ecgpos.cli.predict", "each label's probability and flag for WFDB records, shards or .npy arrays"),
     "geometry": ("probes.geometry_cli", "PoS representation dynamics between two levels, and the carving criterion"),
     "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
     "carve": ("ecgpos.cli.carve", "carve level after level until the push-margin criterion says stop"),
@@ -43,6 +49,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "preprocess": ("h5py", "pandas"),
     "pretrain": ("accelerate", "h5py", "matplotlib"),
     "probe": ("sklearn", "pandas", "h5py", "matplotlib"),
+    "finetune": ("accelerate", "sklearn", "pandas", "h5py", "matplotlib"),
     "geometry": ("sklearn", "pandas", "matplotlib"),
     "carve": ("accelerate", "h5py", "matplotlib"),
     "demo": ("neurokit2", "accelerate", "h5py", "pandas", "sklearn", "matplotlib"),

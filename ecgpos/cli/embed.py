@@ -37,6 +37,7 @@ import numpy as np
 
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS, ScreenPolicy
 from ecgpos.errors import EcgposError
+from ecgpos.export.hub import model_ref
 from ecgpos.export.load import load_encoder
 from ecgpos.extras import require
 from ecgpos.files import user_path
@@ -57,16 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecgpos embed", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--encoder", required=True, type=user_path, help="export folder (ecgpos export)")
-    parser.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
+    parser.add_argument(
+        "--encoder", required=True, type=model_ref, help="export folder (ecgpos export) or hf://ORG/NAME"
+    )
     parser.add_argument("--out", required=True, type=user_path, help=f"output file {'/'.join(OUTPUT_SUFFIXES)}")
+    add_record_options(parser)
+    return parser
+
+
+def add_record_options(parser: argparse.ArgumentParser, windows_default: str = "1: the centre window") -> None:
+    """The options that say which records are read and how: shared by `ecgpos embed` and `ecgpos predict`
+    (whose --num-windows defaults to None: the model's own, `windows_default` says so)."""
+    parser.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     parser.add_argument("--fs", type=float, default=None, help="sampling rate of a .npy input (Hz)")
     parser.add_argument("--leads", default=None, help="comma-separated lead names of a .npy input's rows")
     parser.add_argument(
         "--num-windows",
         type=int,
-        default=DEFAULT_NUM_WINDOWS,
-        help="windows per record, spread evenly and averaged (default 1: the centre window); "
+        default=DEFAULT_NUM_WINDOWS if windows_default.startswith("1:") else None,
+        help=f"windows per record, spread evenly and averaged (default {windows_default}); "
         "over the centre 300 s of a longer record",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
@@ -99,7 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when any record was skipped")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return parser
+
+
+def record_policy(args: argparse.Namespace) -> ScreenPolicy:
+    """The record options checked (one line each) and their screening policy."""
+    if (args.num_windows is not None and args.num_windows < 1) or args.batch_size < 1:
+        raise EcgposError("--num-windows and --batch-size must be at least 1")
+    if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
+        raise EcgposError(f"--input {args.input} does not exist")
+    return ScreenPolicy(  # ConfigError if bad
+        pad_short=args.pad_short,
+        max_dead_leads=args.max_dead_leads,
+        check_limb_leads=not args.keep_lead_mismatch,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -108,15 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise EcgposError(f"--out {args.out}: suffix must be one of {', '.join(OUTPUT_SUFFIXES)}")
     if args.out.suffix == ".h5":
         require("h5py")  # before any record is embedded
-    if args.num_windows < 1 or args.batch_size < 1:
-        raise EcgposError("--num-windows and --batch-size must be at least 1")
-    if not args.input.exists() and not args.input.with_suffix(".hea").is_file():
-        raise EcgposError(f"--input {args.input} does not exist")
-    policy = ScreenPolicy(  # ConfigError if bad
-        pad_short=args.pad_short,
-        max_dead_leads=args.max_dead_leads,
-        check_limb_leads=not args.keep_lead_mismatch,
-    )
+    policy = record_policy(args)
     check_writable(args.out, args.input)
     encoder = load_encoder(args.encoder, device=args.device).cut(args.level)
     source = open_source(args.input, args.fs, args.leads, encoder.spec, policy)

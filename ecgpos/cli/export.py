@@ -1,5 +1,10 @@
 """`ecgpos export --run-dir RUN --out DIR [--level L] [--onnx] [--with-decoders] [--probe-results DIR]`: a frozen
 encoder folder.
+`ecgpos export --classifier FINETUNE_OUT [--task T] [--fraction F] [--seed S] --out DIR [--onnx]`: a classifier.
+
+A classifier export takes one model of an `ecgpos finetune` output folder (without --seed, the seed
+with the best validation macro-AUROC), chooses each label's decision threshold on its validation scores
+(max F1), and states its test AUROC per label with a bootstrap interval; `ecgpos predict` applies it.
 
 DIR holds model.safetensors, config.json, the model card README.md (with the probe summary of
 --probe-results), test_vectors.npz, and encoder.onnx or decoders.safetensors when asked for. A run
@@ -21,15 +26,27 @@ import glob
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.card import check_probed_encoder, probe_section
+from ecgpos.export.classifier import CLASSIFIER_ONNX_FILE
 from ecgpos.export.decoders import DECODERS_FILE
-from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE, WEIGHTS_FILE, weights_hash
+from ecgpos.export.format import (
+    CARD_FILE,
+    CLASSIFIER_FORMAT,
+    CONFIG_FILE,
+    FORMAT,
+    ONNX_FILE,
+    VECTORS_FILE,
+    WEIGHTS_FILE,
+    weights_hash,
+)
+from ecgpos.export.hub_card import DEFAULT_LICENSE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, write_export
 from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
@@ -39,14 +56,27 @@ from ecgpos.models.factory import depth_of
 from ecgpos.models.nested import level_names
 from ecgpos.runs.run_folder import training_summary
 
+T = TypeVar("T")
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ecgpos export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--run-dir", required=True, type=user_path, help="pretraining run folder (any level)")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run-dir", type=user_path, help="pretraining run folder (any level)")
+    source.add_argument("--classifier", type=user_path, help="`ecgpos finetune` output folder: export a classifier")
     parser.add_argument(
-        "--level", type=int, default=None, help="export levels 0..LEVEL only (default: every level of the run)"
+        "--level", type=int, default=None, help="--run-dir: export levels 0..LEVEL only (default: every level)"
+    )
+    parser.add_argument("--task", default=None, help="--classifier: the task, when the folder holds several")
+    parser.add_argument("--fraction", default=None, help="--classifier: the label fraction, when it holds several")
+    parser.add_argument("--seed", type=int, default=None, help="--classifier: the seed (default: best on validation)")
+    parser.add_argument(
+        "--license",
+        default=DEFAULT_LICENSE,
+        help="licence id for the model card's Hub metadata, e.g. cc-by-4.0 (default other: the terms of the "
+        "training data decide)",
     )
     parser.add_argument(
         "--out", required=True, type=user_path, help="export folder to create (an earlier export there is replaced)"
@@ -68,7 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-EXPORT_FILES = {CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, VECTORS_FILE, ONNX_FILE, f"{ONNX_FILE}.data", DECODERS_FILE}
+EXPORT_FILES = {
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    CARD_FILE,
+    VECTORS_FILE,
+    ONNX_FILE,
+    f"{ONNX_FILE}.data",
+    DECODERS_FILE,
+    CLASSIFIER_ONNX_FILE,
+    f"{CLASSIFIER_ONNX_FILE}.data",
+}
 """What an export folder holds; re-exporting replaces the whole folder, so it refuses one holding anything else."""
 
 
@@ -84,7 +124,7 @@ def _prepare_out(out: Path) -> bool:
         return False
     if out.is_dir() and (out / CONFIG_FILE).is_file():
         try:
-            read_export_config(out)
+            read_export_config(out, (FORMAT, CLASSIFIER_FORMAT))
         except EcgposError:
             pass
         else:
@@ -104,8 +144,63 @@ def _remove_leftovers(out: Path) -> None:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
+def _staged(out: Path, write: Callable[[Path], T]) -> T:
+    """`write` into a hidden sibling of `out`, then the folder moved to `out` (an earlier export replaced)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(out)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        result = write(staging)
+        make_public(staging)
+        replace_folder(staging, out)  # an earlier export: renamed aside, deleted last
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return result
+
+
+def export_classifier(args: argparse.Namespace) -> int:
+    """`--classifier`: one fine-tuned model as a classifier export folder."""
+    from ecgpos.export.classifier_writer import check_classifier_reload, read_finetuned, select_model
+    from ecgpos.export.classifier_writer import write_classifier_export as write
+
+    if not args.classifier.is_dir():
+        raise EcgposError(f"--classifier {args.classifier} is not a folder")
+    if args.with_decoders or args.probe_results is not None or args.level is not None:
+        raise EcgposError("--level, --with-decoders and --probe-results belong to encoder exports (--run-dir)")
+    folder = select_model(args.classifier, args.task, args.fraction, args.seed)
+    if args.out.parent.is_dir():
+        recover_replaced(args.out.parent, args.out.name)
+    replacing = _prepare_out(args.out)
+    model = read_finetuned(folder)
+
+    def build(staging: Path) -> tuple[dict, float]:
+        with torch.no_grad():
+            config = write(model, staging, args.onnx, args.license)
+        from ecgpos.export.vectors import load_vectors
+
+        return config, check_classifier_reload(
+            staging, model.classifier, load_vectors(staging / VECTORS_FILE)["inputs"]
+        )
+
+    config, diff = _staged(args.out, build)
+    test = config["test"]
+    print(
+        f"{'re-exported' if replacing else 'exported'} {config['training'].get('task')} classifier "
+        f"({folder.relative_to(args.classifier)}, {len(config['labels'])} labels, test macro AUROC "
+        f"{test['macro_auroc'] if test['macro_auroc'] is not None else 'n/a'}) to {args.out}; thresholds "
+        f"{config['thresholds']['rule']}; reload check max abs diff {diff:.1e}"
+        + (f"; {config['onnx']['file']} ({config['onnx']['exporter']} exporter)" if "onnx" in config else "")
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.classifier is not None:
+        return export_classifier(args)
+    if args.task or args.fraction or args.seed is not None:
+        raise EcgposError("--task, --fraction and --seed select a model of --classifier")
     if args.probe_results is not None and not args.probe_results.is_dir():
         raise EcgposError(f"--probe-results {args.probe_results} is not a folder")
     if args.probe_results is not None:
@@ -136,22 +231,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         decoders = {name: model for name, model in recon.levels.items() if name in kept}
         for note in recon.notes:
             print(f"note: {note}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(args.out)
-    staging = Path(tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent))
-    try:
+
+    def build(staging: Path) -> tuple[dict, float]:
         with torch.no_grad():
             config = write_export(
-                module, loaded.spec, loaded.arch, training, staging, args.onnx, args.probe_results, decoders
+                module,
+                loaded.spec,
+                loaded.arch,
+                training,
+                staging,
+                args.onnx,
+                args.probe_results,
+                decoders,
+                args.license,
             )
             from ecgpos.export.vectors import load_vectors
 
-            diff = check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
-        make_public(staging)
-        replace_folder(staging, args.out)  # an earlier export: renamed aside, deleted last
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+            return config, check_reload(staging, module, load_vectors(staging / VECTORS_FILE)["inputs"])
+
+    config, diff = _staged(args.out, build)
     onnx_note = ""
     if "onnx" in config:
         worst = max(config["onnx"]["max_relative_error"].values())

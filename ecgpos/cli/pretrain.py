@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from ecgpos.config import add_set_option
 from ecgpos.errors import Interrupted
+from ecgpos.export.hub import model_ref
 from ecgpos.files import user_path
 from ecgpos.pretrain.plan import prepare
 from ecgpos.runs.run_folder import newest_checkpoint
@@ -72,10 +73,13 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--base",
-        type=user_path,
-        help="level N >= 1: the frozen levels 0..N-1, a finished level-(N-1) run folder or an export of N levels",
+        type=model_ref,
+        help="level N >= 1: the frozen levels 0..N-1, a finished level-(N-1) run folder, an export of N levels "
+        "or hf://ORG/NAME",
     )
-    parser.add_argument("--stage0", type=user_path, help="--stage 1 only: the same as --base (a Stage-0 run or export)")
+    parser.add_argument(
+        "--stage0", type=model_ref, help="--stage 1 only: the same as --base (a Stage-0 run, export or hf://ORG/NAME)"
+    )
     add_set_option(parser, "a config key", "optim.steps=200")
     parser.add_argument(
         "--resume",

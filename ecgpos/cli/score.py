@@ -39,6 +39,7 @@ from pathlib import Path
 
 from ecgpos.ecg.screening import ScreenPolicy
 from ecgpos.errors import EcgposError
+from ecgpos.export.hub import model_ref
 from ecgpos.files import atomic_paths, user_path
 from ecgpos.inference.flags import check_fit_size, check_target, first_fired
 from ecgpos.inference.inputs import open_source
@@ -84,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos score", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--run", required=True, type=user_path, help="run folder of any level, or export with decoders")
+    p.add_argument(
+        "--run", required=True, type=model_ref, help="run folder of any level, export with decoders or hf://ORG/NAME"
+    )
     p.add_argument("--level", type=int, help="score levels 0..LEVEL only (default: every level)")
     p.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     p.add_argument(

@@ -38,6 +38,7 @@ class DemoSize:
     levels: int
     probe_epochs: int
     probe_seeds: int
+    finetune_epochs: int = 0  # 0: no fine-tuned row
 
 
 PROBE_TASK = "synthetic-rhythm"  # folder name = column name in the probe table
@@ -62,6 +63,7 @@ FULL = DemoSize(
     levels=3,
     probe_epochs=100,
     probe_seeds=5,
+    finetune_epochs=10,
 )
 
 
@@ -143,7 +145,7 @@ def write_geometry_task(probe_root: Path, root: Path) -> Path:
 
 def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     """Run every stage into `out`; returns the path of the probe summary."""
-    step = Steps(7)
+    step = Steps(8 if size.finetune_epochs else 7)
     out.mkdir(parents=True, exist_ok=True)
     step(
         f"simulating {size.wfdb_records} Ningbo-layout + {size.code15_exams} CODE-15-layout recordings "
@@ -230,7 +232,17 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         *probe_args.split(),
     )
     levels = [runs / "probes" / f"level{level}" for level in range(size.levels)]
-    _run("probe", "--compare", out / "probes" / "random-init", *levels, "--out", out / "probes" / "summary")
+    rows = [out / "probes" / "random-init", *levels]
+    if size.finetune_epochs:  # the top level fine-tuned on the same task, one seed, beside its linear probe
+        step(f"fine-tuning levels 0..{size.levels - 1} on the same task (one seed)")
+        tuned = out / "probes" / "finetune"
+        name = f"level{size.levels - 1} (finetune-full)"
+        ft_args = ["--task", probe_task, "--fractions", 100, "--seeds", 1, "--epochs", size.finetune_epochs]
+        _run("finetune", "--encoder", top, "--name", name, *ft_args, "--out", tuned)
+        rows.append(tuned)
+    else:
+        print("--quick: fine-tuning skipped (`ecgpos demo` without --quick adds the fine-tuned row)")
+    _run("probe", "--compare", *rows, "--out", out / "probes" / "summary")
     step("reconstruction anomaly scores per level, AUROC of noisy vs clean")
     _run(
         "score",
@@ -261,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ecgpos demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--out", type=user_path, default=Path("demo-out"), help="output folder (default ./demo-out)")
-    parser.add_argument("--quick", action="store_true", help="smaller corpus and fewer steps (under 3 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller corpus and fewer steps, no fine-tuning (under 3 min)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (0 or more)")
     return parser
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ecgpos.errors import EcgposError
+from ecgpos.export.hub_card import DEFAULT_LICENSE, front_matter, probe_index_results
 from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 
 PAPER_TITLE = (
@@ -145,8 +146,10 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
     return lines or ["- (the run folder recorded no training details)"]
 
 
-def render_card(config: dict[str, Any], probe_results: str | Path | None = None) -> str:
-    """README.md text for an export whose config.json is `config`."""
+def render_card(
+    config: dict[str, Any], probe_results: str | Path | None = None, license_id: str = DEFAULT_LICENSE
+) -> str:
+    """README.md text for an export whose config.json is `config`, opening with the Hub's metadata."""
     spec = config["preprocess"]
     io = config.get("io", {})
     training = config.get("training", {})
@@ -172,7 +175,11 @@ def render_card(config: dict[str, Any], probe_results: str | Path | None = None)
         if isinstance(decoders, dict)
         else ""
     )
-    return f"""# ecgpos ECG encoder ({training.get("name", config["arch"].get("kind", "encoder"))})
+    name = f"ecgpos ECG encoder ({training.get('name', config['arch'].get('kind', 'encoder'))})"
+    results = probe_index_results(probe_results, config["weights_sha256"])
+    return (
+        front_matter(name, "feature-extraction", results, license_id)
+        + f"""# {name}
 
 A frozen self-supervised 12-lead ECG encoder from **ecgpos** {config.get("ecgpos_version", "")}:
 {_describe_arch(config["arch"])}.
@@ -238,3 +245,4 @@ RECORDS --out feats.csv`, and `ecgpos verify DIR` checks an installation against
 {BIBTEX}
 ```
 """
+    )

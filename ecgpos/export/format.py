@@ -37,6 +37,10 @@ CONFIG_HASH_FIELDS = ("arch", "preprocess", "pooling", "weights_sha256")
 """The config.json fields that decide what features an export computes (plus the weights hash,
 which binds them to model.safetensors). `training`, `io` and the card are descriptive only."""
 
+CLASSIFIER_FORMAT = "ecgpos-classifier"
+CLASSIFIER_HASH_FIELDS = (*CONFIG_HASH_FIELDS, "head", "labels", "thresholds")
+"""A classifier export (ecgpos.export.classifier) binds also what turns features into flags."""
+
 
 def json_sha256(value: Any) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of `value`: equal before and after a
@@ -45,8 +49,9 @@ def json_sha256(value: Any) -> str:
 
 
 def config_sha256(config: Mapping[str, Any]) -> str:
-    """`json_sha256` of config's CONFIG_HASH_FIELDS."""
-    return json_sha256({key: config.get(key) for key in CONFIG_HASH_FIELDS})
+    """`json_sha256` of config's CONFIG_HASH_FIELDS (CLASSIFIER_HASH_FIELDS for a classifier export)."""
+    fields = CLASSIFIER_HASH_FIELDS if config.get("format") == CLASSIFIER_FORMAT else CONFIG_HASH_FIELDS
+    return json_sha256({key: config.get(key) for key in fields})
 
 
 def is_export_dir(path: str | Path) -> bool:

@@ -24,6 +24,7 @@ from ecgpos.ecg.signal import MAX_WHOLE_SECONDS, record_span
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import (
+    CLASSIFIER_FORMAT,
     CONFIG_FILE,
     CONFIG_HASH_FIELDS,
     FORMAT,
@@ -33,6 +34,7 @@ from ecgpos.export.format import (
     is_export_dir,
     state_sha256,
 )
+from ecgpos.export.hub import resolve_model_path
 from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, embed_signal, resolve_device
 from ecgpos.models.nested import NestedEncoder, legacy_state
@@ -40,10 +42,9 @@ from ecgpos.runs.run_folder import is_run_dir
 
 
 def export_folder(path: str | Path) -> Path:
-    """`path` as a folder Path, `~` expanded (Python does not expand it, unlike the shell)."""
-    if not isinstance(path, (str, Path)):
-        raise EcgposError(f"an export folder is a str or Path, got {type(path).__name__} {path!r}")
-    return Path(path).expanduser()
+    """`path` as a local folder Path: `~` expanded (Python does not expand it, unlike the shell), a
+    `hf://ORG/NAME[@REVISION]` reference downloaded to the Hub cache (`ecgpos.export.hub`)."""
+    return resolve_model_path(path)
 
 
 def _run_hint(path: Path) -> str:
@@ -58,8 +59,8 @@ def _run_hint(path: Path) -> str:
     return f": it is {where}; export the run first with `ecgpos export --run-dir {run} --out DIR`"
 
 
-def read_export_config(path: str | Path) -> dict[str, Any]:
-    """config.json of an export folder, validated; EcgposError (one line) for anything else."""
+def read_export_config(path: str | Path, formats: Sequence[str] = (FORMAT,)) -> dict[str, Any]:
+    """config.json of an export folder of one of `formats`, validated; EcgposError (one line) for anything else."""
     folder = export_folder(path)
     if folder.is_file() and is_export_dir(folder.parent):  # model.safetensors, config.json, ...
         raise EcgposError(f"{folder} is a file of an export; pass its folder, {folder.parent}")
@@ -72,8 +73,12 @@ def read_export_config(path: str | Path) -> dict[str, Any]:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise EcgposError(f"{config_path} is not valid JSON: {err}") from None
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        raise EcgposError(f"{folder} is not an ecgpos export folder ({CONFIG_FILE} has no format {FORMAT!r})")
+    if isinstance(config, dict) and config.get("format") == CLASSIFIER_FORMAT and CLASSIFIER_FORMAT not in formats:
+        raise EcgposError(
+            f"{folder} is a classifier export: apply it with `ecgpos predict --model` or ecgpos.load_classifier"
+        )
+    if not isinstance(config, dict) or config.get("format") not in formats:
+        raise EcgposError(f"{folder} is not an ecgpos export folder ({CONFIG_FILE} has no format {formats[0]!r})")
     if config.get("version") != FORMAT_VERSION:
         raise EcgposError(
             f"{config_path}: export format version {config.get('version')!r} is not supported "

@@ -42,26 +42,26 @@ def require_onnx() -> tuple[Any, Any]:
 
 
 class _Features(nn.Module):
-    """forward = encoder.forward_features, so the exporter traces the pooled-feature path only."""
+    """forward = encoder.<method> (forward_features: the pooled-feature path only; a classifier's forward:
+    its probabilities)."""
 
-    def __init__(self, encoder: nn.Module) -> None:
+    def __init__(self, encoder: nn.Module, method: str = "forward_features") -> None:
         super().__init__()
         self.encoder = encoder
+        self.method = method
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.encoder.forward_features(x)
+        return getattr(self.encoder, self.method)(x)
 
 
-def _export(model: nn.Module, example: torch.Tensor, path: Path, dynamo: bool) -> None:
-    kwargs: dict[str, Any] = dict(
-        opset_version=OPSET, input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamo=dynamo
-    )
+def _export(model: nn.Module, example: torch.Tensor, path: Path, dynamo: bool, output: str = OUTPUT_NAME) -> None:
+    kwargs: dict[str, Any] = dict(opset_version=OPSET, input_names=[INPUT_NAME], output_names=[output], dynamo=dynamo)
     if dynamo:
         kwargs.update(
             dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=4096)}}, external_data=False, verbose=False
         )
     else:
-        kwargs["dynamic_axes"] = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
+        kwargs["dynamic_axes"] = {INPUT_NAME: {0: "batch"}, output: {0: "batch"}}
     # The exporters narrate their steps and warn about deprecations on stdout/stderr; the CLI
     # reports the outcome itself.
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
@@ -79,13 +79,15 @@ def onnx_features(path: str | Path, x: np.ndarray) -> np.ndarray:
 
 
 @torch.no_grad()
-def check_onnx(path: str | Path, module: nn.Module, window: int, num_leads: int = 12) -> dict[str, float]:
+def check_onnx(
+    path: str | Path, module: nn.Module, window: int, num_leads: int = 12, method: str = "forward_features"
+) -> dict[str, float]:
     """Max relative error of onnxruntime vs PyTorch at each batch in CHECK_BATCHES; raise if > RTOL."""
     rng = np.random.default_rng(7)
     errors = {}
     for batch in CHECK_BATCHES:
         x = rng.standard_normal((batch, num_leads, window)).astype(np.float32)
-        want = module.forward_features(torch.from_numpy(x)).float().numpy()
+        want = getattr(module, method)(torch.from_numpy(x)).float().numpy()
         got = onnx_features(path, x)
         if got.shape != want.shape:
             raise EcgposError(f"ONNX output shape {got.shape} != PyTorch {want.shape} at batch {batch}")
@@ -98,27 +100,35 @@ def check_onnx(path: str | Path, module: nn.Module, window: int, num_leads: int 
     return errors
 
 
-def export_onnx(module: nn.Module, path: str | Path, window: int, num_leads: int = 12) -> dict[str, Any]:
-    """Write `path` (ONNX, opset OPSET, dynamic batch) for CPU float32 `module`; return a summary dict.
+def export_onnx(
+    module: nn.Module,
+    path: str | Path,
+    window: int,
+    num_leads: int = 12,
+    method: str = "forward_features",
+    output: str = OUTPUT_NAME,
+) -> dict[str, Any]:
+    """Write `path` (ONNX, opset OPSET, dynamic batch) of CPU float32 `module`'s `method`, its output named
+    `output`; return a summary dict.
 
     Raises EcgposError when the extra is missing, both exporters fail, or the check fails.
     """
     onnx, _ = require_onnx()
     path = Path(path)
-    model = _Features(module).eval()
+    model = _Features(module, method).eval()
     example = torch.zeros(2, num_leads, window)  # batch 2: torch.export would specialise a batch of 1
     failures = []
     for dynamo in (True, False):
         try:
-            _export(model, example, path, dynamo)
+            _export(model, example, path, dynamo, output)
             onnx.checker.check_model(str(path))
-            errors = check_onnx(path, module, window, num_leads)
+            errors = check_onnx(path, module, window, num_leads, method)
             return {
                 "file": path.name,
                 "opset": OPSET,
                 "exporter": "dynamo" if dynamo else "torchscript",
                 "input": INPUT_NAME,
-                "output": OUTPUT_NAME,
+                "output": output,
                 "dynamic_axes": {"batch": 0},
                 "max_relative_error": errors,
             }

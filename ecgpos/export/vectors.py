@@ -143,3 +143,12 @@ def run_vectors(encoder: Any, vectors: dict[str, np.ndarray]) -> dict[str, dict[
         policy=unchecked,
     )
     return {"features": compare(vectors["features"], feats), "embed": compare(vectors["raw_features"], raw)}
+
+
+@torch.no_grad()
+def run_probabilities(classifier: Any, vectors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """A classifier export's probabilities of the stored inputs against its stored `probabilities`."""
+    if "probabilities" not in vectors or vectors["probabilities"].dtype.kind != "f":
+        raise EcgposError("the classifier's test vectors lack its probabilities")
+    inputs = torch.from_numpy(np.ascontiguousarray(vectors["inputs"], dtype=np.float32)).to(classifier.device)
+    return compare(vectors["probabilities"], classifier(inputs).float().cpu().numpy())

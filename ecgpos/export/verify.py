@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from ecgpos.export.format import CARD_FILE, CONFIG_FILE, ONNX_FILE, VECTORS_FILE
+from ecgpos.export.format import CARD_FILE, CLASSIFIER_FORMAT, CONFIG_FILE, FORMAT, ONNX_FILE, VECTORS_FILE
 from ecgpos.export.load import export_folder, load_encoder, read_export_config
-from ecgpos.export.vectors import ATOL, RTOL, compare, load_vectors, run_vectors
+from ecgpos.export.vectors import ATOL, RTOL, compare, load_vectors, run_probabilities, run_vectors
 from ecgpos.models.features import resolve_device
 
 
@@ -24,12 +24,19 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
     `device` is unusable (neither is a failed check of the export)."""
     resolve_device(device)
     folder = export_folder(folder)
-    config = read_export_config(folder)
+    config = read_export_config(folder, (FORMAT, CLASSIFIER_FORMAT))
+    classifier = config["format"] == CLASSIFIER_FORMAT
     lines = []
     try:
-        encoder = load_encoder(folder, device=device)
+        if classifier:  # a classifier: its encoder checked as an encoder export's, then its probabilities
+            from ecgpos.export.classifier import CLASSIFIER_ONNX_FILE, load_classifier
+
+            encoder = load_classifier(folder, device=device)
+        else:
+            encoder = load_encoder(folder, device=device)
     except EcgposError as err:
         return False, [_line(False, "weights", str(err))]
+    onnx_file, onnx_output = (CLASSIFIER_ONNX_FILE, "probabilities") if classifier else (ONNX_FILE, "features")
     lines.append(
         _line(
             True,
@@ -41,11 +48,14 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
     try:
         vectors = load_vectors(folder / VECTORS_FILE)
         results = run_vectors(encoder, vectors)
+        if classifier:
+            results["probabilities"] = run_probabilities(encoder, vectors)
     except EcgposError as err:
         return False, lines + [_line(False, "test vectors", str(err))]
     labels = {
         "features": f"forward_features of {len(vectors['inputs'])} stored inputs",
         "embed": "embed of the stored raw record (preprocessing, lead mapping)",
+        "probabilities": f"probabilities of the {len(vectors['inputs'])} stored inputs (encoder and head)",
     }
     for key, res in results.items():
         lines.append(
@@ -78,19 +88,19 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
     if not (folder / CARD_FILE).is_file():  # the card holds the intended use and limitations: it travels along
         lines.append(_line(False, CARD_FILE, f"the model card is missing from {folder}; copy the whole export folder"))
         passed = False
-    if "onnx" in config and not (folder / ONNX_FILE).is_file():  # exported with --onnx, the file since lost
-        lines.append(_line(False, ONNX_FILE, f"{CONFIG_FILE} lists it but {folder / ONNX_FILE} is missing"))
+    if "onnx" in config and not (folder / onnx_file).is_file():  # exported with --onnx, the file since lost
+        lines.append(_line(False, onnx_file, f"{CONFIG_FILE} lists it but {folder / onnx_file} is missing"))
         passed = False
-    if (folder / ONNX_FILE).is_file():
+    if (folder / onnx_file).is_file():
         try:
             from ecgpos.export.onnx_export import onnx_features
 
-            res = compare(vectors["features"], onnx_features(folder / ONNX_FILE, vectors["inputs"]))
-            lines.append(_line(res["ok"], ONNX_FILE, res["detail"] or f"max abs diff {res['max_abs']:.2e}"))
+            res = compare(vectors[onnx_output], onnx_features(folder / onnx_file, vectors["inputs"]))
+            lines.append(_line(res["ok"], onnx_file, res["detail"] or f"max abs diff {res['max_abs']:.2e}"))
             passed &= res["ok"]
         except EcgposError as err:  # optional dependency missing: say so, do not fail the weights
-            lines.append(_line(None, ONNX_FILE, str(err)))
+            lines.append(_line(None, onnx_file, str(err)))
         except Exception as err:  # a corrupt .onnx file makes onnxruntime raise its own types
-            lines.append(_line(False, ONNX_FILE, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"))
+            lines.append(_line(False, onnx_file, f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"))
             passed = False
     return passed, lines

@@ -30,6 +30,7 @@ from ecgpos.export.format import (
     config_sha256,
     state_sha256,
 )
+from ecgpos.export.hub_card import DEFAULT_LICENSE
 from ecgpos.export.load import load_encoder
 from ecgpos.export.vectors import ATOL, RTOL, build_vectors, save_vectors
 from ecgpos.models.features import window_features
@@ -53,6 +54,7 @@ def write_export(
     onnx: bool = False,
     probe_results: Path | None = None,
     decoders: dict[str, nn.Module] | None = None,
+    license_id: str = DEFAULT_LICENSE,
 ) -> dict[str, Any]:
     """Write all export files of a CPU float32 eval `module` into the (empty) folder `out`; return config.
     `decoders` (level -> objective module) adds decoders.safetensors for reconstruction scoring."""
@@ -89,7 +91,7 @@ def write_export(
 
         config["onnx"] = export_onnx(module, out / ONNX_FILE, spec.window, len(spec.leads))
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    (out / CARD_FILE).write_text(render_card(config, probe_results))
+    (out / CARD_FILE).write_text(render_card(config, probe_results, license_id))
     return config
 
 

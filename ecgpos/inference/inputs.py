@@ -269,12 +269,13 @@ def embed_records(
     num_windows: int = DEFAULT_NUM_WINDOWS,
     batch_size: int = 64,
     progress: bool = True,
+    prog: str = "ecgpos embed",
 ) -> EmbedResult:
-    """Features (mean over each record's windows) of every good record; bad ones listed with reasons."""
+    """Features (mean over each record's windows) of every good record; bad ones listed with reasons
+    (on stderr, after `prog`). `encoder`: an ExportedEncoder, or anything with its forward_features,
+    spec and device (an ExportedClassifier)."""
     result = EmbedResult()
-    records = source_windows(
-        source, encoder.spec.window, num_windows, result.skipped, "ecgpos embed", progress, result.long
-    )
+    records = source_windows(source, encoder.spec.window, num_windows, result.skipped, prog, progress, result.long)
 
     def features(windows: np.ndarray) -> dict[str, np.ndarray]:
         return {"features": window_features(encoder, windows, batch_size, encoder.device)}

@@ -1,9 +1,9 @@
 """Frozen encoders for downstream use, from a run folder, an export folder or a random init.
 
 `resolve_encoder(x, level=None)` is the one entry point probes use: a training run folder (its newest
-complete checkpoint), an export folder (ecgpos.export.load), or 'random:<config.yaml>' (the random-init
-baseline); `level` cuts a nested encoder to its levels 0..level. Anything unloadable raises EcgposError
-with one line.
+complete checkpoint), an export folder (ecgpos.export.load) or `hf://ORG/NAME[@REVISION]`
+(ecgpos.export.hub), or 'random:<config.yaml>' (the random-init baseline); `level` cuts a nested encoder
+to its levels 0..level. Anything unloadable raises EcgposError with one line.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch import nn
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import is_export_dir
+from ecgpos.export.hub import is_hub_ref
 from ecgpos.models.factory import cut_encoder, depth_of, random_init
 from ecgpos.models.nested import SHARED_LAYOUT
 from ecgpos.resources import config_path as config_path_of
@@ -118,11 +119,13 @@ def load_export(path: str | Path) -> LoadedEncoder:
     from ecgpos.export.load import load_encoder
 
     exported = load_encoder(path)
-    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), str(Path(path)), dict(exported.info))
+    source = str(path) if is_hub_ref(path) else str(Path(path))
+    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), source, dict(exported.info))
 
 
 def resolve_encoder(path_or_random: str | Path, level: int | None = None) -> LoadedEncoder:
-    """'random:<config.yaml>', a training run folder, or an export folder -> LoadedEncoder; with
+    """'random:<config.yaml>', a training run folder, an export folder or hf://ORG/NAME[@REVISION] ->
+    LoadedEncoder; with
     `level`, its levels 0..level only (a level the encoder does not have: EcgposError, one line)."""
     loaded = _resolve(path_or_random)
     return loaded if level is None else cut_loaded(loaded, level)
@@ -148,6 +151,8 @@ def _resolve(path_or_random: str | Path) -> LoadedEncoder:
     text = str(path_or_random)
     if text.startswith("random:"):
         return random_encoder(text.split(":", 1)[1])
+    if is_hub_ref(text):
+        return load_export(text)
     path = Path(text).expanduser()
     if not path.exists():
         raise EcgposError(

@@ -106,11 +106,12 @@ def load_recon_models(path: str | Path) -> ReconModels:
     level N finds levels N-1, ..., 0 through the base runs (or the export with decoders) it was trained on."""
     from ecgpos.export.decoders import load_decoders
     from ecgpos.export.format import is_export_dir
+    from ecgpos.export.hub import resolve_model_path
     from ecgpos.export.load import read_export_config
     from ecgpos.models.factory import arch_depth
     from ecgpos.runs.run_folder import is_run_dir, load_run_model
 
-    path = Path(path)
+    path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
     if not path.exists():
         raise EcgposError(f"{path} does not exist (expected a run folder or an export with decoders)")
     notes: list[str] = []

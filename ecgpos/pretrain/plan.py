@@ -128,15 +128,18 @@ def base_chain(levels: Sequence[Any], kind: str, source: str, info: dict) -> lis
     return chain
 
 
-def load_base(path: Path, cfg: RunConfig) -> tuple[Any, str, dict]:
+def load_base(path: Path | str, cfg: RunConfig) -> tuple[Any, str, dict]:
     """(base encoder of levels 0..N-1, source, info) for level N = cfg.stage, from a finished run
-    folder or an export folder, loaded through the one resolver (ecgpos.inference.resolve).
+    folder, an export folder or hf://ORG/NAME[@REVISION] (its snapshot in the Hub cache), loaded through
+    the one resolver (ecgpos.inference.resolve).
     info: {"kind", "shards", "weights_sha256" (of the whole base), "chain" (one record per level)}."""
+    from ecgpos.export.hub import resolve_model_path
     from ecgpos.inference.resolve import resolve_encoder
     from ecgpos.models.factory import levels_of
     from ecgpos.runs.run_folder import read_run_info
     from ecgpos.runs.stages import check_base_fits
 
+    path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
     kind = _base_kind(path, cfg)
     loaded = resolve_encoder(path)
     if kind == "run":  # an export's info is its run's training summary: run_dir, finished, ... too

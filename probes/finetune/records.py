@@ -1,0 +1,76 @@
+"""A task's records in memory for fine-tuning: the probe's splits, locators, screening and preprocessing
+(probes.datasets.prepared_record), with every split row accounted for as the probe counts it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.errors import EcgposError
+from probes.datasets import missing_report, prepared_record, task_locator
+from probes.run import ProbeConfig, TaskData, record_column
+from probes.tasks import TaskDef, read_splits
+
+
+def load_task(
+    task: TaskDef,
+    spec: PreprocessSpec,
+    data_root: Path,
+    splits_root: Path | None,
+    cfg: ProbeConfig,
+    log: Callable[[str], None] = print,
+    exclude: frozenset[str] | set[str] = frozenset(),
+    copies: frozenset[str] | set[str] = frozenset(),
+) -> TaskData:
+    """TaskData whose `x[split]` is an object array of preprocessed (12, T) float32 records (T varies), for
+    the records that are found, not excluded by the leakage guard, and pass the screening; the others are
+    counted (not_found, overlap, split_copy, refused) and logged with their reasons."""
+    tables = read_splits(task, splits_root, record_column(task, cfg))
+    locator = task_locator(task, data_root)
+    missing = {s: [k for k in t.records if locator.locate(k) is None] for s, t in tables.items()}
+    for split, ids in missing.items():
+        if ids:
+            log(missing_report(task.name, split, ids, len(tables[split].records)))
+    skip = {k for ids in missing.values() for k in ids} | set(exclude) | set(copies)
+    signals: dict[str, np.ndarray] = {}
+    failed: dict[str, str] = {}
+    wanted = [k for t in tables.values() for k in t.records if k not in skip]
+    for key in tqdm(dict.fromkeys(wanted), desc=f"{task.name} records", unit="rec", leave=False):
+        try:
+            signals[key] = prepared_record(*locator.locate(key), spec)
+        except EcgposError as err:
+            failed[key] = str(err)
+    if failed:
+        ids = sorted(failed)
+        log(
+            f"{task.name}: {len(ids)} records failed to read and are excluded: "
+            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
+            + (" ..." if len(ids) > 5 else "")
+        )
+    if not signals:
+        raise EcgposError(f"{task.name}: none of its records could be read (e.g. {next(iter(failed.values()), '')})")
+    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
+    for split, table in tables.items():
+        keep = np.array([k in signals for k in table.records], dtype=bool)
+        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
+        if table.patients is not None:
+            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
+        not_found = set(missing[split])
+        counts[split] = {
+            "listed": len(table.records),
+            "not_found": len(missing[split]),
+            "refused": sum(k in failed for k in table.records),
+            "overlap": sum(k in exclude and k not in not_found for k in table.records),
+            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
+            "probed": int(keep.sum()),
+        }
+        x[split] = np.empty(len(keys[split]), dtype=object)
+        x[split][:] = [signals[k] for k in keys[split]]
+        y[split] = table.labels[keep]
+        if split == "train":
+            positions = np.flatnonzero(keep)
+    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
