@@ -80,6 +80,15 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
         assert _flag(argv, "--main_process_ip") == "gpu-a07"
 
 
+def test_cpu_launcher_on_two_nodes_gives_each_node_its_rank() -> None:
+    """accelerate's --cpu launcher reads the ranks from MPI's variables, which srun does not set: two CPU
+    nodes go through torchrun (--multi_gpu), one process each, as the GPU jobs do."""
+    launch = shlex.split(_render("0", {**FAKE_2x4, "ECGPOS_GPUS_PER_NODE": "0"})[-1].split("exec ", 1)[1])
+    assert "--multi_gpu" in launch and "--cpu" not in launch
+    assert _flag(launch, "--num_processes") == "2" and _flag(launch, "--num_machines") == "2"
+    assert _flag(launch, "--num_cpu_threads_per_process") == "16"
+
+
 def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
     srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
     launch = shlex.split(srun[-1].split("exec ", 1)[1])
