@@ -43,7 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--encoder", required=True, help="run folder, export folder or random:<config.yaml>")
+    p.add_argument("--encoder", required=True, help="run folder, export folder, hf://ORG/NAME or random:<config.yaml>")
+    p.add_argument(
+        "--level",
+        type=int,
+        default=None,
+        help="fine-tune levels 0..LEVEL of a nested encoder, as the probes read them (default: every level)",
+    )
     p.add_argument("--task", default="all", help="as `ecgpos probe --task` (default: the five without csn)")
     p.add_argument("--data-root", type=user_path, help="folder holding ptbxl/ and cpsc2018/")
     p.add_argument("--splits", type=user_path, help="folder holding MERL's split folders")

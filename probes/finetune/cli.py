@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
         check_records(
             task, read_splits(task, args.splits, record_column(task, view)), args.data_root, args.require_complete
         )
-    enc = load_probe_encoder(args.encoder)
+    enc = load_probe_encoder(args.encoder, args.level)
     unfinished = unfinished_note(enc.info)
     if unfinished:
         print(f"ecgpos finetune: warning: {unfinished}", file=sys.stderr)

@@ -8,7 +8,7 @@ from timm.layers import DropPath
 from torch import nn
 
 from ecgpos.export.load import ExportedEncoder
-from ecgpos.models.nested import NestedEncoder
+from ecgpos.models.factory import levels_of
 from ecgpos.models.st_mem import TokenEncoder
 from probes.finetune.config import Mode, OptimConfig
 from probes.finetune.lora import add_lora
@@ -20,11 +20,9 @@ def bare_encoder(module: nn.Module) -> nn.Module:
 
 
 def levels(encoder: nn.Module) -> list[TokenEncoder]:
-    """The encoder's levels from the input up: [stage0] or [stage0, stage1]. Fine-tuning levels 0..l of a
-    nested encoder (`--level l`) selects a prefix of this list; every rule below reads the levels from here."""
-    if isinstance(encoder, NestedEncoder):
-        return [encoder.stage0, encoder.stage1]
-    return [encoder]
+    """The encoder's levels from the input up (`--level l` has already cut a nested encoder to levels
+    0..l); every rule below reads the levels from here."""
+    return levels_of(encoder)
 
 
 def blocks(encoder: nn.Module) -> list[nn.Module]:
