@@ -68,7 +68,7 @@ def test_a_missing_settings_hash_warns(exports, tmp_path, real_record, capsys):
 def test_geometry_refuses_tampered_decoders(exports, tmp_path):
     from probes.geometry_cli import load_levels
 
-    assert load_levels(str(exports["nested"])).stage1 is not None
+    assert 1 in load_levels(str(exports["nested"])).objectives
     tampered = tmp_path / "tampered"
     shutil.copytree(exports["nested"], tampered)
     _edit_config(tampered, lambda c: c["decoders"]["stage1"].update(mask_ratio=0.2))
@@ -80,4 +80,4 @@ def test_geometry_refuses_tampered_decoders(exports, tmp_path):
     _edit_config(bare, lambda c: c.pop("decoders"))
     (bare / "decoders.safetensors").unlink()
     levels = load_levels(str(bare))
-    assert levels.stage1 is None and "encoder-only export" in levels.note
+    assert levels.objectives == {} and "encoder-only export" in levels.note

@@ -22,7 +22,7 @@ TINY = {"width": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
 
 def _classifier(classes: int = 3) -> Classifier:
     torch.manual_seed(0)
-    return Classifier(build_nested(TINY, TINY), classes)
+    return Classifier(build_nested([TINY, TINY]), classes)
 
 
 def _trainable(model: Classifier) -> set[str]:
@@ -82,29 +82,34 @@ def test_lora_merged_model_gives_the_unmerged_outputs_with_the_encoder_keys() ->
 def test_layer_decay_counts_blocks_across_levels_from_the_input() -> None:
     model = _classifier()
     ids = layer_ids(model)
-    assert ids["encoder.stage0.patch_embed.1.weight"] == 0
-    assert ids["encoder.stage0.blocks.0.attn.qkv.weight"] == 1
-    assert ids["encoder.stage0.blocks.1.mlp.fc2.weight"] == 2
-    assert ids["encoder.stage0.norm.weight"] == 2 and ids["encoder.stage1.token_embed.1.weight"] == 2
-    assert ids["encoder.stage1.blocks.1.attn.proj.weight"] == 4
-    assert ids["encoder.stage1.norm.weight"] == ids["head.weight"] == 5
+    assert ids["encoder.levels.0.patch_embed.1.weight"] == 0
+    assert ids["encoder.levels.0.blocks.0.attn.qkv.weight"] == 1
+    assert ids["encoder.levels.0.blocks.1.mlp.fc2.weight"] == 2
+    assert ids["encoder.levels.0.norm.weight"] == 2 and ids["encoder.levels.1.token_embed.1.weight"] == 2
+    assert ids["encoder.levels.1.blocks.1.attn.proj.weight"] == 4
+    assert ids["encoder.levels.1.norm.weight"] == ids["head.weight"] == 5
     optim = OptimConfig(layer_decay=0.5)
     groups = param_groups(model, optim)
     scale = {id(p): g["lr_scale"] for g in groups for p in g["params"]}
     decay = {id(p): g["weight_decay"] for g in groups for p in g["params"]}
     named = dict(model.named_parameters())
     assert scale[id(named["head.weight"])] == 1.0
-    assert scale[id(named["encoder.stage0.patch_embed.1.weight"])] == 0.5**5
-    assert scale[id(named["encoder.stage1.blocks.0.attn.qkv.weight"])] == 0.5**2
-    assert decay[id(named["encoder.stage1.blocks.0.attn.qkv.weight"])] == optim.weight_decay
-    assert decay[id(named["encoder.stage1.blocks.0.attn.qkv.bias"])] == 0.0
-    assert decay[id(named["encoder.stage0.norm.weight"])] == decay[id(named["encoder.stage0.lead_embed"])] == 0.0
+    assert scale[id(named["encoder.levels.0.patch_embed.1.weight"])] == 0.5**5
+    assert scale[id(named["encoder.levels.1.blocks.0.attn.qkv.weight"])] == 0.5**2
+    assert decay[id(named["encoder.levels.1.blocks.0.attn.qkv.weight"])] == optim.weight_decay
+    assert decay[id(named["encoder.levels.1.blocks.0.attn.qkv.bias"])] == 0.0
+    assert decay[id(named["encoder.levels.0.norm.weight"])] == decay[id(named["encoder.levels.0.lead_embed"])] == 0.0
     assert sum(len(g["params"]) for g in groups) == len(named)
 
 
 @pytest.mark.parametrize(
     ("k", "lowest"),
-    [(0, None), (1, "encoder.stage1.blocks.1."), (2, "encoder.stage1.blocks.0."), (3, "encoder.stage0.blocks.1.")],
+    [
+        (0, None),
+        (1, "encoder.levels.1.blocks.1."),
+        (2, "encoder.levels.1.blocks.0."),
+        (3, "encoder.levels.0.blocks.1."),
+    ],
 )
 def test_top_k_trains_the_top_blocks_across_levels_and_what_lies_above(k: int, lowest: str | None) -> None:
     model = _classifier()
@@ -113,10 +118,10 @@ def test_top_k_trains_the_top_blocks_across_levels_and_what_lies_above(k: int, l
     if lowest is None:
         assert trains == {"head.weight", "head.bias"}
         return
-    assert lowest + "attn.qkv.weight" in trains and "encoder.stage1.norm.weight" in trains
+    assert lowest + "attn.qkv.weight" in trains and "encoder.levels.1.norm.weight" in trains
     below = {n for n in dict(model.named_parameters()) if layer_ids(model)[n] <= 4 - k}
     assert not trains & below
-    assert ("encoder.stage1.token_embed.1.weight" in trains) == (k == 3)
+    assert ("encoder.levels.1.token_embed.1.weight" in trains) == (k == 3)
 
 
 def test_full_mode_trains_everything_with_drop_path_rising_to_the_top() -> None:

@@ -43,6 +43,11 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
         results = _finetune(capsys, shared_data, tmp_path / mode.replace(":", ""), mode, *one_epoch, seeds=1)
         assert list(results["protocol"]) == [f"finetune-{mode}"] and (results["n_train"] == 124).all()
         assert results["test_auroc_low"].notna().all() and set(results["bootstrap_unit"]) == {"patient"}
+    # --level 0 fine-tunes level 0 of the nested encoder alone, as `probe --level 0` reads it
+    level0 = _finetune(capsys, shared_data, tmp_path / "level0", "full", "--level", "0", *one_epoch, seeds=1)
+    assert list(level0["encoder"]) == ["random-init (tiny/stage1) level 0 (finetune-full)"]
+    meta = json.loads((tmp_path / "level0" / "models" / "ptbxl-super" / "1" / "seed0" / "model.json").read_text())
+    assert meta["encoder_arch"]["kind"] == "stage0"
     first = pd.read_csv(tmp_path / "full" / "results.csv")
     rerun = [*_data(shared_data), "--fractions", "100", "--seeds", "1", "--bootstrap", "200", *one_epoch]
     rc, out, err = run(capsys, "finetune", "--encoder", NESTED, *rerun, "--out", tmp_path / "full")
