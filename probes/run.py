@@ -73,6 +73,47 @@ RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "split_copy", "pro
 WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
 
 
+def failed_line(task_name: str, failed: dict[str, str]) -> str:
+    """The log line naming (the first five of) a task's records that failed to read."""
+    ids = sorted(failed)
+    head = "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
+    return f"{task_name}: {len(ids)} records failed to read and are excluded: {head}{' ...' if len(ids) > 5 else ''}"
+
+
+def task_data(
+    task: TaskDef,
+    tables: dict,
+    missing: dict[str, list[str]],
+    failed: dict[str, str],
+    exclude: frozenset[str] | set[str],
+    copies: frozenset[str] | set[str],
+    values: dict[str, object],
+    stack: Callable[[list], np.ndarray],
+) -> TaskData:
+    """TaskData of the rows whose record has a value (`values`: record key -> features or signal), stacked
+    per split by `stack`; every split row counted in exactly one of RECORD_COUNTS."""
+    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
+    for split, table in tables.items():
+        keep = np.array([k in values for k in table.records], dtype=bool)
+        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
+        if table.patients is not None:
+            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
+        not_found = set(missing[split])
+        counts[split] = {
+            "listed": len(table.records),
+            "not_found": len(missing[split]),  # rows, not ids: blank record cells are each a row
+            "refused": sum(k in failed for k in table.records),
+            "overlap": sum(k in exclude and k not in not_found for k in table.records),
+            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
+            "probed": int(keep.sum()),
+        }
+        x[split] = stack([values[k] for k in keys[split]])
+        y[split] = table.labels[keep]
+        if split == "train":
+            positions = np.flatnonzero(keep)
+    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
+
+
 # More than any protocol uses (defaults 5 and 100): per-epoch curves of every seed are held in memory,
 # so far larger counts failed in numpy (or never finished) after the features were extracted.
 MAX_SEEDS = 1_000
@@ -184,43 +225,19 @@ def prepare_task(
     )
     failed = {k: v for k, v in stats.failed.items() if k not in missing_set}
     if failed:
-        ids = sorted(failed)
-        log(
-            f"{task.name}: {len(ids)} records failed to read and are excluded: "
-            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
-            + (" ..." if len(ids) > 5 else "")
-        )
+        log(failed_line(task.name, failed))
     if failed and not feats:  # nothing to probe: one line instead of a table of NaN rows
         reasons = Counter(reason.split(":")[0] for reason in failed.values())
         raise EcgposError(
             f"{task.name}: none of its {len(failed)} located records could be read "
             f"({', '.join(f'{n} {r}' for r, n in reasons.most_common())}; e.g. {next(iter(failed.items()))[1]})"
         )
-    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
-    for split, table in tables.items():
-        keep = np.array([k in feats for k in table.records], dtype=bool)
-        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
-        if table.patients is not None:
-            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
-        not_found = set(missing[split])
-        counts[split] = {
-            "listed": len(table.records),
-            "not_found": len(missing[split]),  # rows, not ids: blank record cells are each a row
-            "refused": sum(k in failed for k in table.records),
-            "overlap": sum(k in exclude and k not in not_found for k in table.records),
-            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
-            "probed": int(keep.sum()),
-        }
-        dim = len(next(iter(feats.values()))) if feats else 0
-        x[split] = (
-            np.stack([feats[k] for k, ok in zip(table.records, keep) if ok])
-            if keep.any()
-            else np.zeros((0, dim), np.float32)
-        )
-        y[split] = table.labels[keep]
-        if split == "train":
-            positions = np.flatnonzero(keep)
-    data = TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
+    dim = len(next(iter(feats.values()))) if feats else 0
+
+    def stack(rows: list) -> np.ndarray:
+        return np.stack(rows) if rows else np.zeros((0, dim), np.float32)
+
+    data = task_data(task, tables, missing, failed, exclude, copies, feats, stack)
     return data, stats
 
 

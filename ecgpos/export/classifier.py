@@ -25,10 +25,16 @@ from torch import nn
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from ecgpos.export.format import CLASSIFIER_FORMAT, CONFIG_FILE, WEIGHTS_FILE, state_sha256
-from ecgpos.export.load import ExportedEncoder, build_from_state, check_config_binding, export_folder
+from ecgpos.export.format import CLASSIFIER_FORMAT, CONFIG_FILE, WEIGHTS_FILE
+from ecgpos.export.load import (
+    ExportedEncoder,
+    build_from_state,
+    check_config_binding,
+    checked_weights,
+    export_folder,
+    export_spec,
+)
 from ecgpos.export.load import read_export_config as _read_config
-from ecgpos.files import read_safetensors
 from ecgpos.models.features import DEFAULT_NUM_WINDOWS, resolve_device
 
 CLASSIFIER_ONNX_FILE = "classifier.onnx"
@@ -133,18 +139,9 @@ def load_classifier(path: str | Path, device: str | torch.device = "cpu") -> Exp
     config = _read_config(folder, (CLASSIFIER_FORMAT,))
     where = folder / CONFIG_FILE
     labels, thresholds = _check_fields(config, where)
-    try:
-        spec = PreprocessSpec.from_dict(config["preprocess"])
-    except (EcgposError, TypeError) as err:
-        raise EcgposError(f"{where}: invalid preprocess spec: {err}") from None
+    spec = export_spec(folder, config)
     weights_path = folder / WEIGHTS_FILE
-    state = read_safetensors(weights_path, "weights in the classifier export")
-    digest = state_sha256(state)
-    if digest != config["weights_sha256"]:
-        raise EcgposError(
-            f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
-            f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)"
-        )
+    state = checked_weights(folder, config, "weights in the classifier export")
     encoder_state, head_state = split_state(state, str(weights_path))
     module = build_from_state(config["arch"], encoder_state, str(weights_path))
     check_config_binding(folder, config)

@@ -240,6 +240,27 @@ class ExportedEncoder(nn.Module):
 _warned_unbound: set[str] = set()
 
 
+def export_spec(folder: Path, config: Mapping[str, Any]) -> PreprocessSpec:
+    """The preprocessing spec config.json states (one line when it is not a valid spec)."""
+    try:
+        return PreprocessSpec.from_dict(config["preprocess"])
+    except (EcgposError, TypeError) as err:
+        raise EcgposError(f"{folder / CONFIG_FILE}: invalid preprocess spec: {err}") from None
+
+
+def checked_weights(folder: Path, config: Mapping[str, Any], what: str) -> dict[str, torch.Tensor]:
+    """The folder's model.safetensors, refused in one line unless its sha256 is config.json's weights_sha256."""
+    weights_path = folder / WEIGHTS_FILE
+    state = read_safetensors(weights_path, what)
+    digest = state_sha256(state)
+    if digest != config["weights_sha256"]:
+        raise EcgposError(
+            f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
+            f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)"
+        )
+    return state
+
+
 def check_config_binding(folder: Path, config: dict[str, Any]) -> None:
     """Refuse a config.json whose feature-affecting fields were edited after export (config_sha256).
 
@@ -276,18 +297,9 @@ def load_encoder(path: str | Path, device: str | torch.device = "cpu") -> Export
     folder = export_folder(path)
     device = resolve_device(device)
     config = read_export_config(folder)
-    try:
-        spec = PreprocessSpec.from_dict(config["preprocess"])
-    except (EcgposError, TypeError) as err:
-        raise EcgposError(f"{folder / CONFIG_FILE}: invalid preprocess spec: {err}") from None
+    spec = export_spec(folder, config)
     weights_path = folder / WEIGHTS_FILE
-    state = read_safetensors(weights_path, "weights in the export folder")
-    digest = state_sha256(state)
-    if digest != config["weights_sha256"]:
-        raise EcgposError(
-            f"{weights_path} does not match {CONFIG_FILE}: weights sha256 {digest[:12]}... != "
-            f"{str(config['weights_sha256'])[:12]}... (file modified or from another export)"
-        )
+    state = checked_weights(folder, config, "weights in the export folder")
     encoder = build_from_state(config["arch"], state, str(weights_path))  # names the structural mismatch first
     check_config_binding(folder, config)
     exported = ExportedEncoder(encoder.float(), spec, config["arch"], config, source=str(folder.resolve()))

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from probes.datasets import missing_report, prepared_record, task_locator
-from probes.run import ProbeConfig, TaskData, record_column
+from probes.run import ProbeConfig, TaskData, failed_line, record_column, task_data
 from probes.tasks import TaskDef, read_splits
 
 
@@ -45,32 +45,13 @@ def load_task(
         except EcgposError as err:
             failed[key] = str(err)
     if failed:
-        ids = sorted(failed)
-        log(
-            f"{task.name}: {len(ids)} records failed to read and are excluded: "
-            + "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
-            + (" ..." if len(ids) > 5 else "")
-        )
+        log(failed_line(task.name, failed))
     if not signals:
         raise EcgposError(f"{task.name}: none of its records could be read (e.g. {next(iter(failed.values()), '')})")
-    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
-    for split, table in tables.items():
-        keep = np.array([k in signals for k in table.records], dtype=bool)
-        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
-        if table.patients is not None:
-            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
-        not_found = set(missing[split])
-        counts[split] = {
-            "listed": len(table.records),
-            "not_found": len(missing[split]),
-            "refused": sum(k in failed for k in table.records),
-            "overlap": sum(k in exclude and k not in not_found for k in table.records),
-            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
-            "probed": int(keep.sum()),
-        }
-        x[split] = np.empty(len(keys[split]), dtype=object)
-        x[split][:] = [signals[k] for k in keys[split]]
-        y[split] = table.labels[keep]
-        if split == "train":
-            positions = np.flatnonzero(keep)
-    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
+
+    def stack(rows: list) -> np.ndarray:
+        out = np.empty(len(rows), dtype=object)  # records of different lengths
+        out[:] = rows
+        return out
+
+    return task_data(task, tables, missing, failed, exclude, copies, signals, stack)
