@@ -34,24 +34,21 @@ from ecgpos import __version__
 from ecgpos.config import save_config
 from ecgpos.errors import ConfigError
 from ecgpos.files import atomic_write_json, atomic_write_text, remove_abandoned_temporaries
-from ecgpos.pretrain.carving import shard_violations
 from ecgpos.pretrain.checkpoint import Resumed, check_resumed_slices, remove_partial, resume_checkpoint, save_checkpoint
 from ecgpos.pretrain.data import (
     ShardDataset,
     StepBatchSampler,
-    eval_batches,
-    eval_loader,
     model_input,
     non_finite_records,
     train_loader,
 )
+from ecgpos.pretrain.evaluation import training_figures, validation_means
 from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import (
     build_optimizer,
     compile_model,
     compile_notice,
-    eager_pass,
     resolve_compile,
     resolve_mixed_precision,
 )
@@ -259,68 +256,19 @@ class Trainer:
         self.saved_step = step
         self._write_run_info(finished=False)
 
-    @torch.no_grad()
     def _validate(self, step: int) -> None:
         if self.val_set is None:
             return
-        # the bare module: a process may have no batch, and DDP's forward would wait for the others
-        model = self.objective
-        model.eval()
-        numbered = eval_batches(
-            self.val_set,
-            self.sampler.per_process,
-            self.cfg.train.val_batches,
-            self.acc.process_index,
-            self.acc.num_processes,
+        loss, violation = validation_means(
+            self.objective, self.val_set, self.sampler.per_process, self.cfg.train, self.acc
         )
-        total = torch.zeros(4, device=self.acc.device)
-        batches = eval_loader(self.val_set, [b for _, b in numbered], 0)
-        for (k, _), x in zip(numbered, batches):
-            x = model_input(x, self.acc.device)
-            with eager_pass():
-                out = model(x, generator=step_generator(self.cfg.train.seed, 0, k, salt=1, device=self.acc.device))
-            count = torch.tensor(float(len(x)), device=total.device)
-            total[:2] += torch.stack([out["loss"].detach().float() * count, count])
-        # the carving criterion on every validation record, each perturbed from its own seed
-        violations = shard_violations(
-            model,
-            self.val_set,
-            self.sampler.per_process,
-            self.acc.device,
-            self.acc.process_index,
-            self.acc.num_processes,
-        )
-        total[2:] += torch.tensor([sum(violations.values()), float(len(violations))], device=total.device)
-        model.train()
         self._keep_base_frozen()
-        if self.acc.num_processes > 1:
-            total = self.acc.reduce(total, reduction="sum")
-        violation = float(total[2] / total[3].clamp_min(1))
-        self.metrics.log_val(step, float(total[0] / total[1].clamp_min(1)), val_push_violation=violation)
+        self.metrics.log_val(step, loss, val_push_violation=violation)
 
-    @torch.no_grad()
     def _figure(self, step: int) -> None:
-        from ecgpos.pretrain.figures import plot_training_curves, plot_training_step
-
-        if not self.acc.is_main_process:
-            return
-        model = self.objective
-        model.eval()
-        x = model_input(self.figure_set[0][None], self.acc.device)
-        with self.acc.autocast(), eager_pass():
-            out = model(x, generator=step_generator(self.cfg.train.seed, 0, 0, salt=2, device=self.acc.device))
-        model.train()
-        self._keep_base_frozen()
-        folder = self.run_dir / FIGURES_DIR
-        title = f"step {step}: loss {float(out['loss']):.4f} on {self.figure_set.index.record_id[0]}"
-        if self.cfg.stage == 0:
-            tensors = {"recon": model.to_signal_units(x, out["pred"])[0].float()}
-        else:
-            tensors = {"target": out["target"][0].float(), "pred": out["pred"][0].float()}
-        arrays = {"mask": out["mask"][0].cpu().numpy(), **{k: v.cpu().numpy() for k, v in tensors.items()}}
-        x_np = x[0].float().cpu().numpy()
-        plot_training_step(self.cfg.stage, x_np, arrays, folder, step, self.cfg.preprocess.fs, title)
-        plot_training_curves(self.metrics.path, folder / "curves.png", f"{self.run_dir.name} (stage {self.cfg.stage})")
+        if self.acc.is_main_process:
+            training_figures(self.objective, self.figure_set, self.cfg, self.acc, self.run_dir, self.metrics.path, step)
+            self._keep_base_frozen()
 
     def _keep_base_frozen(self) -> None:
         base = base_of(self.objective)
