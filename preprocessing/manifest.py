@@ -21,7 +21,7 @@ from pathlib import Path
 import h5py
 
 from ecgpos import __version__
-from ecgpos.ecg.shards import SHARD_GLOB, shard_name, shard_paths
+from ecgpos.ecg.shards import shard_name, shard_paths
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_bytes
 from preprocessing.records import RecordRef
@@ -271,11 +271,11 @@ def write_or_check_plan(
 
 def check_out_folder(out: Path) -> None:
     """ConfigError when `out` holds files but is no set that preprocessing started (no chunks/): someone's
-    data, among which a set's files could not be told apart from it. (Shard files without a plan are
-    named by `write_or_check_plan`.)"""
-    if not out.is_dir() or chunk_dir(out).is_dir():
+    data, among which a set's files could not be told apart from it. (A folder of shard files without a
+    plan, a set whose chunks/ was deleted, is named by `write_or_check_plan`.)"""
+    if not out.is_dir() or chunk_dir(out).is_dir() or shard_paths(out):
         return
-    foreign = sorted(p.name for p in out.iterdir() if not _temporary(p.name) and not p.match(SHARD_GLOB))
+    foreign = sorted(p.name for p in out.iterdir() if not _temporary(p.name))
     if foreign:
         raise ConfigError(
             f"--out {out} is a non-empty folder that is not a preprocessing output ({len(foreign)} entries, e.g. "

@@ -35,9 +35,13 @@ def test_extend_builds_what_add_builds(bits: int) -> None:
 
 
 def test_extend_of_mixed_or_malformed_prints_behaves_as_add() -> None:
+    # a fingerprint of another length than the index's would match nothing: refused, one by one or together
+    with pytest.raises(ValueError, match="bits"):
+        FingerprintIndex().extend([("a", "ff" * 68), ("b", "0f" * 10)])
     index = FingerprintIndex()
-    index.extend([("a", "ff" * 68), ("b", "0f" * 10)])
-    assert index.names == ["a", "b"]
+    index.add("a", "ff" * 68)
+    with pytest.raises(ValueError, match="bits"):
+        index.extend([("b", "0f" * 10), ("c", "f0" * 10)])
     with pytest.raises(ValueError):
         FingerprintIndex().extend([("a", "abc"), ("b", "def")])
     with pytest.raises(ValueError):

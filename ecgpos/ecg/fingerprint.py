@@ -129,6 +129,8 @@ class FingerprintIndex:
         """`add` for fingerprints of one length: the same names, bit rows and band keys, in the same order."""
         packed = np.frombuffer(bytes.fromhex("".join(prints)), dtype=np.uint8).reshape(len(prints), -1)
         bits = np.unpackbits(packed, axis=1)
+        if self._bitrows and bits.shape[1] != len(self._bitrows[0]):  # as `add`: would match nothing, silently
+            raise ValueError(f"fingerprints of {bits.shape[1]} bits added to an index of {len(self._bitrows[0])}")
         first = len(self.names)
         self.names.extend(names)
         self.prints.extend(prints)
