@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 import re
 
-from ecgpos.ecg.spec import PreprocessSpec
+from ecgpos.ecg.spec import MAX_FS_HZ, PreprocessSpec
 from ecgpos.errors import SignalError
 
-MAX_FS_HZ = 10_000.0
 """Highest accepted rate: far above any clinical ECG (500-1000 Hz) and within exact resampling."""
 
 # The WFDB record line's rate field: `fs[/counter_freq[(base_counter)]]`.

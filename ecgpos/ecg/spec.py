@@ -18,6 +18,8 @@ from ecgpos.config import apply_overrides, from_dict, read_yaml
 from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.errors import ConfigError
 
+MAX_FS_HZ = 10_000.0  # the highest sampling rate of a spec or a record (ecgpos.ecg.rates parses rates)
+
 STANDARDISE_MODES = ("lead", "record")
 MAX_FILTER_ORDER = 100  # far above the default 4; a Butterworth design of this order still takes milliseconds
 
@@ -49,6 +51,8 @@ class PreprocessSpec:
             )
         if self.window <= 0 or self.filter_order <= 0:
             raise ConfigError("preprocess.window and preprocess.filter_order must be positive")
+        if self.fs > MAX_FS_HZ:  # before the window check, which would otherwise name this rate's second
+            raise ConfigError(f"preprocess.fs {self.fs} is above the highest supported rate, {MAX_FS_HZ:g} Hz")
         if self.window < self.fs:  # a shorter window holds no heartbeat (nor a 1-sample z-score a signal)
             raise ConfigError(
                 f"preprocess.window must hold at least one second ({self.fs} samples at fs={self.fs}), "
