@@ -33,7 +33,6 @@ from ecgpos.objectives.push_pull import (
     PushPullConfig,
     perturb,
     perturbation_noise,
-    push_margin_violated,
     push_pull_loss,
 )
 from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
@@ -164,25 +163,6 @@ class LatentMaskedAutoencoder(nn.Module):
         tokens = self.latent_tokens(x)
         latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, masking=masking)
         return masked_mse_per_sample(self.decoder(latent, ids_restore), self.target(tokens), mask)
-
-    @torch.no_grad()
-    def push_violations(
-        self, x: torch.Tensor, generator: torch.Generator | None = None, per_sample_noise: bool = False
-    ) -> torch.Tensor:
-        """(B,) bool: Push margin violated for the perturbed Stage-0 tokens of each sample.
-
-        The run's push-pull perturbation and alpha (the defaults of PushPullConfig when push-pull is
-        off), distances in the loss's target space as in training. per_sample_noise perturbs every
-        sample on its own (its own token std for 'gaussian'), so a record's answer does not depend on
-        the batch it comes in.
-        """
-        pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
-        tokens = self.latent_tokens(x)
-        if per_sample_noise:
-            tilde = torch.cat([self.perturb_patches(t[None], generator) for t in tokens])
-        else:
-            tilde = self.perturb_patches(tokens, generator)
-        return push_margin_violated(self.target(tokens), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     def nested_encoder(self) -> NestedEncoder:
         """Levels 0..l (the base, then this level's encoder; no masking), sharing this model's modules."""

@@ -27,7 +27,6 @@ from ecgpos.objectives.push_pull import (
     PushPullConfig,
     perturb,
     perturbation_noise,
-    push_margin_violated,
     push_pull_loss,
 )
 
@@ -158,19 +157,6 @@ class MaskedECGAutoencoder(nn.Module):
             loss = loss + pp.lambda_pp * pp_loss
             log["pp_loss"], log["push_active"] = pp_loss, active
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
-
-    @torch.no_grad()
-    def push_violations(
-        self, x: torch.Tensor, generator: torch.Generator | None = None, per_sample_noise: bool = False
-    ) -> torch.Tensor:
-        """(B,) bool: Push margin violated for the perturbed signal of each sample (as
-        LatentMaskedAutoencoder.push_violations, in signal space)."""
-        pp = self.push_pull if self.push_pull.enabled else PushPullConfig()
-        if per_sample_noise:
-            tilde = torch.cat([self.perturb_patches(s[None], generator) for s in x])
-        else:
-            tilde = self.perturb_patches(x, generator)
-        return push_margin_violated(self.target(x), self.target(tilde), self.reconstruct(tilde), pp.alpha)
 
     @torch.no_grad()
     def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
