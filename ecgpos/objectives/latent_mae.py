@@ -26,13 +26,13 @@ from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.masking import check_mask_ratio, mask_noise, masking_from_noise
+from ecgpos.models.masking import check_mask_ratio, masking_from_noise
 from ecgpos.models.nested import NestedEncoder, check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.push_pull import (
     PushPullConfig,
+    forward_noise,
     perturb,
-    perturbation_noise,
     push_pull_loss,
 )
 from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
@@ -101,12 +101,7 @@ class LatentMaskedAutoencoder(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform} and,
         with push-pull on, {"perturb": the perturbation's noise for the (B, L, N, W) patch tokens}."""
-        e = self.encoder
-        noise = {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
-        if self.push_pull.enabled:
-            shape = (batch, e.num_leads, e.num_patches, e.width)
-            noise["perturb"] = perturbation_noise(shape, self.push_pull.perturbation, generator, device)
-        return noise
+        return forward_noise(self.encoder, self.push_pull, batch, self.encoder.width, generator, device)
 
     def perturb_patches(
         self, tokens: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None

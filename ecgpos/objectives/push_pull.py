@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from ecgpos.errors import ConfigError
 
@@ -126,3 +127,23 @@ def push_margin_violated(x: torch.Tensor, x_tilde: torch.Tensor, x_hat: torch.Te
     """(B,) bool: alpha * d(x~, x) > d(x^, x~), the samples whose reconstruction still violates the
     Push margin (the preprint's label-free criterion for whether a level needs further carving)."""
     return alpha * per_sample_distance(x_tilde, x) > per_sample_distance(x_hat, x_tilde)
+
+
+def forward_noise(
+    encoder: nn.Module,
+    push_pull: PushPullConfig,
+    batch: int,
+    patch_dim: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
+    """The random numbers of one forward of a level's objective over `batch` samples, drawn in this order:
+    {"mask": (B, L, N) uniform} and, with push-pull on, {"perturb": the perturbation's noise for the
+    (B, L, N, patch_dim) patches: signal samples at level 0, token widths above}."""
+    from ecgpos.models.masking import mask_noise
+
+    noise = {"mask": mask_noise(batch, encoder.num_leads, encoder.num_patches, generator, device)}
+    if push_pull.enabled:
+        shape = (batch, encoder.num_leads, encoder.num_patches, patch_dim)
+        noise["perturb"] = perturbation_noise(shape, push_pull.perturbation, generator, device)
+    return noise

@@ -21,12 +21,12 @@ import torch
 from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
-from ecgpos.models.masking import check_mask_ratio, mask_noise, masking_from_noise
+from ecgpos.models.masking import check_mask_ratio, masking_from_noise
 from ecgpos.models.st_mem import STMEMEncoder, patchify, unpatchify
 from ecgpos.objectives.push_pull import (
     PushPullConfig,
+    forward_noise,
     perturb,
-    perturbation_noise,
     push_pull_loss,
 )
 
@@ -89,12 +89,7 @@ class MaskedECGAutoencoder(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform} and,
         with push-pull on, {"perturb": the perturbation's noise for the (B, L, N, P) signal patches}."""
-        e = self.encoder
-        noise = {"mask": mask_noise(batch, e.num_leads, e.num_patches, generator, device)}
-        if self.push_pull.enabled:
-            shape = (batch, e.num_leads, e.num_patches, e.patch_size)
-            noise["perturb"] = perturbation_noise(shape, self.push_pull.perturbation, generator, device)
-        return noise
+        return forward_noise(self.encoder, self.push_pull, batch, self.encoder.patch_size, generator, device)
 
     def perturb_patches(
         self, x: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
