@@ -9,7 +9,7 @@ and manifest writers, generated 10 s 250 Hz signals instead of read and filtered
 - the trainer's and each loader worker's peak RSS over --steps steps at 6 workers, and the loader's
   samples/s at 6 workers (bench/loader.py's measurement);
 - the leakage guard: loading the N pretraining fingerprints as `ecgpos probe --pretraining-index`
-  does at start-up (`probes.leakage.load_pretraining`), then matching the fingerprints of a
+  does at start-up (`probes.shared.leakage.load_pretraining`), then matching the fingerprints of a
   --probe-set-record probe set (CSN's size by default) against them as `task_overlap` does (random
   probe fingerprints, 1 % of them near-copies of pretraining records, which must all be found);
 
@@ -170,7 +170,7 @@ def _pretrain(shards: Path, run_dir: Path, steps: int, until: int, resume: bool)
 
 def guard_costs(shards: Path, probe_records: int, seed: int = 1) -> tuple[float, float]:
     """(seconds to load the pretraining fingerprints, seconds to match the probe set against them)."""
-    from probes.leakage import load_pretraining
+    from probes.shared.leakage import load_pretraining
 
     started = time.perf_counter()
     index = load_pretraining([shards], log=lambda _: None)

@@ -90,7 +90,7 @@ except ValueError as err:
     eval "_ecgpos_words_out=($quoted)"
 }
 
-# Probe task names `ecgpos probe --task` knows (probes/tasks.py), besides custom:<dir>.
+# Probe task names `ecgpos probe --task` knows (probes/shared/tasks.py), besides custom:<dir>.
 ECGPOS_KNOWN_PROBE_TASKS="ptbxl-super ptbxl-sub ptbxl-form ptbxl-rhythm cpsc2018 csn"
 # ecgpos_require_probe_tasks: each word of ECGPOS_PROBE_TASKS is a known task or custom:<existing folder>.
 ecgpos_require_probe_tasks() {

@@ -19,10 +19,10 @@ from ecgpos.config import load_config
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.runs.run_config import RunConfig, load_run_config
-from probes.geometry_cli import _splits
-from probes.probe_args import fractions_from_percent
-from probes.run import ProbeConfig
-from probes.tasks import TASKS
+from probes.geometry.cli import _splits
+from probes.linear.run import ProbeConfig
+from probes.shared.args import fractions_from_percent
+from probes.shared.tasks import TASKS
 
 # flags of the tools around ecgpos (accelerate, sbatch, srun, scancel, pip, pytest) that the docs show
 EXTERNAL_FLAGS = {

@@ -22,11 +22,11 @@ SKIP_DIRS = {"tests", "node_modules", "build", "demo-out", "gpu_data", "gpu_out"
 CLI_MODULES = {
     "preprocess": "preprocessing.cli",
     "pretrain": "ecgpos.cli.pretrain",
-    "probe": "probes.probe_args",
+    "probe": "probes.linear.args",
     "export": "ecgpos.cli.export",
     "embed": "ecgpos.cli.embed",
     "verify": "ecgpos.cli.verify",
-    "geometry": "probes.geometry_cli",
+    "geometry": "probes.geometry.cli",
     "score": "ecgpos.cli.score",
     "carve": "ecgpos.cli.carve",
     "demo": "ecgpos.demo.demo",
@@ -34,7 +34,7 @@ CLI_MODULES = {
     "finetune": "probes.finetune.args",
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
-DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.cli")
+DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.linear.cli")
 BENCH_SCRIPTS = ("loader", "predict", "preprocess", "probe", "scale", "train_step")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 

@@ -63,7 +63,7 @@ def test_overrides_parse_yaml_values_and_reject_bad_syntax() -> None:
             ["--stage", "0", "--config", "c", "--shards", "s", "--run-dir", "r"],
             "override a config key, e.g. --set optim",
         ),
-        ("probes.probe_args", ["--task", "ptbxl-super"], "override a ProbeConfig key, e.g. --set windows_cpsc2018"),
+        ("probes.linear.args", ["--task", "ptbxl-super"], "override a ProbeConfig key, e.g. --set windows_cpsc2018"),
         ("preprocessing.cli", ["ecg-arrhythmia", "--out", "o"], "override one spec key, e.g. --set lowpass_hz"),
     ],
 )

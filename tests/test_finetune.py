@@ -155,7 +155,7 @@ def test_shipped_config_is_the_dataclass_defaults_and_bad_values_are_refused() -
 
 
 def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> None:
-    from probes.report import RESULT_COLUMNS, read_results, write_results
+    from probes.shared.results import RESULT_COLUMNS, read_results, write_results
 
     row = {c: 0 for c in RESULT_COLUMNS} | {"encoder": "e", "task": "t", "note": "", "test_auroc": 0.7}
     del row["protocol"]  # what `ecgpos probe` rows hold: no protocol of their own

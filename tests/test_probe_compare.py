@@ -144,8 +144,8 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     super-class records, so `ours − published` compares different test sets and says so. A label that
     names no published row is compared with the row of its architecture (a Stage-0 encoder: Stage 0),
     also after a --compare of a --compare."""
-    from probes.published import PUBLISHED_TEST_RECORDS, read_reference
-    from probes.tasks import SPLITS, read_splits, resolve_task
+    from probes.shared.published import PUBLISHED_TEST_RECORDS, read_reference
+    from probes.shared.tasks import SPLITS, read_splits, resolve_task
 
     for task, size in PUBLISHED_TEST_RECORDS.items():  # the constants are the split files' sizes
         tables = read_splits(resolve_task(task), shared_data / "merl_splits")
@@ -218,7 +218,7 @@ def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_sc
 
 def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> None:
     """A custom task's column is its folder name in the paired-difference table, as in the results table."""
-    from probes.intervals import differences_markdown
+    from probes.shared.intervals import differences_markdown
 
     diffs = pd.DataFrame(
         [dict(encoder="b", baseline="a", task="custom:rhythm", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
@@ -315,7 +315,7 @@ def test_paired_difference_over_different_class_counts_is_one_line() -> None:
 
     from ecgpos.errors import EcgposError
     from ecgpos.export.probe_scores import ScoreSet
-    from probes.intervals import paired_differences
+    from probes.shared.intervals import paired_differences
 
     keys = ["r0", "r1", "r2", "r3"]
     two = np.array([[0, 1], [1, 0], [1, 1], [0, 0]], np.uint8)

@@ -10,18 +10,17 @@ import torch
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
-from probes.linear import (
+from probes.linear.train import (
     ProtocolConfig,
     epoch_permutations,
-    label_fraction_rows,
     lr_at_epoch,
     reference_run,
     train_probe,
     train_probe_groups,
 )
-from probes.metrics import auroc_columns, macro_auroc_sklearn
-from probes.run import TaskData, fraction_rows
-from probes.tasks import TASKS
+from probes.shared.metrics import auroc_columns, macro_auroc_sklearn
+from probes.shared.task_data import TaskData, fraction_rows, label_fraction_rows
+from probes.shared.tasks import TASKS
 
 
 def _data(seed: int, n: int = 48, dim: int = 12, classes: int = 3, n_val: int = 40):

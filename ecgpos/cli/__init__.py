@@ -1,5 +1,5 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
-(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.cli, probes.finetune.cli, probes.geometry_cli,
+(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.linear.cli, probes.finetune.cli, probes.geometry.cli,
 ecgpos.demo.demo)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "ecgpos.cli.pretrain",
         "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate",
     ),
-    "probe": ("probes.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
+    "probe": ("probes.linear.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
     "finetune": (
         "probes.finetune.cli",
         "fine-tune the encoder on the probe tasks: full, top:K blocks, lora:R or lp-ft",
@@ -35,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
     "verify": ("ecgpos.cli.verify", "check an exported encoder or classifier against its test vectors"),
     "predict": ("ecgpos.cli.predict", "each label's probability and flag for WFDB records, shards or .npy arrays"),
-    "geometry": ("probes.geometry_cli", "PoS representation dynamics between two levels, and the carving criterion"),
+    "geometry": ("probes.geometry.cli", "PoS representation dynamics between two levels, and the carving criterion"),
     "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
     "carve": ("ecgpos.cli.carve", "carve level after level until the push-margin criterion says stop"),
     "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),

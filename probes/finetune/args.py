@@ -8,9 +8,9 @@ import json
 from ecgpos.config import add_set_option, load_config
 from ecgpos.files import user_path
 from ecgpos.resources import config_path
-from probes.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 from probes.finetune.config import FinetuneConfig, check_finetune_config
-from probes.probe_args import fractions_from_percent
+from probes.shared.args import fractions_from_percent
+from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 
 DESCRIPTION = "`ecgpos finetune`: the encoder trained on the probe tasks (full, top blocks, LoRA or LP-FT)."
 EPILOG = """\

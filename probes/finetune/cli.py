@@ -18,24 +18,22 @@ from ecgpos.files import atomic_write_text, make_output_folder, remove_abandoned
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
 from ecgpos.models.features import resolve_device
 from ecgpos.pretrain.optim import resolve_mixed_precision
-from probes.cli import _cache_dir as guard_cache_dir  # the probe's guard and its cache folder, not a second copy
-from probes.cli import _clear_outputs
-from probes.cli import _guard as leakage_guard
-from probes.datasets import check_records
-from probes.encoder import load_probe_encoder
 from probes.finetune.args import build_parser, finetune_config
 from probes.finetune.config import FinetuneConfig, Mode, parse_mode
 from probes.finetune.outputs import model_dir, stored_model, training_key, write_model
 from probes.finetune.records import load_task
 from probes.finetune.report import finetune_protocol, protocol_markdown
 from probes.finetune.train import Split, class_aurocs, train_classifier
-from probes.intervals import add_intervals, collect_scores
-from probes.leakage import pretraining_spec, write_overlap
-from probes.probe_args import check_bootstrap, check_text_flags
-from probes.provenance import INFO_FILE
-from probes.report import records_markdown, write_outputs, write_results
-from probes.run import fraction_rows, record_column, sort_rows, task_windows
-from probes.tasks import read_splits, resolve_tasks, task_names
+from probes.shared.args import check_bootstrap, check_text_flags
+from probes.shared.datasets import check_records
+from probes.shared.encoder import load_probe_encoder
+from probes.shared.guard import cache_folder, leakage_guard
+from probes.shared.intervals import add_intervals, collect_scores
+from probes.shared.leakage import pretraining_spec, write_overlap
+from probes.shared.provenance import INFO_FILE, clear_outputs
+from probes.shared.results import records_markdown, write_outputs, write_results
+from probes.shared.task_data import fraction_rows, record_column, sort_rows, task_windows
+from probes.shared.tasks import read_splits, resolve_tasks, task_names
 
 
 def _accelerator(cfg: FinetuneConfig):
@@ -69,10 +67,9 @@ def main(argv: list[str]) -> int:
     tasks = resolve_tasks(task_names(args.task, args.include_csn))
     _check_inputs(args, tasks)
     cfg = finetune_config(args)
-    view = cfg.probe_view()
     for task in tasks:  # every split file and its records before the encoder loads
         check_records(
-            task, read_splits(task, args.splits, record_column(task, view)), args.data_root, args.require_complete
+            task, read_splits(task, args.splits, record_column(task, cfg)), args.data_root, args.require_complete
         )
     enc = load_probe_encoder(args.encoder, args.level)
     unfinished = unfinished_note(enc.info)
@@ -90,15 +87,14 @@ def main(argv: list[str]) -> int:
 def _finetune(args, cfg: FinetuneConfig, mode: Mode, tasks, enc, acc, notes: list[str]) -> int:
     main_process = acc.is_main_process
     label = args.name or f"{enc.label} ({mode.protocol})"
-    view = cfg.probe_view()
-    cache_dir = make_output_folder(guard_cache_dir(args), "--cache-dir", create=False)
+    cache_dir = make_output_folder(cache_folder(args), "--cache-dir", create=False)
     if main_process:
         make_output_folder(args.out)
         make_output_folder(cache_dir, "--cache-dir")
         for folder in (args.out, cache_dir):
             remove_abandoned_temporaries(folder)
     log = lambda s: (print(s), notes.append(s)) if main_process else None  # noqa: E731
-    overlaps, guard_section = leakage_guard(args, enc, tasks, view, cache_dir, log)
+    overlaps, guard_section = leakage_guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
     copies = {o.task: o.copy_keys for o in overlaps} if args.exclude_overlap else {}
     started = time.time()
@@ -110,14 +106,14 @@ def _finetune(args, cfg: FinetuneConfig, mode: Mode, tasks, enc, acc, notes: lis
             enc.spec,
             args.data_root or Path("."),
             args.splits,
-            view,
+            cfg,
             log,
             exclude.get(task.name, frozenset()),
             copies.get(task.name, frozenset()),
         )
         records[label][task.name] = data.counts
         tests[(label, task.name)] = (data.keys["test"], data.y["test"], data.patients.get("test"))
-        windows = task_windows(view, task.dataset)
+        windows = task_windows(cfg, task.dataset)
         evals = {s: Split(data.x[s], data.y[s], data.keys[s]) for s in ("val", "test")}
         for fraction in cfg.fractions:
             subset = fraction_rows(data, fraction)
@@ -131,7 +127,7 @@ def _finetune(args, cfg: FinetuneConfig, mode: Mode, tasks, enc, acc, notes: lis
     rows = sort_rows(rows, [label], [t.name for t in tasks])
     sets = collect_scores(rows, tests)
     add_intervals(rows, sets, args.bootstrap)
-    _clear_outputs(args.out)
+    clear_outputs(args.out)
     save_scores(sets, args.out)
     frame = write_results(rows, args.out)
     if overlaps:

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from ecgpos.errors import EcgposError
-from probes.run import ProbeConfig, check_probe_config
+from probes.shared.task_data import RecordSettings, check_record_settings
 
 
 @dataclass(frozen=True)
@@ -53,34 +53,20 @@ class OptimConfig:
 
 @dataclass
 class FinetuneConfig:
-    """Fine-tuning settings; the data keys (fractions, seeds, records, windows) are the probe's."""
+    """Fine-tuning settings; the fractions, seeds and record keys (RecordSettings) mean what the probe's do."""
 
     tune: OptimConfig = field(default_factory=OptimConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)
     seeds: int = 5
-    ptbxl_records: str = "records500"
-    windows_ptbxl: int = 1
-    windows_cpsc2018: int = 4
-    windows_csn: int = 1
-    windows_custom: int = 1
+    ptbxl_records: str = RecordSettings.ptbxl_records
+    windows_ptbxl: int = RecordSettings.windows_ptbxl
+    windows_cpsc2018: int = RecordSettings.windows_cpsc2018
+    windows_csn: int = RecordSettings.windows_csn
+    windows_custom: int = RecordSettings.windows_custom
     eval_batch_size: int = 64
     device: str = "auto"  # single-process runs; under `accelerate launch` Accelerate picks each process's device
     mixed_precision: str = "auto"  # auto: bf16 on CUDA with bf16 support, else fp32
-
-    def probe_view(self) -> ProbeConfig:
-        """The probe settings these data keys mean, for the probe's record, window and guard helpers."""
-        return ProbeConfig(
-            fractions=self.fractions,
-            seeds=self.seeds,
-            ptbxl_records=self.ptbxl_records,
-            windows_ptbxl=self.windows_ptbxl,
-            windows_cpsc2018=self.windows_cpsc2018,
-            windows_csn=self.windows_csn,
-            windows_custom=self.windows_custom,
-            extract_batch_size=self.eval_batch_size,
-            device=self.device,
-        )
 
 
 @dataclass(frozen=True)
@@ -110,7 +96,7 @@ def parse_mode(text: str) -> Mode:
 
 def check_finetune_config(cfg: FinetuneConfig) -> None:
     """One line for settings that would crash later or train the wrong way silently."""
-    check_probe_config(cfg.probe_view())
+    check_record_settings(cfg, cfg.fractions, cfg.seeds)
     o, a = cfg.tune, cfg.augment
     bad = [f"tune.{k}={getattr(o, k)}" for k in ("epochs", "batch_size") if getattr(o, k) < 1]
     bad += [f"tune.{k}={getattr(o, k)}" for k in ("base_lr", "grad_clip") if not getattr(o, k) > 0]

@@ -1,5 +1,5 @@
 """A task's records in memory for fine-tuning: the probe's splits, locators, screening and preprocessing
-(probes.datasets.prepared_record), with every split row accounted for as the probe counts it."""
+(probes.shared.datasets.prepared_record), with every split row accounted for as the probe counts it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tqdm.auto import tqdm
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from probes.datasets import missing_report, prepared_record, task_locator
-from probes.run import ProbeConfig, TaskData, failed_line, record_column, task_data
-from probes.tasks import TaskDef, read_splits
+from probes.shared.datasets import missing_report, prepared_record, task_locator
+from probes.shared.task_data import RecordKeys, TaskData, failed_line, record_column, task_data
+from probes.shared.tasks import TaskDef, read_splits
 
 
 def load_task(
@@ -21,7 +21,7 @@ def load_task(
     spec: PreprocessSpec,
     data_root: Path,
     splits_root: Path | None,
-    cfg: ProbeConfig,
+    cfg: RecordKeys,
     log: Callable[[str], None] = print,
     exclude: frozenset[str] | set[str] = frozenset(),
     copies: frozenset[str] | set[str] = frozenset(),

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from ecgpos.config import to_dict
 from ecgpos.ecg.spec import PreprocessSpec
 from probes.finetune.config import FinetuneConfig, Mode
-from probes.run import task_windows
-from probes.tasks import TASKS
+from probes.shared.task_data import task_windows
+from probes.shared.tasks import TASKS
 
 
 def finetune_protocol(cfg: FinetuneConfig, mode: Mode) -> dict:
@@ -43,7 +43,7 @@ def _trains(mode: Mode) -> str:
 def protocol_markdown(cfg: FinetuneConfig, mode: Mode, tasks: Sequence[str], spec: PreprocessSpec) -> str:
     o, a = cfg.tune, cfg.augment
     datasets = dict.fromkeys(TASKS[t].dataset if t in TASKS else "custom" for t in tasks)
-    windows = ", ".join(f"{d} {task_windows(cfg.probe_view(), d)}" for d in datasets)
+    windows = ", ".join(f"{d} {task_windows(cfg, d)}" for d in datasets)
     return "\n".join(
         [
             "## Protocol (fine-tuning)",

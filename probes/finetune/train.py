@@ -189,7 +189,7 @@ def train_classifier(
 
 def class_aurocs(labels: np.ndarray, scores: np.ndarray, classes: Sequence[str]) -> tuple[list[str], dict]:
     """(classes left out for lacking a positive or a negative, {class: AUROC} of the others)."""
-    from probes.metrics import macro_auroc_sklearn
+    from probes.shared.metrics import macro_auroc_sklearn
 
     _, per_class = macro_auroc_sklearn(labels, scores, classes)
     return [c for c in classes if c not in per_class], per_class

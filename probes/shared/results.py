@@ -1,5 +1,5 @@
-"""Probe outputs: results.csv (one row per seed), summary.md (the paper's table, the protocol as run, what
-became of every split row), a bar chart; --compare."""
+"""What every protocol writes and `--compare` merges: results.csv (one row per seed), summary.md (the paper's
+table, the sections a protocol adds, what became of every split row), a bar chart."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pandas as pd
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 from ecgpos.files import atomic_path, atomic_write_text
-from probes.intervals import INTERVAL_COLUMNS
-from probes.run import RECORD_COUNTS, ProbeConfig, task_windows
-from probes.tasks import TASKS, read_table, task_label
+from probes.shared.intervals import INTERVAL_COLUMNS
+from probes.shared.task_data import RECORD_COUNTS
+from probes.shared.tasks import TASKS, read_table, task_label
 
 LINEAR = "linear"  # the `protocol` of a linear-probe row
 RESULT_COLUMNS = [
@@ -213,65 +213,6 @@ def summary_markdown(frame: pd.DataFrame, notes: Sequence[str] = (), sections: S
     if notes:
         parts += ["## Notes", "", *[f"- {n}" for n in notes], ""]
     return "\n".join(parts)
-
-
-def protocol_markdown(
-    cfg: ProbeConfig, tasks: Sequence[str], window: int, fs: float, raw_baseline: bool = False
-) -> str:
-    """summary.md section: the probe protocol of these task names as a reviewer needs it, from the run's
-    settings; `window` samples at `fs` Hz is the encoder's input window; raw_baseline: a "raw signal"
-    row is in the tables."""
-    p = cfg.protocol
-    datasets = [TASKS[t].dataset if t in TASKS else "custom" for t in tasks]
-    drops = ", ".join(str(e + 1) for e in p.lr_drop_epochs if e < p.epochs)  # a drop after the last epoch is none
-    subsets = [f for f in cfg.fractions if f < 1]
-    seconds = f"{window / fs:g} s"
-    pooling = {
-        "ptbxl": f"PTB-XL (10 s records) {task_windows(cfg, 'ptbxl')} centred window(s)",
-        "cpsc2018": f"CPSC2018 (6-60 s records) up to {task_windows(cfg, 'cpsc2018')} windows spread evenly, "
-        "at least half a window apart (MERL itself embeds the first 5 s, zero-padded)",
-        "csn": f"CSN (10 s records) {task_windows(cfg, 'csn')} centred window(s)",
-        "custom": f"custom tasks up to {task_windows(cfg, 'custom')} window(s)",
-    }
-    text = [
-        "## Protocol",
-        "",
-        f"- Features: the frozen encoder's features averaged over each record's windows of {window} samples "
-        f"({seconds}): " + "; ".join(pooling[d] for d in dict.fromkeys(datasets) if d in pooling) + ". A record "
-        "shorter than one window is zero-padded at the end.",
-        *(
-            [
-                f"- Raw-signal baseline: the centre window only, on every dataset (averaging raw windows "
-                f"would blur beats that do not line up), block-averaged to {cfg.raw_fs:g} Hz and flattened "
-                f"({12 * (window // max(1, round(fs / cfg.raw_fs)))} features)."
-            ]
-            if raw_baseline
-            else []
-        ),
-        f"- Probe: one linear layer, binary cross-entropy, Adam (lr {p.lr:g}, weight decay {p.weight_decay:g}), "
-        f"batch {p.batch_size}, {p.epochs} epochs, "
-        + (f"lr x {p.lr_drop_factor:g} from epoch {drops} on (epochs counted from 1)" if drops else "constant lr")
-        + ". Each seed keeps its epoch with the highest validation macro-AUROC (the first "
-        "if tied); the test split is scored at that epoch only.",
-        "- Macro-AUROC: the unweighted mean of the per-class AUROCs over the classes that have at least one "
-        "positive and one negative in the split scored; classes left out are listed below.",
-        f"- Seed{f's 0-{cfg.seeds - 1}' if cfg.seeds > 1 else ' 0'}: a seed draws the layer's initialisation "
-        "and the batch order."
-        + (
-            f" The {', '.join(f'{f * 100:g} %' for f in subsets)} training subsets are MERL's (scikit-learn "
-            "train_test_split of the train file's rows, random_state=42): the same records for every seed; "
-            "records not probed are then left out of them."
-            if subsets
-            else ""
-        ),
-        "- Labels: the class columns of the split files, matched by name, not by position"
-        + (
-            " (MERL's sub-class files list ISC, AVB and RAO/RAE in another order in val and test than in train)."
-            if "ptbxl-sub" in tasks
-            else "."
-        ),
-    ]
-    return "\n".join(text)
 
 
 _COUNT_TITLES = ("listed", "not found", "unreadable or refused", "pretraining overlap", "copy across splits", "probed")

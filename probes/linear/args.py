@@ -6,10 +6,10 @@ import argparse
 import json
 
 from ecgpos.config import add_set_option, load_config
-from ecgpos.errors import EcgposError
 from ecgpos.files import user_path
-from probes.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
-from probes.run import ProbeConfig, check_probe_config
+from probes.linear.run import ProbeConfig, check_probe_config
+from probes.shared.args import fractions_from_percent
+from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\
@@ -131,33 +131,6 @@ def build_parser() -> argparse.ArgumentParser:
         "that copy a record of an earlier split from theirs",
     )
     return p
-
-
-def fractions_from_percent(text: str) -> list[str]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise EcgposError(f"--fractions expects percentages like 1,10,100, got {text!r}") from None
-    if not values or any(not 0 < v <= 100 for v in values):
-        raise EcgposError(f"--fractions must be percentages in (0, 100], got {text!r}")
-    return [f"{v / 100:g}" for v in values]
-
-
-def check_bootstrap(resamples: int) -> None:
-    """--bootstrap in 0..MAX_RESAMPLES: the resamples' row indices are drawn at once, so a larger count
-    failed in numpy after every probe had trained."""
-    if not 0 <= resamples <= MAX_RESAMPLES:
-        raise EcgposError(
-            f"--bootstrap must be 0 (off) or a number of resamples up to {MAX_RESAMPLES}, got {resamples}"
-        )
-
-
-def check_text_flags(args: argparse.Namespace) -> None:
-    """An empty --name/--reference/--fractions/--device (an unset shell variable) is an error, not the default."""
-    for flag in ("name", "reference", "fractions", "device"):
-        value = getattr(args, flag, None)
-        if value is not None and not value.strip():
-            raise EcgposError(f"--{flag} is empty; leave the flag out for its default")
 
 
 def probe_config(args: argparse.Namespace) -> ProbeConfig:

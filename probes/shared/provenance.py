@@ -1,4 +1,5 @@
-"""What a probe folder was run under (its probe.json), and the differences `--compare` flags.
+"""What a probe or fine-tuning folder holds (RUN_FILES), what it was run under (its probe.json), and the
+differences `--compare` flags.
 
 Numbers probed with other epochs, seeds, windows, preprocessing, bootstrap resamples, data, splits or
 custom task folders are not the same measurement; `--compare` still merges them (a protocol sweep is
@@ -10,13 +11,11 @@ is named as unchecked.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from ecgpos.config import from_dict
-from ecgpos.errors import EcgposError
-from probes.report import protocol_markdown
-from probes.run import ProbeConfig
+from ecgpos.export.probe_scores import PROBE_SCORES_FILE
+from probes.shared.leakage import SPLIT_COPIES
 
 INFO_FILE = "probe.json"
 MIXED = "mixed"
@@ -136,33 +135,6 @@ def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
     return "\n".join(head + lines)
 
 
-def shared_protocol(infos: Mapping[Path, Mapping | None]) -> str:
-    """summary.md's Protocol section for merged folders: stated once when every folder was probed with
-    the same settings and encoder window ('' otherwise: the differences section names what differs)."""
-    runs = [i for i in infos.values() if i is not None and "config" in i]
-    if not runs or len(runs) < len(infos):
-        return ""
-    stated = [
-        [
-            {k: v for k, v in i["config"].items() if k not in RUN_ONLY},
-            i.get("spec", {}).get("window"),
-            i.get("spec", {}).get("fs"),
-        ]
-        for i in runs
-    ]
-    if len({json.dumps(s, sort_keys=True) for s in stated}) > 1:
-        return ""
-    try:
-        cfg = from_dict(ProbeConfig, runs[0]["config"])
-        window, fs = int(runs[0]["spec"]["window"]), float(runs[0]["spec"]["fs"])
-    except (EcgposError, KeyError, TypeError, ValueError):  # written by another version: not restated
-        return ""
-    tasks = list(dict.fromkeys(t for i in runs for t in i.get("tasks", [])))
-    # a raw-signal row's feature key (probes.features.raw_source) is {"raw": {...}}
-    raw = any(str(key).startswith('{"raw":') for i in runs for key in dict(i.get("sources") or {}).values())
-    return protocol_markdown(cfg, tasks, window, fs, raw)
-
-
 def merged_records(
     infos: Mapping[Path, Mapping | None], renamed: Mapping[Path, Mapping[str, str]]
 ) -> dict[str, dict[str, dict[str, dict[str, int]]]]:
@@ -220,3 +192,30 @@ def guard_markdown(guard: Mapping[str, Mapping]) -> str:
                 f"earlier split: {copies or 'not recorded'}; {verdict}"
             )
     return "\n".join(lines)
+
+
+DIFFERENCES_FILE = "differences.csv"
+RUN_FILES = (
+    INFO_FILE,
+    "summary.md",
+    "summary.png",
+    "results.csv",
+    PROBE_SCORES_FILE,
+    "overlap.csv",
+    SPLIT_COPIES,
+    DIFFERENCES_FILE,
+)
+"""What a probe run or a --compare writes into --out (a probe no differences.csv, a compare no
+overlap.csv or split_copies.csv); probe.json, written last, marks a whole folder."""
+INPUT_FILES = frozenset(RUN_FILES) - {"summary.md", "summary.png", DIFFERENCES_FILE}
+"""The files of a --compare input folder that a --compare into that folder keeps (it writes only the rest)."""
+
+
+def clear_outputs(out: Path, keep: Collection[str] = ()) -> None:
+    """Delete an earlier run's files in `out` (all of RUN_FILES but `keep`), probe.json first, before this
+    run writes its own: an interrupted write then leaves some of this run's files, never beside an earlier
+    run's summary, results or probe.json that readers (`--compare`, `export --probe-results`) would take
+    for this run's."""
+    for name in RUN_FILES:
+        if name not in keep:
+            (out / name).unlink(missing_ok=True)

@@ -51,11 +51,11 @@ from ecgpos.files import (
 )
 from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
-from probes.datasets import prepared_record, task_locator
-from probes.geometry import UnmeasurableError, check_classes, geometry, plot_geometry
-from probes.geometry_report import plot_depth, summary_markdown, write_metrics
-from probes.run import ProbeConfig, record_column, task_windows
-from probes.tasks import SPLITS, read_split, resolve_task
+from probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
+from probes.geometry.report import plot_depth, summary_markdown, write_metrics
+from probes.shared.datasets import prepared_record, task_locator
+from probes.shared.task_data import RecordSettings, record_column, task_windows
+from probes.shared.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
 NOT_FOUND = "not found under the data root"
@@ -123,7 +123,7 @@ def select_records(
     if set(nominal) & set(anomalous):
         raise EcgposError(f"classes both nominal and anomalous: {', '.join(sorted(set(nominal) & set(anomalous)))}")
     locator = task_locator(task, data_root)
-    column = record_column(task, ProbeConfig())
+    column = record_column(task, RecordSettings())
     sel, seen = Selection(), set()
     cols = [task.classes.index(c) for c in chosen]
     for split in splits:
@@ -231,7 +231,7 @@ def extract(
     from ecgpos.objectives.criterion import window_violations
 
     task, locator = located
-    spec, windows = levels.spec, task_windows(ProbeConfig(), task.dataset)
+    spec, windows = levels.spec, task_windows(RecordSettings(), task.dataset)
     levels.encoder.to(device)
     for model in levels.objectives.values():
         model.to(device)

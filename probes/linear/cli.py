@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from collections.abc import Collection
 from pathlib import Path
 
 from ecgpos.config import to_dict
@@ -20,22 +18,21 @@ from ecgpos.files import (
     remove_abandoned_temporaries,
 )
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
-from probes.datasets import check_records, task_locator
-from probes.encoder import load_probe_encoder, random_twin
-from probes.features import FeatureSource, cached_note, encoder_source, raw_source
-from probes.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
-from probes.leakage import (
-    SPLIT_COPIES,
-    load_pretraining,
-    overlap_markdown,
-    pretraining_spec,
-    recorded_pretraining,
-    task_overlap,
-    write_overlap,
-)
-from probes.probe_args import build_parser, check_bootstrap, check_text_flags, probe_config
-from probes.provenance import (
+from probes.linear.args import build_parser, probe_config
+from probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
+from probes.linear.report import protocol_markdown, shared_protocol
+from probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
+from probes.shared.args import check_bootstrap, check_text_flags
+from probes.shared.datasets import check_records
+from probes.shared.encoder import load_probe_encoder, random_twin
+from probes.shared.guard import cache_folder, leakage_guard
+from probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
+from probes.shared.leakage import pretraining_spec, write_overlap
+from probes.shared.provenance import (
+    DIFFERENCES_FILE,
     INFO_FILE,
+    INPUT_FILES,
+    clear_outputs,
     common_protocol,
     guard_markdown,
     merged_guard,
@@ -43,29 +40,12 @@ from probes.provenance import (
     protocol,
     protocol_section,
     read_info,
-    shared_protocol,
     sources,
 )
-from probes.published import read_reference, reference_markdown
-from probes.report import (
-    merge_results,
-    protocol_markdown,
-    records_markdown,
-    summary_markdown,
-    write_outputs,
-    write_results,
-)
-from probes.run import (
-    ProbeConfig,
-    dataset_key,
-    extraction_device,
-    make_jobs,
-    prepare_task,
-    record_column,
-    run_jobs,
-    sort_rows,
-)
-from probes.tasks import GUARDED_TASKS, read_splits, resolve_tasks, task_names
+from probes.shared.published import read_reference, reference_markdown
+from probes.shared.results import merge_results, records_markdown, summary_markdown, write_outputs, write_results
+from probes.shared.task_data import record_column, sort_rows
+from probes.shared.tasks import read_splits, resolve_tasks, task_names
 
 
 def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -> list[str]:
@@ -107,7 +87,7 @@ def _compare(args: argparse.Namespace) -> int:
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
     into_input = args.out.resolve() in infos
-    _clear_outputs(args.out, keep=INPUT_FILES if into_input else ())
+    clear_outputs(args.out, keep=INPUT_FILES if into_input else ())
     if not into_input:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
         if sets:
@@ -128,79 +108,6 @@ def _compare(args: argparse.Namespace) -> int:
         atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2), sync=False)
     print(text)
     return 0
-
-
-GUARD_NOT_RUN = (
-    "the encoder records no pretraining shards and no --pretraining-index was given, so neither overlap with "
-    "pretraining records nor one recording in two splits under two file names was checked"
-)
-
-
-def _guard(args: argparse.Namespace, enc, tasks, cfg: ProbeConfig, cache_dir: Path, log) -> tuple[list, str]:
-    """The leakage guard: (overlaps per task, summary section); no overlaps, and a section saying so, when
-    there is no pretraining index."""
-    folders = args.pretraining_index or recorded_pretraining(enc.source, enc.info)
-    guarded = [t.name for t in tasks if t.name in GUARDED_TASKS]
-    if not folders:
-        if guarded and not args.encoder.startswith("random:"):
-            raise EcgposError(
-                f"--task {guarded[0]} draws its records from ecg-arrhythmia, which the encoder may "
-                "have been pretrained on: give --pretraining-index SHARDS (the encoder records no "
-                "pretraining shards)"
-            )
-        if args.exclude_overlap:
-            raise EcgposError("--exclude-overlap needs --pretraining-index (the encoder records no pretraining shards)")
-        print(f"leakage guard: not run ({GUARD_NOT_RUN})")
-        return [], f"## Pretraining overlap (leakage guard)\n\nNot run: {GUARD_NOT_RUN}."
-    index = load_pretraining(folders, log)
-    overlaps = []
-    for task in tasks:
-        column = record_column(task, cfg)
-        splits = {s: t.records for s, t in read_splits(task, args.splits, column).items()}
-        overlap = task_overlap(
-            task.name,
-            splits,
-            task_locator(task, args.data_root or Path(".")),
-            index,
-            cache_dir,
-            dataset_key(task, args.data_root or Path("."), cfg),
-        )
-        overlaps.append(overlap)
-        print(f"leakage guard: {overlap.line(args.exclude_overlap)}")
-        print(f"leakage guard: {overlap.copy_line(args.exclude_overlap)}")
-    return overlaps, overlap_markdown(index, overlaps, args.exclude_overlap)
-
-
-DIFFERENCES_FILE = "differences.csv"
-RUN_FILES = (
-    INFO_FILE,
-    "summary.md",
-    "summary.png",
-    "results.csv",
-    PROBE_SCORES_FILE,
-    "overlap.csv",
-    SPLIT_COPIES,
-    DIFFERENCES_FILE,
-)
-"""What a probe run or a --compare writes into --out (a probe no differences.csv, a compare no
-overlap.csv or split_copies.csv); probe.json, written last, marks a whole folder."""
-INPUT_FILES = frozenset(RUN_FILES) - {"summary.md", "summary.png", DIFFERENCES_FILE}
-"""The files of a --compare input folder that a --compare into that folder keeps (it writes only the rest)."""
-
-
-def _clear_outputs(out: Path, keep: Collection[str] = ()) -> None:
-    """Delete an earlier run's files in `out` (all of RUN_FILES but `keep`), probe.json first, before this
-    run writes its own: an interrupted write then leaves some of this run's files, never beside an earlier
-    run's summary, results or probe.json that readers (`--compare`, `export --probe-results`) would take
-    for this run's."""
-    for name in RUN_FILES:
-        if name not in keep:
-            (out / name).unlink(missing_ok=True)
-
-
-def _cache_dir(args: argparse.Namespace) -> Path:
-    default = Path(os.environ.get("ECGPOS_CACHE", Path.home() / ".cache" / "ecgpos")) / "probe-features"
-    return args.cache_dir or default
 
 
 def main(argv: list[str]) -> int:
@@ -239,7 +146,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     for folder in args.pretraining_index or ():  # not after the output folders are made
         pretraining_spec(folder)
     cfg = probe_config(args)
-    cache_dir = make_output_folder(_cache_dir(args), "--cache-dir", create=False)  # not after the extraction
+    cache_dir = make_output_folder(cache_folder(args), "--cache-dir", create=False)  # not after the extraction
     # check every split file and its records before loading the encoder
     for task in tasks:
         check_records(
@@ -273,7 +180,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     jobs, notes, extraction, tests = [], [unfinished] if unfinished else [], {}, {}
     records: dict[str, dict[str, dict[str, dict[str, int]]]] = {}  # source -> task -> split -> counts
     log = lambda s: (print(s), notes.append(s))  # noqa: E731
-    overlaps, guard_section = _guard(args, enc, tasks, cfg, cache_dir, log)
+    overlaps, guard_section = leakage_guard(args, enc, tasks, cfg, cache_dir, log)
     exclude = {o.task: o.keys for o in overlaps} if args.exclude_overlap else {}
     copies = {o.task: o.copy_keys for o in overlaps} if args.exclude_overlap else {}
     for source in sources:
@@ -308,7 +215,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     t_boot = time.time()
     sets = collect_scores(rows, tests)
     add_intervals(rows, sets, args.bootstrap)
-    _clear_outputs(args.out)
+    clear_outputs(args.out)
     save_scores(sets, args.out)
     boot_seconds = time.time() - t_boot
     frame = write_results(rows, args.out)

@@ -31,7 +31,7 @@ from ecgpos.ecg.signal import preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
-from probes.tasks import SplitTable, TaskDef
+from probes.shared.tasks import SplitTable, TaskDef
 
 CPSC_FS = 500.0
 PROBE_POLICY = ScreenPolicy(pad_short=True, check_limb_leads=False)

@@ -21,127 +21,58 @@ import torch
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import resolve_device
 from ecgpos.workers import mapped_in_workers
-from probes.datasets import missing_report, task_locator
-from probes.features import FeatureSource, FeatureStats, extract_features
-from probes.linear import ProtocolConfig, check_protocol, label_fraction_rows, train_probe_groups
-from probes.tasks import TaskDef, read_splits
+from probes.linear.features import FeatureSource, FeatureStats, extract_features
+from probes.linear.train import ProtocolConfig, check_protocol, train_probe_groups
+from probes.shared.datasets import missing_report, task_locator
+from probes.shared.task_data import (
+    RecordSettings,
+    TaskData,
+    check_record_settings,
+    dataset_key,
+    failed_line,
+    fraction_rows,
+    record_column,
+    task_data,
+    task_windows,
+)
+from probes.shared.tasks import TaskDef, read_splits
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
 
 
 @dataclass
 class ProbeConfig:
-    """Probe settings (`--config FILE`, `--set key=value`); defaults are the paper's protocol."""
+    """Probe settings (`--config FILE`, `--set key=value`); defaults are the paper's protocol. The record
+    keys and their defaults are RecordSettings'."""
 
     protocol: ProtocolConfig = field(default_factory=ProtocolConfig)
     fractions: tuple[float, ...] = (0.01, 0.1, 1.0)  # of the training labels, in (0, 1]: 0.01 is 1 %
     seeds: int = 5
-    ptbxl_records: str = "records500"  # or records100 (reads filename_lr)
-    # windows of spec.window samples embedded per record and averaged (spread evenly, at least half a
-    # window apart; a record shorter than one window is zero-padded at the end). CPSC records are
-    # 6-60 s (up to 6 windows at 250 Hz), PTB-XL records are 10 s (one centred 9 s window).
-    windows_ptbxl: int = 1
-    windows_cpsc2018: int = 4
-    windows_csn: int = 1  # ecg-arrhythmia records are 10 s
-    windows_custom: int = 1
+    ptbxl_records: str = RecordSettings.ptbxl_records
+    windows_ptbxl: int = RecordSettings.windows_ptbxl
+    windows_cpsc2018: int = RecordSettings.windows_cpsc2018
+    windows_csn: int = RecordSettings.windows_csn
+    windows_custom: int = RecordSettings.windows_custom
     raw_fs: float = 25.0  # raw-signal baseline: block-mean downsampling rate of the centre window
     extract_batch_size: int = 64
     device: str = "auto"  # feature extraction device: auto (cuda when available), cpu, cuda, cuda:1 ...
     workers: int = 2
 
 
-@dataclass
-class TaskData:
-    """Features and labels of one task for one source, with what was left out and why."""
-
-    task: TaskDef
-    x: dict[str, np.ndarray]
-    y: dict[str, np.ndarray]
-    train_positions: np.ndarray  # row of each kept train sample in the full train CSV
-    n_full_train: int
-    missing: dict[str, list[str]]
-    failed: dict[str, str]
-    keys: dict[str, list[str]] = field(default_factory=dict)  # record key of every kept row, per split
-    # split -> RECORD_COUNTS: every row of the split file is in exactly one of the last five
-    counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    patients: dict[str, list[str]] = field(default_factory=dict)  # patient of every kept row, where named
-
-
-# what became of a split file's rows: listed = not_found + refused + overlap + split_copy + probed
-# (overlap: matches a pretraining record; split_copy: a val or test copy of an earlier split's record)
-RECORD_COUNTS = ("listed", "not_found", "refused", "overlap", "split_copy", "probed")
-WINDOW_DATASETS = ("ptbxl", "cpsc2018", "csn", "custom")  # ProbeConfig.windows_<dataset>
-
-
-def failed_line(task_name: str, failed: dict[str, str]) -> str:
-    """The log line naming (the first five of) a task's records that failed to read."""
-    ids = sorted(failed)
-    head = "; ".join(f"{k} ({failed[k]})" for k in ids[:5])
-    return f"{task_name}: {len(ids)} records failed to read and are excluded: {head}{' ...' if len(ids) > 5 else ''}"
-
-
-def task_data(
-    task: TaskDef,
-    tables: dict,
-    missing: dict[str, list[str]],
-    failed: dict[str, str],
-    exclude: frozenset[str] | set[str],
-    copies: frozenset[str] | set[str],
-    values: dict[str, object],
-    stack: Callable[[list], np.ndarray],
-) -> TaskData:
-    """TaskData of the rows whose record has a value (`values`: record key -> features or signal), stacked
-    per split by `stack`; every split row counted in exactly one of RECORD_COUNTS."""
-    x, y, keys, counts, patients, positions = {}, {}, {}, {}, {}, np.zeros(0, int)
-    for split, table in tables.items():
-        keep = np.array([k in values for k in table.records], dtype=bool)
-        keys[split] = [k for k, ok in zip(table.records, keep) if ok]
-        if table.patients is not None:
-            patients[split] = [p for p, ok in zip(table.patients, keep) if ok]
-        not_found = set(missing[split])
-        counts[split] = {
-            "listed": len(table.records),
-            "not_found": len(missing[split]),  # rows, not ids: blank record cells are each a row
-            "refused": sum(k in failed for k in table.records),
-            "overlap": sum(k in exclude and k not in not_found for k in table.records),
-            "split_copy": sum(k in copies and k not in exclude and k not in not_found for k in table.records),
-            "probed": int(keep.sum()),
-        }
-        x[split] = stack([values[k] for k in keys[split]])
-        y[split] = table.labels[keep]
-        if split == "train":
-            positions = np.flatnonzero(keep)
-    return TaskData(task, x, y, positions, len(tables["train"].records), missing, failed, keys, counts, patients)
-
-
-# More than any protocol uses (defaults 5 and 100): per-epoch curves of every seed are held in memory,
-# so far larger counts failed in numpy (or never finished) after the features were extracted.
-MAX_SEEDS = 1_000
+# More than any protocol uses (default 100): per-epoch curves of every seed are held in memory, so far
+# larger counts failed in numpy (or never finished) after the features were extracted.
 MAX_EPOCHS = 100_000
 
 
 def check_probe_config(cfg: ProbeConfig) -> None:
     """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
-    if cfg.seeds < 1 or cfg.protocol.epochs < 1:
-        raise EcgposError("seeds and epochs must be at least 1")
-    if cfg.seeds > MAX_SEEDS or cfg.protocol.epochs > MAX_EPOCHS:
-        raise EcgposError(
-            f"seeds={cfg.seeds}, epochs={cfg.protocol.epochs}: at most {MAX_SEEDS} seeds and {MAX_EPOCHS} epochs"
-        )
+    if not 1 <= cfg.protocol.epochs <= MAX_EPOCHS:
+        raise EcgposError(f"epochs={cfg.protocol.epochs}: must be at least 1 and at most {MAX_EPOCHS}")
+    check_record_settings(cfg, cfg.fractions, cfg.seeds)
     check_protocol(cfg.protocol)
-    # a fraction above 1 would train on all labels under a "1000%" heading (percent given where the
-    # config takes fractions), 0 on none; a repeated one would train the same probes twice
-    fractions = [float(f) for f in cfg.fractions]
-    if not fractions or any(not 0 < f <= 1 for f in fractions) or len(set(fractions)) < len(fractions):
-        raise EcgposError(
-            f"fractions={fractions}: label fractions must be distinct numbers in (0, 1], "
-            "e.g. [0.01, 0.1, 1] (--fractions takes percentages: 1,10,100)"
-        )
-    counts = {k: getattr(cfg, k) for k in ("extract_batch_size", *(f"windows_{d}" for d in WINDOW_DATASETS))}
-    bad = [f"{k}={v}" for k, v in counts.items() if v < 1]
-    if bad:
-        raise EcgposError(f"{', '.join(bad)}: must be at least 1")
+    if cfg.extract_batch_size < 1:
+        raise EcgposError(f"extract_batch_size={cfg.extract_batch_size}: must be at least 1")
     if not cfg.raw_fs > 0:
         raise EcgposError(f"raw_fs={cfg.raw_fs}: the raw-signal baseline's rate must be above 0 Hz")
     if cfg.workers < 0:  # 0 and 1 train in this process; below that is a typo, not a setting
@@ -151,27 +82,6 @@ def check_probe_config(cfg: ProbeConfig) -> None:
 def extraction_device(cfg: ProbeConfig) -> str:
     """The feature extraction device ('auto': cuda when available); EcgposError when unusable."""
     return str(resolve_device(cfg.device))
-
-
-def task_windows(cfg: ProbeConfig, dataset: str) -> int:
-    return {"ptbxl": cfg.windows_ptbxl, "cpsc2018": cfg.windows_cpsc2018, "csn": cfg.windows_csn}.get(
-        dataset, cfg.windows_custom
-    )
-
-
-def dataset_key(task: TaskDef, data_root: Path, cfg: ProbeConfig) -> str:
-    if task.dataset == "custom":
-        return f"custom:{Path(task.files['train']).parent}"
-    extra = f"/{cfg.ptbxl_records}" if task.dataset == "ptbxl" else ""
-    return f"{task.dataset}:{data_root.resolve()}{extra}"
-
-
-def record_column(task: TaskDef, cfg: ProbeConfig) -> str | None:
-    if task.dataset == "ptbxl":
-        if cfg.ptbxl_records not in ("records500", "records100"):
-            raise EcgposError(f"ptbxl_records must be records500 or records100, got {cfg.ptbxl_records!r}")
-        return "filename_lr" if cfg.ptbxl_records == "records100" else "filename_hr"
-    return None
 
 
 def prepare_task(
@@ -239,14 +149,6 @@ def prepare_task(
 
     data = task_data(task, tables, missing, failed, exclude, copies, feats, stack)
     return data, stats
-
-
-def fraction_rows(data: TaskData, fraction: float) -> np.ndarray:
-    """Rows of data.x['train'] in the label-fraction subset: MERL's subset of the full train CSV,
-    restricted to the records present (in the subset's order)."""
-    subset = label_fraction_rows(data.n_full_train, fraction)
-    where = {int(p): i for i, p in enumerate(data.train_positions)}
-    return np.array([where[int(p)] for p in subset if int(p) in where], dtype=int)
 
 
 @dataclass
@@ -405,10 +307,3 @@ def run_jobs(jobs: Sequence[Job], workers: int = 1) -> list[dict]:
         with mapped_in_workers(run_job, jobs, workers, finish_running=False) as results_in_order:
             results = list(results_in_order)
     return [row for rows in results for row in rows]
-
-
-def sort_rows(rows: Sequence[dict], sources: Sequence[str], tasks: Sequence[str]) -> list[dict]:
-    """results.csv order: source, task (as asked), fraction, seed."""
-    return sorted(
-        rows, key=lambda r: (list(sources).index(r["encoder"]), list(tasks).index(r["task"]), r["fraction"], r["seed"])
-    )

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
 
 from ecgpos.errors import EcgposError
-from probes.metrics import auroc_columns, macro_auroc_sklearn
+from probes.shared.metrics import auroc_columns, macro_auroc_sklearn
 
 
 @dataclass(frozen=True)
@@ -59,22 +58,6 @@ def lr_at_epoch(cfg: ProtocolConfig, epoch: int) -> float:
     """Learning rate of 0-based `epoch` (MultiStepLR stepped once per epoch)."""
     drops = sum(1 for e in cfg.lr_drop_epochs if epoch >= e)
     return cfg.lr * cfg.lr_drop_factor**drops
-
-
-def label_fraction_rows(n_rows: int, fraction: float) -> np.ndarray:
-    """Row indices of a training subset, drawn as MERL does.
-
-    fraction < 1: `train_test_split(arange(n_rows), train_size=fraction, random_state=42)[0]`
-    (same subset for every seed, in sklearn's order); fraction >= 1: all rows; none when the
-    fraction of n_rows is less than one row.
-    """
-    rows = np.arange(n_rows)
-    if fraction >= 1.0:
-        return rows
-    if int(fraction * n_rows) == 0:  # sklearn refuses an empty subset; the probe reports "no train rows"
-        return rows[:0]
-    subset, _ = train_test_split(rows, train_size=fraction, random_state=42)
-    return np.asarray(subset)
 
 
 def epoch_permutations(seed: int, n: int, epochs: int) -> torch.Tensor:
