@@ -1,6 +1,6 @@
 """Published results beside ours: `--reference paper` (or a CSV of the same form).
 
-A reference file (probes/reference/paper.csv) starts with `#` lines naming its source, then one row
+A reference file (probes/shared/reference/paper.csv) starts with `#` lines naming its source, then one row
 per published model: `model` and one column per task (full-label test macro-AUROC). Published rows
 are labelled "(published)" everywhere they appear, so nobody mistakes them for runs of this project.
 """
