@@ -68,7 +68,7 @@ def check_probe_config(cfg: ProbeConfig) -> None:
     """One EcgposError line for settings that would crash later (a zero batch) or be silently replaced
     (0 windows are embedded as 1, a negative raw rate as no downsampling) while recorded as given."""
     if not 1 <= cfg.protocol.epochs <= MAX_EPOCHS:
-        raise EcgposError(f"epochs={cfg.protocol.epochs}: must be at least 1 and at most {MAX_EPOCHS}")
+        raise EcgposError(f"epochs={cfg.protocol.epochs}: at least 1 and at most {MAX_EPOCHS} epochs")
     check_record_settings(cfg, cfg.fractions, cfg.seeds)
     check_protocol(cfg.protocol)
     if cfg.extract_batch_size < 1:
