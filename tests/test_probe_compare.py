@@ -360,3 +360,24 @@ def test_compare_takes_a_probe_json_of_another_structure_as_an_unchecked_folder(
         out = capsys.readouterr().out
         assert "- **pj-second**: no readable probe.json (missing, damaged, or a hand-made or older folder)" in out
         assert "| pj-second − pj-first |" in out  # its rows are merged all the same
+
+
+def test_compare_compares_each_protocols_own_settings_within_that_protocol():
+    from probes.shared.provenance import protocol_section
+
+    def linear(epochs: int, seeds: int) -> dict:
+        return {"config": {"protocol": {"epochs": epochs, "lr": 0.001}, "seeds": seeds}, "bootstrap": 1000}
+
+    def tuned(mode: str, seeds: int) -> dict:
+        flat = {"fine-tuning": mode, "fine-tuning optimiser": '{"epochs": 10}'}
+        return {"config": {"protocol": flat, "seeds": seeds}, "bootstrap": 1000}
+
+    infos = {Path("a"): linear(100, 5), Path("b"): linear(100, 5), Path("ft"): tuned("finetune-full", 1)}
+    text = protocol_section(infos)
+    assert "- **seeds**: a: 5; b: 5; ft: 1" in text  # a setting both protocols have differs
+    assert "**epochs**" not in text and "**lr**" not in text and "**fine-tuning" not in text  # not applicable
+    infos |= {Path("c"): linear(3, 5), Path("lora"): tuned("finetune-lora:8", 1)}
+    text = protocol_section(infos)
+    assert "- **epochs**: a: 100; b: 100; c: 3\n" in text  # among the linear probes only
+    assert "- **fine-tuning**: ft: finetune-full; lora: finetune-lora:8" in text.splitlines()
+    assert "**lr**" not in text and "**fine-tuning optimiser**" not in text

@@ -22,6 +22,7 @@ MIXED = "mixed"
 # ProbeConfig keys that change how a probe runs, not its numbers (never a protocol difference)
 RUN_ONLY = ("workers", "device", "extract_batch_size")
 TASK_FOLDER = "folder of "  # protocol key prefix: the folder a custom task was read from
+FINETUNE_KEY = "fine-tuning"  # the protocol key a fine-tuning folder records (its mode) and a linear probe lacks
 
 
 def _text(value: object) -> str:
@@ -107,14 +108,23 @@ def common_protocol(protocols: Mapping[Path, Mapping[str, str]]) -> dict[str, st
     return out
 
 
+def _kind(settings: Mapping[str, str]) -> str:
+    """Which protocol a folder's settings describe: 'linear', 'fine-tuning', or MIXED (a --compare of both)."""
+    return {None: "linear", MIXED: MIXED}.get(settings.get(FINETUNE_KEY), FINETUNE_KEY)
+
+
 def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
-    """summary.md section naming every setting that differs between the merged folders ('' if none)."""
+    """summary.md section naming every setting that differs between the merged folders ('' if none).
+
+    A setting that only one protocol has (the linear probe's epochs, fine-tuning's optimiser) is compared
+    between the folders of that protocol: beside the other protocol it does not apply, rather than differ."""
     if len(infos) < 2:
         return ""
     known = {f: protocol(i) for f, i in infos.items() if i is not None}
     lines = []
     for key in dict.fromkeys(k for p in known.values() for k in p):
-        values = _values(known, key)
+        holders = {_kind(p) for p in known.values() if key in p} | {MIXED}
+        values = {f: v for f, v in _values(known, key).items() if _kind(known[f]) in holders}
         if len(set(values.values())) > 1 or MIXED in values.values():
             lines.append(f"- **{key}**: " + "; ".join(f"{f.name}: {v}" for f, v in values.items()))
     lines += [
@@ -129,7 +139,8 @@ def protocol_section(infos: Mapping[Path, Mapping | None]) -> str:
         "## Protocol differences between the merged folders",
         "",
         "These folders were not probed under one protocol: rows from different folders are different "
-        "measurements, not only different encoders.",
+        "measurements, not only different encoders. A setting of one protocol only (the linear probe's "
+        "optimiser, fine-tuning's) is compared between the folders of that protocol.",
         "",
     ]
     return "\n".join(head + lines)
