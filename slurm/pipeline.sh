@@ -7,7 +7,7 @@
 # With the one-corpus ECGPOS_SRC and the one-encoder ECGPOS_PROBE_ENCODER the steps are plain "preprocess",
 # "check" and "probe".
 #
-# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N]   (or: set -a; . my.env; ...)
+# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N|auto]   (or: set -a; . my.env; ...)
 # --depth N (or ECGPOS_DEPTH=N; default 2, the paper's two stages) trains levels 0..N-1: stage<l> on the run of
 # stage<l-1>, every latent level with ECGPOS_STAGE1_CONFIG; the export is the top level's run.
 # --depth auto (ECGPOS_DEPTH=auto) submits stage0 and a decide job after it (slurm/decide.sbatch): each decide job
@@ -24,7 +24,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 while [ "$#" -gt 0 ]; do
     case "$1" in
-        --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N)" >&2; exit 2; }
+        --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N or auto)" >&2; exit 2; }
                  ECGPOS_DEPTH=$2; shift 2 ;;
         --depth=*) ECGPOS_DEPTH=${1#--depth=}; shift ;;
         *) echo "pipeline.sh: unknown argument '$1' (settings are environment variables; see slurm/env.example)" >&2
@@ -67,9 +67,9 @@ read -r -a _steps <<< "$ECGPOS_STEPS"
 for _s in "${_steps[@]}"; do
     [[ " $STEPS " == *" $_s "* ]] || ecgpos_die "ECGPOS_STEPS: unknown step '$_s' (steps: $STEPS)"
 done
-if [ "$AUTO" = 1 ]; then   # the decide jobs carve on from level 0: a finished level is not trained again
-    wants stage0 || ecgpos_die "ECGPOS_STEPS: --depth auto carves from stage0 (a finished level is not trained" \
-        "again); add stage0 or give --depth N"
+if [ "$AUTO" = 1 ]; then   # the decide jobs measure every level from 0 up, so the chain starts at stage0
+    wants stage0 || ecgpos_die "ECGPOS_STEPS: --depth auto carves from stage0 (a finished stage0 job only checks" \
+        "its run); add stage0 or give --depth N"
     # every level learns on the same held-out records, on which the decide jobs measure the criterion
     ECGPOS_PRETRAIN_SET="train.val_fraction=$ECGPOS_VAL_FRACTION ${ECGPOS_PRETRAIN_SET:-}"
     export ECGPOS_PRETRAIN_SET ECGPOS_MAX_LEVELS ECGPOS_STOP_BELOW ECGPOS_MIN_DROP ECGPOS_VAL_FRACTION

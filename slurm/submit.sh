@@ -4,7 +4,7 @@
 ECGPOS_SLURM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)   # the sbatch scripts beside this file
 
 # Job sizes and the chain's other settings (slurm/env.example); the jobs of a --depth auto chain see the
-# values pipeline.sh saw (sbatch --export=ALL, the same working folder).
+# values pipeline.sh saw (every job gets its environment, and the same working folder).
 : "${ECGPOS_LOG_DIR:=$PWD/logs}"
 : "${ECGPOS_NODES:=1}"
 : "${ECGPOS_PREPROCESS_PARTS:=4}"

@@ -490,3 +490,29 @@ def test_depth_auto_stops_at_level_zero_and_a_requeued_decide_job_submits_nothin
     assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {f"ecgpos-{n}": 1 for n in jobs}
     log = (work / "logs" / f"ecgpos-decide0-{decide}.out").read_text()
     assert log.count("submitted by an earlier run of this job") == 2, log
+
+    # pipeline.sh again on the same work folder, now carving on to two levels: level 0 is not trained again
+    # (nor measured again), its new decide job carves level 1 on it, and the export is level 1's
+    trained = _train_steps(work / "runs" / "stage0")
+    rerun = {
+        **env,
+        "ECGPOS_STEPS": "stage0 export",
+        "ECGPOS_MAX_LEVELS": "2",
+        "ECGPOS_STOP_BELOW": "0",
+        "ECGPOS_MIN_DROP": "-1",
+    }
+    _submit(slurm_cluster, rerun, tmp_path)
+    deadline = time.monotonic() + 600
+    while len(_chain_jobs(slurm_cluster, work).get("ecgpos-export", [])) < 2:  # the second chain's export
+        assert time.monotonic() < deadline, f"the rerun did not reach its export\n{_logs(work)}"
+        time.sleep(2)
+    latest = {n: ids[-1] for n, ids in _chain_jobs(slurm_cluster, work).items()}
+    assert sorted(latest) == [
+        f"ecgpos-{n}" for n in ("decide0", "decide1", "export", "probe-stage0", "stage0", "stage1")
+    ]
+    _wait_all(slurm_cluster, latest, work, timeout=600)
+    assert _train_steps(work / "runs" / "stage0") == trained
+    carve = json.loads((work / "runs" / "carve.json").read_text())
+    assert [r["decision"]["rule"] for r in carve["levels"]] == ["continue", "max-levels"]
+    assert carve["levels"][0]["criterion"] == 0.0
+    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "nested"
