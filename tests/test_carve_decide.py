@@ -58,6 +58,7 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
     assert cli(*decide, "--decide", "0") == 0
     data = json.loads((runs / "carve.json").read_text())
     assert [r["decision"]["rule"] for r in data["levels"]] == [STOP_BELOW] and "measured_above" not in data
-    assert "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05" in (
-        runs / "carve.md"
-    ).read_text()
+    assert (
+        "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
+        in (runs / "carve.md").read_text()
+    )
