@@ -35,6 +35,7 @@ done
 . "$HERE/common.sh"
 # shellcheck source=slurm/submit.sh
 . "$HERE/submit.sh"
+unset ECGPOS_SUBMIT_RECORD   # a decide job's record of its own submissions (slurm/decide.sbatch)
 
 # The depth: a fixed number of levels, or "auto": level 0 here, the decide jobs submit the levels above it.
 [[ ${ECGPOS_DEPTH:-2} =~ ^[1-9][0-9]*$ ]] || [ "${ECGPOS_DEPTH:-}" = auto ] ||
