@@ -407,112 +407,78 @@ def _wait_chain(cluster: SlurmCluster, work: Path, names: list[str], timeout: fl
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_depth_auto_carves_three_levels_then_probes_and_exports_the_top(
+def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_submits_nothing_twice(
     slurm_cluster: SlurmCluster, arrhythmia_shards: Path, shared_data: Path, tmp_path: Path
 ) -> None:
-    """Thresholds that never stop: each decide job submits the next level on the one below, up to
-    ECGPOS_MAX_LEVELS; the last one submits the chain of depth 3's probes, merge and export."""
+    """The default threshold: the tiny level 0's criterion (0) is below 0.05, so the chain is one level deep,
+    level 0 probed and exported; its decide job requeued submits nothing again. pipeline.sh run again with
+    rules that never stop: level 0 is not trained again, each decide job submits the next level on the one
+    below up to ECGPOS_MAX_LEVELS, the last one the probes of the three levels, the merge and the export."""
     work = tmp_path / "work"
-    env = _auto_env(
-        slurm_cluster,
-        work,
-        arrhythmia_shards,
-        shared_data,
-        tmp_path / "cache",
-        ECGPOS_STEPS="stage0 probe merge export",
-        ECGPOS_MAX_LEVELS="3",
-        ECGPOS_STOP_BELOW="0",
-        ECGPOS_MIN_DROP="-1",
+    runs = work / "runs"
+    env = _auto_env(slurm_cluster, work, arrhythmia_shards, shared_data, tmp_path / "cache")
+    env["ECGPOS_STEPS"] = "stage0 probe export"
+    assert list(_submit(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
+    jobs = _wait_chain(slurm_cluster, work, ["stage0", "decide0", "probe-stage0", "export"], timeout=600)
+    assert sorted(jobs) == ["decide0", "export", "probe-stage0", "stage0"]
+    carve = json.loads((runs / "carve.json").read_text())
+    assert [r["decision"]["rule"] for r in carve["levels"]] == ["below"]
+    assert (
+        "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
+        in (runs / "carve.md").read_text()
+    )
+    assert not (runs / "stage1").exists()
+    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "stage0"
+
+    decide = jobs["decide0"]
+    slurm_cluster.run("scontrol", "requeue", decide)
+    deadline = time.monotonic() + 300
+    while (rec := _job_records(slurm_cluster, decide)[0]).get("Restarts") != "1" or rec["JobState"] not in FINAL_STATES:
+        assert time.monotonic() < deadline, f"requeued decide job not done\n{_logs(work)}"
+        time.sleep(2)
+    assert rec["JobState"] == "COMPLETED", rec
+    assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {f"ecgpos-{n}": 1 for n in jobs}
+    log = (work / "logs" / f"ecgpos-decide0-{decide}.out").read_text()
+    assert log.count("submitted by an earlier run of this job") == 2, log
+
+    # pipeline.sh again on the same work folder, with rules that never stop before three levels
+    trained = _train_steps(runs / "stage0")
+    env.update(
+        ECGPOS_STEPS="stage0 probe merge export", ECGPOS_MAX_LEVELS="3", ECGPOS_STOP_BELOW="0", ECGPOS_MIN_DROP="-1"
     )
     assert list(_submit(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
-    names = ["stage0", "decide0", "stage1", "decide1", "stage2", "decide2"]
-    names += ["probe-stage0", "probe-stage1", "probe-stage2", "probe-merge", "export"]
-    _wait_chain(slurm_cluster, work, names, timeout=900)
-
-    runs = work / "runs"
+    deadline = time.monotonic() + 900
+    while len(_chain_jobs(slurm_cluster, work).get("ecgpos-export", [])) < 2:  # the second chain's export
+        failed = [r for ids in _chain_jobs(slurm_cluster, work).values() for r in _job_records(slurm_cluster, ids[-1])]
+        assert not [r for r in failed if r.get("JobState") in FINAL_STATES - {"COMPLETED"}], _logs(work)
+        assert time.monotonic() < deadline, f"the second chain did not reach its export\n{_logs(work)}"
+        time.sleep(2)
+    chain = _chain_jobs(slurm_cluster, work)
+    _wait_all(slurm_cluster, {n: ids[-1] for n, ids in chain.items()}, work, timeout=600)
+    twice = {f"ecgpos-{n}" for n in ("stage0", "decide0", "probe-stage0", "export")}
+    assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {
+        f"ecgpos-{n}": 1 + (f"ecgpos-{n}" in twice)
+        for n in ("stage0", "decide0", "probe-stage0", "export", "stage1", "decide1", "stage2", "decide2")
+        + ("probe-stage1", "probe-stage2", "probe-merge")
+    }
+    assert _train_steps(runs / "stage0") == trained
     for level in range(3):  # each level on the one below, with the held-out records the criterion reads
         info = json.loads((runs / f"stage{level}" / "run_info.json").read_text())
         assert info["finished"] is True and info["step"] == 4, info
-        config = yaml.safe_load((runs / f"stage{level}" / "config.yaml").read_text())
-        assert config["train"]["val_fraction"] == 0.1
-    carve = json.loads((runs / "carve.json").read_text())
-    assert [(r["level"], r["run_dir"], r["decision"]["rule"]) for r in carve["levels"]] == [
+        assert yaml.safe_load((runs / f"stage{level}" / "config.yaml").read_text())["train"]["val_fraction"] == 0.1
+    levels = json.loads((runs / "carve.json").read_text())["levels"]
+    assert [(r["level"], r["run_dir"], r["decision"]["rule"]) for r in levels] == [
         (0, str(runs / "stage0"), "continue"),
         (1, str(runs / "stage1"), "continue"),
         (2, str(runs / "stage2"), "max-levels"),
     ]
-    assert all(r["records"] == 22 for r in carve["levels"])
+    assert levels[0]["criterion"] == carve["levels"][0]["criterion"] and all(r["records"] == 22 for r in levels)
+    assert "carve level 1" in levels[0]["decision"]["reason"]
     text = (runs / "carve.md").read_text()
     assert "| 2 | `" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
-    assert "carve level 1" in carve["levels"][0]["decision"]["reason"]
     import pandas as pd
 
     results = pd.read_csv(work / "probes" / "summary" / "results.csv")
     assert sorted(results["encoder"]) == ["stage0", "stage1", "stage2"]
     exported = json.loads((work / "export" / "config.json").read_text())
     assert len(exported["arch"]["levels"]) == 3
-
-
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_depth_auto_stops_at_level_zero_and_a_requeued_decide_job_submits_nothing_twice(
-    slurm_cluster: SlurmCluster, arrhythmia_shards: Path, shared_data: Path, tmp_path: Path
-) -> None:
-    """The default threshold: the tiny level 0's criterion (0) is below 0.05, so the chain is one level deep:
-    level 0 probed and exported. The decide job requeued afterwards submits nothing again."""
-    work = tmp_path / "work"
-    env = _auto_env(slurm_cluster, work, arrhythmia_shards, shared_data, tmp_path / "cache")
-    env["ECGPOS_STEPS"] = "stage0 probe export"
-    _submit(slurm_cluster, env, tmp_path)
-    jobs = _wait_chain(slurm_cluster, work, ["stage0", "decide0", "probe-stage0", "export"], timeout=600)
-    assert sorted(jobs) == ["decide0", "export", "probe-stage0", "stage0"]
-    carve = json.loads((work / "runs" / "carve.json").read_text())
-    assert [r["decision"]["rule"] for r in carve["levels"]] == ["below"]
-    assert (
-        "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
-        in (work / "runs" / "carve.md").read_text()
-    )
-    assert not (work / "runs" / "stage1").exists()
-    exported = json.loads((work / "export" / "config.json").read_text())
-    assert exported["arch"]["kind"] == "stage0"  # the top level's run: level 0's
-
-    decide = jobs["decide0"]
-    slurm_cluster.run("scontrol", "requeue", decide)
-    deadline = time.monotonic() + 300
-    while (
-        _job_records(slurm_cluster, decide)[0].get("Restarts") != "1"
-        or _job_records(slurm_cluster, decide)[0].get("JobState") not in FINAL_STATES
-    ):
-        assert time.monotonic() < deadline, f"requeued decide job not done\n{_logs(work)}"
-        time.sleep(2)
-    record = _job_records(slurm_cluster, decide)[0]
-    assert record["JobState"] == "COMPLETED", record
-    assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {f"ecgpos-{n}": 1 for n in jobs}
-    log = (work / "logs" / f"ecgpos-decide0-{decide}.out").read_text()
-    assert log.count("submitted by an earlier run of this job") == 2, log
-
-    # pipeline.sh again on the same work folder, now carving on to two levels: level 0 is not trained again
-    # (nor measured again), its new decide job carves level 1 on it, and the export is level 1's
-    trained = _train_steps(work / "runs" / "stage0")
-    rerun = {
-        **env,
-        "ECGPOS_STEPS": "stage0 export",
-        "ECGPOS_MAX_LEVELS": "2",
-        "ECGPOS_STOP_BELOW": "0",
-        "ECGPOS_MIN_DROP": "-1",
-    }
-    _submit(slurm_cluster, rerun, tmp_path)
-    deadline = time.monotonic() + 600
-    while len(_chain_jobs(slurm_cluster, work).get("ecgpos-export", [])) < 2:  # the second chain's export
-        assert time.monotonic() < deadline, f"the rerun did not reach its export\n{_logs(work)}"
-        time.sleep(2)
-    latest = {n: ids[-1] for n, ids in _chain_jobs(slurm_cluster, work).items()}
-    assert sorted(latest) == [
-        f"ecgpos-{n}" for n in ("decide0", "decide1", "export", "probe-stage0", "stage0", "stage1")
-    ]
-    _wait_all(slurm_cluster, latest, work, timeout=600)
-    assert _train_steps(work / "runs" / "stage0") == trained
-    carve = json.loads((work / "runs" / "carve.json").read_text())
-    assert [r["decision"]["rule"] for r in carve["levels"]] == ["continue", "max-levels"]
-    assert carve["levels"][0]["criterion"] == 0.0
-    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "nested"
