@@ -48,8 +48,6 @@ if [ "$ECGPOS_DEPTH" = auto ]; then
     ecgpos_require_number ECGPOS_STOP_BELOW "x >= 0 && x <= 1" "a fraction in [0, 1]"
     ecgpos_require_number ECGPOS_MIN_DROP "1" "a number (the least fall of the criterion from one level to the next)"
     ecgpos_require_number ECGPOS_VAL_FRACTION "x > 0 && x < 1" "a fraction in (0, 1)"
-    ecgpos_require_int ECGPOS_DECIDE_CPUS 1
-    ecgpos_require_int ECGPOS_DECIDE_GPUS 0
     [ -z "${ECGPOS_STAGE0_RUN:-}" ] || ecgpos_die "ECGPOS_STAGE0_RUN: --depth auto carves from its own level 0" \
         "($ECGPOS_RUNS/stage0); unset it or give --depth N"
 fi
@@ -81,6 +79,7 @@ for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGP
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
 done
 [ -z "${ECGPOS_MAX_REQUEUES:-}" ] || ecgpos_require_int ECGPOS_MAX_REQUEUES 0
+[ "$AUTO" = 0 ] || { ecgpos_require_int ECGPOS_DECIDE_CPUS 1; ecgpos_require_int ECGPOS_DECIDE_GPUS 0; }
 # the lists the jobs split (an unclosed quote would fail each job in turn, hours later in the queue)
 for _v in ECGPOS_SBATCH_ARGS ECGPOS_PRETRAIN_SET ECGPOS_PROBE_TASKS ECGPOS_PREPROCESS_ARGS ECGPOS_PROBE_ARGS \
           ECGPOS_EXPORT_ARGS ECGPOS_CORPORA ECGPOS_PROBE_ENCODERS; do

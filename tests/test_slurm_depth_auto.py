@@ -69,6 +69,7 @@ def test_decide_job_runs_carve_on_the_pipelines_runs(tmp_path: Path) -> None:
         ({"ECGPOS_MIN_DROP": "0.01x"}, "ECGPOS_MIN_DROP"),
         ({"ECGPOS_VAL_FRACTION": "0"}, "ECGPOS_VAL_FRACTION"),
         ({"ECGPOS_DECIDE_CPUS": "0"}, "ECGPOS_DECIDE_CPUS"),
+        ({"ECGPOS_PROBE_GPUS": "one"}, "ECGPOS_PROBE_GPUS"),  # the decide jobs' default, named as itself
         ({"ECGPOS_STEPS": "probe merge export"}, "ECGPOS_STEPS"),  # the decide jobs carve from stage0
         ({"ECGPOS_STEPS": "stage0 stage1 export"}, "ECGPOS_STEPS"),  # the decide jobs submit stage1
         ({"ECGPOS_STAGE0_RUN": "{tmp}"}, "ECGPOS_STAGE0_RUN"),
