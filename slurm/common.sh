@@ -47,6 +47,15 @@ ecgpos_require_int() {
     fi
     printf -v "$name" '%d' "$(( 10#$value ))"
 }
+# ecgpos_require_number NAME CONDITION WHAT: $NAME is a decimal number x for which the awk CONDITION holds
+# ("x >= 0 && x <= 1"); WHAT says what it must be.
+ecgpos_require_number() {
+    local name=$1 value=${!1:-}
+    if ! [[ $value =~ ^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]] ||
+        ! awk -v x="$value" "BEGIN { x += 0; exit !($2) }"; then
+        ecgpos_die "$name must be $3, got '$value'"
+    fi
+}
 # ecgpos_require_dir NAME WHAT: $NAME is set and an existing folder.
 ecgpos_require_dir() {
     local name=$1 what=$2 value=${!1:-}

@@ -7,9 +7,13 @@
 # With the one-corpus ECGPOS_SRC and the one-encoder ECGPOS_PROBE_ENCODER the steps are plain "preprocess",
 # "check" and "probe".
 #
-# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N]   (or: set -a; . my.env; ...)
+# Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N|auto]   (or: set -a; . my.env; ...)
 # --depth N (or ECGPOS_DEPTH=N; default 2, the paper's two stages) trains levels 0..N-1: stage<l> on the run of
 # stage<l-1>, every latent level with ECGPOS_STAGE1_CONFIG; the export is the top level's run.
+# --depth auto (ECGPOS_DEPTH=auto) submits stage0 and a decide job after it (slurm/decide.sbatch): each decide job
+# measures the carving criterion (`ecgpos carve --decide`), records it in $ECGPOS_RUNS/carve.md, and submits
+# either the next level and its decide job or, once a stop rule holds (ECGPOS_MAX_LEVELS, ECGPOS_STOP_BELOW,
+# ECGPOS_MIN_DROP), the probe / merge / finetune / export steps the chain of that depth has.
 # Every setting is an environment variable with a default; see slurm/env.example. ECGPOS_STEPS picks a
 # contiguous part of the chain (e.g. "stage1 probe merge export" when the shards and Stage 0 exist).
 # Settings are checked before anything is submitted (one line naming the variable, exit 2); a submission
@@ -20,7 +24,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 while [ "$#" -gt 0 ]; do
     case "$1" in
-        --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N)" >&2; exit 2; }
+        --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N or auto)" >&2; exit 2; }
                  ECGPOS_DEPTH=$2; shift 2 ;;
         --depth=*) ECGPOS_DEPTH=${1#--depth=}; shift ;;
         *) echo "pipeline.sh: unknown argument '$1' (settings are environment variables; see slurm/env.example)" >&2
@@ -29,32 +33,30 @@ while [ "$#" -gt 0 ]; do
 done
 # shellcheck source=slurm/common.sh
 . "$HERE/common.sh"
+# shellcheck source=slurm/submit.sh
+. "$HERE/submit.sh"
+unset ECGPOS_SUBMIT_RECORD   # a decide job's record of its own submissions (slurm/decide.sbatch)
 
-# The depth: a fixed number of levels. A depth the chain decides as it goes ("auto") is submitted by
-# ecgpos_submit_auto_depth when slurm/common.sh defines it; the levels loop below is the fixed case.
+# The depth: a fixed number of levels, or "auto": level 0 here, the decide jobs submit the levels above it.
 [[ ${ECGPOS_DEPTH:-2} =~ ^[1-9][0-9]*$ ]] || [ "${ECGPOS_DEPTH:-}" = auto ] ||
-    ecgpos_die "ECGPOS_DEPTH (--depth): expected a number of levels >= 1, got '${ECGPOS_DEPTH:-}'"
-if [ "$ECGPOS_DEPTH" = auto ] && ! declare -F ecgpos_submit_auto_depth >/dev/null; then
-    ecgpos_die "--depth auto: this version submits a fixed depth only; give --depth N"
+    ecgpos_die "ECGPOS_DEPTH (--depth): expected a number of levels >= 1 or auto, got '${ECGPOS_DEPTH:-}'"
+AUTO=0
+if [ "$ECGPOS_DEPTH" = auto ]; then
+    AUTO=1
+    # the stop rules, checked as `ecgpos carve` checks them
+    ecgpos_require_int ECGPOS_MAX_LEVELS 1
+    ecgpos_require_number ECGPOS_STOP_BELOW "x >= 0 && x <= 1" "a fraction in [0, 1]"
+    ecgpos_require_number ECGPOS_MIN_DROP "1" "a number (the least fall of the criterion from one level to the next)"
+    ecgpos_require_number ECGPOS_VAL_FRACTION "x > 0 && x < 1" "a fraction in (0, 1)"
+    [ -z "${ECGPOS_STAGE0_RUN:-}" ] || ecgpos_die "ECGPOS_STAGE0_RUN: --depth auto carves from its own level 0" \
+        "($ECGPOS_RUNS/stage0); unset it or give --depth N"
 fi
-LEVELS=()   # the level numbers 0..DEPTH-1 (auto: the chain's first two; the decide jobs add the rest)
-for (( _l = 0; _l < ${ECGPOS_DEPTH/auto/2}; _l++ )); do LEVELS+=("$_l"); done
+LEVELS=()   # the level numbers this submission trains: 0..DEPTH-1 (auto: 0; the decide jobs add the rest)
+for (( _l = 0; _l < ${ECGPOS_DEPTH/auto/1}; _l++ )); do LEVELS+=("$_l"); done
 STAGE_STEPS=$(printf 'stage%s ' "${LEVELS[@]}")
 : "${ECGPOS_STEPS:=preprocess check ${STAGE_STEPS}probe merge export}"
-: "${ECGPOS_LOG_DIR:=$PWD/logs}"
-: "${ECGPOS_NODES:=1}"
-: "${ECGPOS_PREPROCESS_PARTS:=4}"
-: "${ECGPOS_PREPROCESS_CPUS:=4}"
-: "${ECGPOS_PREPROCESS_TIME:=12:00:00}"
-: "${ECGPOS_PRETRAIN_CPUS:=8}"
-: "${ECGPOS_PRETRAIN_TIME:=48:00:00}"
-: "${ECGPOS_SIGNAL_SECONDS:=300}"
-: "${ECGPOS_PROBE_CPUS:=4}"
-: "${ECGPOS_PROBE_TIME:=12:00:00}"
-ecgpos_require_int ECGPOS_GPUS_PER_NODE 0
-: "${ECGPOS_PROBE_GPUS:=$(( ECGPOS_GPUS_PER_NODE > 0 ? 1 : 0 ))}"
-: "${ECGPOS_PROBE_TASKS:=ptbxl-super ptbxl-sub ptbxl-form ptbxl-rhythm cpsc2018}"
-export ECGPOS_PROBE_TASKS ECGPOS_SHARDS ECGPOS_RUNS ECGPOS_PROBES ECGPOS_EXPORT HDF5_USE_FILE_LOCKING
+# Every job's shell sees them; a decide job submits the rest of the chain with the same ones.
+export ECGPOS_PROBE_TASKS ECGPOS_SHARDS ECGPOS_RUNS ECGPOS_PROBES ECGPOS_EXPORT HDF5_USE_FILE_LOCKING ECGPOS_STEPS
 
 # --- settings are checked here, before anything is submitted: one line naming the variable, exit 2 ---------
 STEPS="preprocess check ${STAGE_STEPS}probe merge finetune export"
@@ -64,13 +66,20 @@ read -r -a _steps <<< "$ECGPOS_STEPS"
 for _s in "${_steps[@]}"; do
     [[ " $STEPS " == *" $_s "* ]] || ecgpos_die "ECGPOS_STEPS: unknown step '$_s' (steps: $STEPS)"
 done
-wants() { [[ " $ECGPOS_STEPS " == *" $1 "* ]]; }
+if [ "$AUTO" = 1 ]; then   # the decide jobs measure every level from 0 up, so the chain starts at stage0
+    wants stage0 || ecgpos_die "ECGPOS_STEPS: --depth auto carves from stage0 (a finished stage0 job only checks" \
+        "its run); add stage0 or give --depth N"
+    # every level learns on the same held-out records, on which the decide jobs measure the criterion
+    ECGPOS_PRETRAIN_SET="train.val_fraction=$ECGPOS_VAL_FRACTION ${ECGPOS_PRETRAIN_SET:-}"
+    export ECGPOS_PRETRAIN_SET ECGPOS_MAX_LEVELS ECGPOS_STOP_BELOW ECGPOS_MIN_DROP ECGPOS_VAL_FRACTION
+fi
 wants_a_level() { local l; for l in "${LEVELS[@]}"; do wants "stage$l" && return 0; done; return 1; }
 for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGPOS_PRETRAIN_CPUS:1 \
           ECGPOS_SIGNAL_SECONDS:1 ECGPOS_PROBE_CPUS:1 ECGPOS_PROBE_GPUS:0; do
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
 done
 [ -z "${ECGPOS_MAX_REQUEUES:-}" ] || ecgpos_require_int ECGPOS_MAX_REQUEUES 0
+[ "$AUTO" = 0 ] || { ecgpos_require_int ECGPOS_DECIDE_CPUS 1; ecgpos_require_int ECGPOS_DECIDE_GPUS 0; }
 # the lists the jobs split (an unclosed quote would fail each job in turn, hours later in the queue)
 for _v in ECGPOS_SBATCH_ARGS ECGPOS_PRETRAIN_SET ECGPOS_PROBE_TASKS ECGPOS_PREPROCESS_ARGS ECGPOS_PROBE_ARGS \
           ECGPOS_EXPORT_ARGS ECGPOS_CORPORA ECGPOS_PROBE_ENCODERS; do
@@ -97,6 +106,7 @@ if wants_a_level && ! wants preprocess; then
     done
 fi
 if wants stage0; then ecgpos_require_config ECGPOS_STAGE0_CONFIG; fi
+if [ "$AUTO" = 1 ] && [ "$ECGPOS_MAX_LEVELS" -gt 1 ]; then ecgpos_require_config ECGPOS_STAGE1_CONFIG; fi
 for _l in "${LEVELS[@]:1}"; do
     wants "stage$_l" || continue
     ecgpos_require_config ECGPOS_STAGE1_CONFIG
@@ -118,39 +128,31 @@ if wants probe; then
 fi
 # The encoders to probe, with the level whose run each one is, or "-": a probe of a run this chain
 # trains waits for that stage only (the Stage-0 probes run while Stage 1 trains); any other encoder must exist.
+# --depth auto: the decide job that stops submits the probes of the levels then trained.
 encoders=() made_by=()
-wants probe || wants merge && ecgpos_probe_encoders encoders
-_encoder_var=ECGPOS_PROBE_ENCODERS
-[ -z "${ECGPOS_PROBE_ENCODER:-}" ] || _encoder_var=ECGPOS_PROBE_ENCODER
-_names=" summary "   # the merged summary's folder is beside the encoders' folders
-for _e in "${encoders[@]}"; do
-    _by=-
-    for _stage in "${LEVELS[@]}"; do
-        [ "$(realpath -m -- "$_e")" != "$(realpath -m -- "$ECGPOS_RUNS/stage$_stage")" ] || _by=$_stage
-    done
-    made_by+=("$_by")
-    if wants probe && [[ $_e != random:* ]] && { [ "$_by" = - ] || ! wants "stage$_by"; }; then
-        [ -d "$_e" ] || ecgpos_die "$_encoder_var: $_e is not a folder (an encoder to probe; add the stage that" \
-            "makes it to ECGPOS_STEPS)"
-    fi
-    if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # each encoder's probes go to $ECGPOS_PROBES/<name>/
-        _name=$(ecgpos_probe_name "$_e")
-        [[ $_names != *" $_name "* ]] || ecgpos_die "ECGPOS_PROBE_ENCODERS: $_e would write its probes into" \
-            "$ECGPOS_PROBES/$_name, which another encoder or the summary uses (folder names must differ)"
-        _names+="$_name "
-    fi
-done
+if [ "$AUTO" = 1 ] && { wants probe || wants merge; }; then   # the encoders of the deepest chain it may carve
+    _trained=()
+    for (( _l = 0; _l < ECGPOS_MAX_LEVELS; _l++ )); do _trained+=("$_l"); done
+    ECGPOS_DEPTH=$ECGPOS_MAX_LEVELS ecgpos_downstream_encoders "${_trained[@]}"
+elif wants probe || wants merge; then
+    _trained=()
+    for _l in "${LEVELS[@]}"; do if wants "stage$_l"; then _trained+=("$_l"); fi; done
+    ecgpos_downstream_encoders "${_trained[@]}"
+fi
 if wants merge && [ -n "${ECGPOS_PROBE_REFERENCE:-}" ] && [ "$ECGPOS_PROBE_REFERENCE" != paper ] &&
     [ ! -f "$ECGPOS_PROBE_REFERENCE" ]; then
     ecgpos_die "ECGPOS_PROBE_REFERENCE=$ECGPOS_PROBE_REFERENCE is neither paper nor a file (empty: no published rows)"
 fi
-if wants export && ! wants "stage$TOP"; then
+if [ "$AUTO" = 0 ] && wants export && ! wants "stage$TOP"; then
     ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage$TOP}
     ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add stage$TOP to ECGPOS_STEPS"
 fi
 # Last, as it imports ecgpos: each level's config with the overrides, resolved as its job will resolve it.
-for _stage in "${LEVELS[@]}"; do
-    if wants "stage$_stage" && ! ecgpos_check_pretrain_config "$_stage" && [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
+_check=("${LEVELS[@]}")
+[ "$AUTO" = 0 ] || [ "$ECGPOS_MAX_LEVELS" -eq 1 ] || _check+=(1)   # level 1's config serves every level above
+for _stage in "${_check[@]}"; do
+    if { wants "stage$_stage" || [ "$AUTO" = 1 ]; } && ! ecgpos_check_pretrain_config "$_stage" &&
+        [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
         ecgpos_log "note: no ecgpos with --check-config runs here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is" \
             "checked when the stage $_stage job starts"
     fi
@@ -160,7 +162,7 @@ done
 
 # One chain per work folder at a time: a second one would run a second trainer into the same run folder.
 # Every job carries the work folder in its comment; this user's queued or running jobs are looked up by it.
-tag="ecgpos:$(cd "$ECGPOS_WORK" 2>/dev/null && pwd -P || echo "$ECGPOS_WORK")"
+ecgpos_submit_options
 if [ "$ECGPOS_DRY_RUN" != 1 ]; then
     active=$(squeue -h -u "$(id -un)" -o '%A|%k' | awk -F'|' -v tag="$tag" '$2 == tag { print $1 }' | sort -u) ||
         ecgpos_die "squeue failed: cannot tell whether jobs of an earlier submission are still queued"
@@ -168,39 +170,7 @@ if [ "$ECGPOS_DRY_RUN" != 1 ]; then
         "ECGPOS_WORK=$ECGPOS_WORK are still queued or running: wait for them or scancel them"
 fi
 
-# Options every job gets: where to log, where to run, and the site's account / partition / qos if given.
-common=(--parsable --kill-on-invalid-dep=yes --chdir="$PWD" --export=ALL --comment="$tag")
-[ -n "${ECGPOS_PARTITION:-}" ] && common+=(--partition="$ECGPOS_PARTITION")
-[ -n "${ECGPOS_ACCOUNT:-}" ] && common+=(--account="$ECGPOS_ACCOUNT")
-[ -n "${ECGPOS_QOS:-}" ] && common+=(--qos="$ECGPOS_QOS")
-ecgpos_words ECGPOS_SBATCH_ARGS _sbatch_args
-common+=("${_sbatch_args[@]}")
-log_single=(--output="$ECGPOS_LOG_DIR/%x-%j.out")
-log_array=(--output="$ECGPOS_LOG_DIR/%x-%A_%a.out")
-gres() { if [ "$1" -gt 0 ]; then echo "--gres=gpu:$1"; fi; }
-
-# A submission that sbatch refuses (e.g. a gres or time limit the partition does not allow) cancels the jobs
-# submitted before it: no half chain is left in the queue.
-submitted=()
 after=()   # the jobs of the latest step(s): the next step waits for all of them
-submit() {  # submit STEP "DEPENDENCY IDS" SBATCH-ARGS... ; prints "STEP JOBID" and sets $id
-    local step=$1 deps dep=()
-    read -r -a deps <<< "$2"
-    shift 2
-    [ "${#deps[@]}" -gt 0 ] && dep=(--dependency="afterok:$(IFS=:; echo "${deps[*]}")")
-    if [ "$ECGPOS_DRY_RUN" = 1 ]; then   # print what would be submitted; fake ids keep the chain readable
-        echo "# $(printf '%q ' sbatch "${common[@]}" "${dep[@]}" "$@")"
-        id="<$step>"
-    elif ! id=$(sbatch "${common[@]}" "${dep[@]}" "$@"); then
-        [ "${#submitted[@]}" -eq 0 ] || scancel "${submitted[@]}" || true
-        ecgpos_die "sbatch failed for the $step job (its message is above)${submitted[*]:+; cancelled jobs ${submitted[*]}}"
-    else
-        id=${id%%;*}   # --parsable prints "id;cluster" on multi-cluster sites
-        submitted+=("$id")
-    fi
-    echo "$step $id"
-}
-
 # one preprocess array and one check per corpus; the corpora are preprocessed side by side
 corpus_jobs=()
 for _i in "${!datasets[@]}"; do
@@ -226,45 +196,12 @@ stage_job=()   # the job of each level submitted here ("-": none)
 for stage in "${LEVELS[@]}"; do
     stage_job[$stage]=-
     if wants "stage$stage"; then
-        # shellcheck disable=SC2046  # gres() prints nothing or one word
-        submit "stage$stage" "${after[*]}" --job-name="ecgpos-stage$stage" "${log_single[@]}" \
-            --nodes="$ECGPOS_NODES" --ntasks-per-node=1 --cpus-per-task="$ECGPOS_PRETRAIN_CPUS" \
-            --time="$ECGPOS_PRETRAIN_TIME" --signal="B:USR1@$ECGPOS_SIGNAL_SECONDS" --requeue \
-            $(gres "$ECGPOS_GPUS_PER_NODE") "$HERE/pretrain.sbatch" "$stage"
+        ecgpos_submit_stage "$stage" "${after[*]}"
         stage_job[$stage]=$id after=("$id")
     fi
 done
-_tasks=()
-ecgpos_words ECGPOS_PROBE_TASKS _tasks
-if wants probe; then
-    probe_jobs=()
-    for _i in "${!encoders[@]}"; do
-        # one array per encoder, after the stage that makes it (when submitted here), else after the latest step
-        waits="${after[*]}" step=probe arg=()
-        [ "${made_by[$_i]}" = - ] || [ "${stage_job[${made_by[$_i]}]}" = - ] || waits=${stage_job[${made_by[$_i]}]}
-        if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # the step and job name: one word of the folder name
-            step=$(ecgpos_probe_name "${encoders[$_i]}") arg=("${encoders[$_i]}")
-            step="probe-${step//[^A-Za-z0-9._-]/_}"
-        fi
-        # shellcheck disable=SC2046
-        submit "$step" "$waits" --job-name="ecgpos-$step" "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \
-            --cpus-per-task="$ECGPOS_PROBE_CPUS" --time="$ECGPOS_PROBE_TIME" $(gres "$ECGPOS_PROBE_GPUS") \
-            "$HERE/probe.sbatch" "${arg[@]}"
-        probe_jobs+=("$id")
-    done
-    after=("${probe_jobs[@]}")
-fi
-if wants merge; then
-    submit merge "${after[*]}" --job-name=ecgpos-probe-merge "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
-        "$HERE/probe.sbatch" merge
-    after=("$id")
-fi
-if wants finetune; then   # not a default step: add it to ECGPOS_STEPS (slurm/finetune.sbatch's settings)
-    # shellcheck disable=SC2046
-    submit finetune "${after[*]}" --job-name=ecgpos-finetune "${log_array[@]}" --array="0-$(( ${#_tasks[@]} - 1 ))" \
-        --nodes="$ECGPOS_NODES" $(gres "$ECGPOS_GPUS_PER_NODE") "$HERE/finetune.sbatch"
-fi
-if wants export; then
-    submit export "${after[*]}" --job-name=ecgpos-export "${log_single[@]}" --cpus-per-task=1 --time=01:00:00 \
-        "$HERE/export.sbatch"
+if [ "$AUTO" = 1 ]; then   # the decide job after level 0 submits the rest
+    ecgpos_submit_decide 0 "$id"
+else
+    ecgpos_submit_downstream
 fi

@@ -18,6 +18,11 @@ resume: finished levels are kept (their measurement too), an interrupted level c
 newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
 into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
 `ecgpos geometry --level L` with L = l (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
+
+`--decide LEVEL` trains nothing: levels 0..LEVEL are finished runs trained elsewhere (slurm/pipeline.sh
+--depth auto, whose runs are RUNS/stage<l>: `--level-prefix stage`); it measures them (reusing carve.json's
+measurements of the same runs), decides after each as above and rewrites carve.*. The last level in carve.json
+and its decision say whether to carve level LEVEL + 1 (slurm/decide.sbatch reads them).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 from ecgpos.config import add_set_option
 from ecgpos.errors import EcgposError
 from ecgpos.files import user_path
-from ecgpos.pretrain.carve_plan import Decision, LevelRecord, decide, read_carve, write_carve
+from ecgpos.pretrain.carve_plan import LevelRecord, decide, read_carve, write_carve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nominal", help="with --geometry-task: comma-separated nominal classes")
     p.add_argument("--anomalous", help="with --geometry-task: comma-separated anomalous classes")
     p.add_argument("--geometry-args", default="", help="with --geometry-task: extra `ecgpos geometry` flags")
+    p.add_argument(
+        "--decide",
+        type=int,
+        metavar="LEVEL",
+        help="train nothing: measure and decide after LEVEL on the finished runs of levels 0..LEVEL "
+        "(slurm/decide.sbatch; the runs must hold out --val-fraction)",
+    )
+    p.add_argument(
+        "--level-prefix",
+        choices=("level", "stage"),
+        default="level",
+        help="run folders are RUN_DIR/<prefix><l>: level (default) or stage (slurm/pipeline.sh's runs)",
+    )
     return p
 
 
@@ -85,16 +103,25 @@ def _check(args: argparse.Namespace) -> None:
         raise EcgposError("--probe-task needs --data-root")
     if args.geometry_task and not (args.nominal and args.anomalous):
         raise EcgposError("--geometry-task needs --nominal and --anomalous")
+    if args.decide is not None and not 0 <= args.decide < args.max_levels:
+        raise EcgposError(
+            f"--decide {args.decide}: a level in 0..{args.max_levels - 1} (--max-levels {args.max_levels})"
+        )
     if args.run_dir.exists() and not args.run_dir.is_dir():
         raise EcgposError(f"--run-dir {args.run_dir} is a file, not a folder")
 
 
+def _level_run(args: argparse.Namespace, level: int) -> Path:
+    """The run folder of level `level`: RUN_DIR/level<l> (RUN_DIR/stage<l> with --level-prefix stage)."""
+    return args.run_dir / f"{args.level_prefix}{level}"
+
+
 def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
-    run = args.run_dir / f"level{level}"
+    run = _level_run(args, level)
     argv = ["--stage", str(level), "--config", args.config if level == 0 else args.latent_config]
     argv += ["--shards", *map(str, args.shards), "--run-dir", str(run), "--resume", "auto"]
     if level >= 1:
-        argv += ["--stage0" if level == 1 else "--base", str(args.run_dir / f"level{level - 1}")]
+        argv += ["--stage0" if level == 1 else "--base", str(_level_run(args, level - 1))]
     argv += ["--set", f"train.val_fraction={args.val_fraction}"]
     for override in [*args.overrides, *(args.latent_set if level >= 1 else [])]:
         argv += ["--set", override]
@@ -108,7 +135,7 @@ def _finished(run: Path) -> bool:
 
 def _train(args: argparse.Namespace, level: int) -> int:
     """Train (or finish) level `level`; 0 when its run folder is finished."""
-    run = args.run_dir / f"level{level}"
+    run = _level_run(args, level)
     if _finished(run):
         return 0
     from ecgpos.cli.pretrain import main as pretrain
@@ -136,7 +163,7 @@ def measure(args: argparse.Namespace, level: int) -> tuple[dict[str, float], tup
     from ecgpos.pretrain.data import ShardDataset
     from ecgpos.runs.run_folder import load_run_model
 
-    run = args.run_dir / f"level{level}"
+    run = _level_run(args, level)
     model, cfg, _, _ = load_run_model(run)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device).float().eval()
@@ -155,9 +182,9 @@ def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[fl
 
     from ecgpos.cli import run_command
 
-    out = args.run_dir / "probes" / f"level{level}"
-    argv = ["--encoder", str(args.run_dir / f"level{level}"), "--task", args.probe_task, "--out", str(out)]
-    argv += ["--name", f"level{level}"]
+    out = args.run_dir / "probes" / f"{args.level_prefix}{level}"
+    argv = ["--encoder", str(_level_run(args, level)), "--task", args.probe_task, "--out", str(out)]
+    argv += ["--name", f"{args.level_prefix}{level}"]
     argv += ["--data-root", str(args.data_root)] if args.data_root else []
     argv += ["--splits", str(args.splits)] if args.splits else []
     argv += args.probe_args.split()
@@ -176,8 +203,8 @@ def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
 
     from ecgpos.cli import run_command
 
-    out = args.run_dir / "geometry" / f"level{level}"
-    argv = ["--encoder", str(args.run_dir / f"level{level}"), "--level", str(level), "--task", args.geometry_task]
+    out = args.run_dir / "geometry" / f"{args.level_prefix}{level}"
+    argv = ["--encoder", str(_level_run(args, level)), "--level", str(level), "--task", args.geometry_task]
     argv += ["--nominal", args.nominal, "--anomalous", args.anomalous, "--out", str(out)]
     argv += ["--data-root", str(args.data_root)] if args.data_root else []
     argv += ["--splits", str(args.splits)] if args.splits else []
@@ -192,7 +219,7 @@ def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) 
     """Measure level `level` (or reuse carve.json's measurement of the same finished run)."""
     from ecgpos.objectives.criterion import bootstrap_interval, criterion
 
-    run = args.run_dir / f"level{level}"
+    run = _level_run(args, level)
     old = known.get(level)
     if old is not None and old["run_dir"] == str(run) and old["steps"] == _run_facts(run)[0]:
         old = {**old, "interval": tuple(old["interval"])}
@@ -213,6 +240,40 @@ def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) 
     return record
 
 
+def _carve_level(
+    args: argparse.Namespace, level: int, known: dict[int, dict], done: list[LevelRecord], settings: dict
+) -> bool:
+    """Measure level `level` on top of `done`, decide, append it to `done` and rewrite carve.*; True: stop."""
+    record = _level_record(args, level, known)
+    decision = decide([r.criterion for r in done] + [record.criterion], args.max_levels, args.stop_below, args.min_drop)
+    record.decision = {"stop": decision.stop, "rule": decision.rule, "reason": decision.reason}
+    done.append(record)
+    if is_main_process():
+        # the measurements of levels above this one stay in carve.json while the carving goes on, so a
+        # decide job of a resumed Slurm chain reuses them; a stop drops them with the levels they belong to
+        above = [] if decision.stop else [known[k] for k in sorted(known) if k > level]
+        write_carve(args.run_dir, settings, done, above)
+        lo, hi = record.interval
+        print(f"ecgpos carve: level {level}: criterion {record.criterion:.4f} [{lo:.4f}, {hi:.4f}]; {decision.reason}")
+    return decision.stop
+
+
+def _check_trained(args: argparse.Namespace) -> None:
+    """--decide: levels 0..LEVEL are finished runs that held out the records the criterion is measured on."""
+    import yaml
+
+    for level in range(args.decide + 1):
+        run = _level_run(args, level)
+        if not _finished(run):
+            raise EcgposError(f"--decide {args.decide}: {run} is not a finished run (level {level}): train it first")
+        held = yaml.safe_load((run / "config.yaml").read_text())["train"]["val_fraction"]
+        if held != args.val_fraction:
+            raise EcgposError(
+                f"--decide {args.decide}: {run} trained with train.val_fraction={held}, not --val-fraction "
+                f"{args.val_fraction}: the criterion is measured on the records every level held out"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check(args)
@@ -228,24 +289,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     same = all(before.get(k) == settings[k] for k in ("shards", "val_fraction"))
     known = {int(r["level"]): r for r in levels} if same else {}
     done: list[LevelRecord] = []
-    decision = Decision(False, "continue", "")
+    if args.decide is not None:  # the levels are trained elsewhere (a Slurm chain): decide after the given one
+        _check_trained(args)
+        for level in range(args.decide + 1):
+            if _carve_level(args, level, known, done, settings):
+                break
+        return 0
     for level in range(args.max_levels):
         code = _train(args, level)
         if code != 0:
             return max(code, 0)
-        record = _level_record(args, level, known)
-        decision = decide(
-            [r.criterion for r in done] + [record.criterion], args.max_levels, args.stop_below, args.min_drop
-        )
-        record.decision = {"stop": decision.stop, "rule": decision.rule, "reason": decision.reason}
-        done.append(record)
-        if is_main_process():
-            write_carve(args.run_dir, settings, done)
-            lo, hi = record.interval
-            print(
-                f"ecgpos carve: level {level}: criterion {record.criterion:.4f} [{lo:.4f}, {hi:.4f}]; {decision.reason}"
-            )
-        if decision.stop:
+        if _carve_level(args, level, known, done, settings):
             break
     if is_main_process():
         print(f"wrote {args.run_dir / 'carve.json'}, {args.run_dir / 'carve.md'}, {args.run_dir / 'carve.png'}")

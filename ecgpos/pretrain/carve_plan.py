@@ -11,6 +11,7 @@ validation records (ecgpos.objectives.criterion), checked in this order:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,10 +69,13 @@ class LevelRecord:
     geometry: dict[str, float] = field(default_factory=dict)  # metric -> Delta % against level l-1
 
 
-def write_carve(out: Path, settings: dict, levels: list[LevelRecord]) -> None:
-    """carve.json, carve.md and carve.png in `out`, each written whole."""
-    atomic_write_json_text = json.dumps({"settings": settings, "levels": [asdict(r) for r in levels]}, indent=2)
-    atomic_write_text(out / "carve.json", atomic_write_json_text + "\n", sync=False)
+def write_carve(out: Path, settings: dict, levels: list[LevelRecord], measured_above: Sequence[dict] = ()) -> None:
+    """carve.json, carve.md and carve.png in `out`, each written whole. `measured_above`: earlier measurements
+    of levels above the last decided one, kept in carve.json (not in carve.md) for a resumed carving to reuse."""
+    data = {"settings": settings, "levels": [asdict(r) for r in levels]}
+    if measured_above:
+        data["measured_above"] = list(measured_above)
+    atomic_write_text(out / "carve.json", json.dumps(data, indent=2) + "\n", sync=False)
     atomic_write_text(out / "carve.md", carve_markdown(settings, levels), sync=False)
     plot_carve(levels, out / "carve.png")
 
@@ -151,9 +155,10 @@ def plot_carve(levels: list[LevelRecord], path: Path) -> None:
 
 
 def read_carve(out: Path) -> tuple[dict, list[dict]]:
-    """The settings and levels of an earlier carve.json in `out` (({}, []) when none)."""
+    """The settings and measured levels (decided ones, then those measured above them) of an earlier carve.json
+    in `out` (({}, []) when none)."""
     path = out / "carve.json"
     if not path.is_file():
         return {}, []
     data = json.loads(path.read_text())
-    return data.get("settings", {}), data.get("levels", [])
+    return data.get("settings", {}), data.get("levels", []) + data.get("measured_above", [])
