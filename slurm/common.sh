@@ -272,6 +272,8 @@ ecgpos_check_pretrain_config() {
     out=$(
         ECGPOS_DRY_RUN=1   # the set-up only, without its "not on PATH" refusal
         ecgpos_setup >/dev/null 2>&1 || true
+        # importing torch creates its kernel cache folder: a check compiles nothing and leaves no work folder
+        TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) && trap 'rm -rf "$TORCHINDUCTOR_CACHE_DIR"' EXIT
         command -v ecgpos >/dev/null || exit 127
         ecgpos pretrain --help 2>/dev/null | grep -q -- --check-config || exit 127
         ecgpos "${args[@]}" 2>&1 >/dev/null
