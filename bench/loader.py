@@ -31,17 +31,24 @@ from ecgpos.pretrain.records import read_index  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 
 
-def loader_rate(shards: list[Path], workers: int, batch: int, batches: int, window: int) -> float:
-    """Samples/s over `batches` batches after the warm-up, each handed over as the trainer does."""
+def loader_rate(
+    shards: list[Path], workers: int, batch: int, batches: int, window: int, timings: dict | None = None
+) -> float:
+    """Samples/s over `batches` batches after the warm-up, each handed over as the trainer does.
+    `timings`, when given, receives first_batch_s: from starting the workers to the first batch."""
     index = read_index(shards)
     dataset = ShardDataset(index, window, train=True, seed=0)
     sampler = StepBatchSampler(len(index), batch, 1, 1, 0, seed=0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     loader = train_loader(dataset, sampler, workers)
+    started = time.perf_counter()
     iterator = iter(loader)
+    model_input(next(iterator), device)
+    if timings is not None:
+        timings["first_batch_s"] = time.perf_counter() - started
     # Worker start-up and the batches the workers queued meanwhile are drained first: timed from
     # there, the rate is what the workers produce, not a queue filled while nothing was timed.
-    for _ in range(1 + workers * (loader.prefetch_factor or 0)):
+    for _ in range(workers * (loader.prefetch_factor or 0)):
         model_input(next(iterator), device)
     start = time.perf_counter()
     for _ in range(batches):
