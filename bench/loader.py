@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,14 +32,38 @@ from ecgpos.pretrain.records import read_index  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 
 
+class SpreadBatches:
+    """The sampler's batches over `drawn` records, record i read as record i * stride: as many distinct
+    windows whatever the corpus size, from all of its shards."""
+
+    def __init__(self, sampler: StepBatchSampler, stride: int) -> None:
+        self.sampler, self.stride = sampler, stride
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        for batch in self.sampler:
+            yield [(i * self.stride, epoch) for i, epoch in batch]
+
+
 def loader_rate(
-    shards: list[Path], workers: int, batch: int, batches: int, window: int, timings: dict | None = None
+    shards: list[Path],
+    workers: int,
+    batch: int,
+    batches: int,
+    window: int,
+    timings: dict | None = None,
+    drawn: int | None = None,
 ) -> float:
     """Samples/s over `batches` batches after the warm-up, each handed over as the trainer does.
-    `timings`, when given, receives first_batch_s: from starting the workers to the first batch."""
+    `timings`, when given, receives first_batch_s (from starting the workers to the first batch) and
+    cpu_s (CPU seconds of the workers and this process over the timed batches: the loader's cost
+    whatever else the machine runs). With `drawn`, windows come from that many records spread evenly
+    over the corpus (the data touched stays the same size while the index, dataset and open shards grow)."""
     index = read_index(shards)
     dataset = ShardDataset(index, window, train=True, seed=0)
-    sampler = StepBatchSampler(len(index), batch, 1, 1, 0, seed=0)
+    drawn = min(drawn or len(index), len(index))
+    sampler = StepBatchSampler(drawn, batch, 1, 1, 0, seed=0)
+    if drawn < len(index):
+        sampler = SpreadBatches(sampler, len(index) // drawn)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     loader = train_loader(dataset, sampler, workers)
     started = time.perf_counter()
@@ -50,14 +75,31 @@ def loader_rate(
     # there, the rate is what the workers produce, not a queue filled while nothing was timed.
     for _ in range(workers * (loader.prefetch_factor or 0)):
         model_input(next(iterator), device)
+    cpu = _cpu_seconds()
     start = time.perf_counter()
     for _ in range(batches):
         x = model_input(next(iterator), device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     rate = batches * batch / (time.perf_counter() - start)
+    if timings is not None:
+        timings["cpu_s"] = _cpu_seconds() - cpu
     del iterator, loader, x
     return rate
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its children (the loader's workers) so far."""
+    import psutil
+
+    total = 0.0
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -295,28 +295,30 @@ def _cached_share(shards: list[Path]) -> float:
 
 
 def loader_costs(corpus: Path, n: int, batches: int) -> dict[str, float]:
-    """The loader at 6 workers (bench/loader.py's measurement, `batches` batches after its warm-up)
-    twice: with the corpus in the page cache (the project's cost: reading windows out of HDF5 and handing
-    them over) and with it dropped from the cache (every window a random read from the disk: the storage's
-    cost). Skips the cached run (NaN) when the corpus would not fit in the free memory."""
+    """The loader at 6 workers (bench/loader.py's measurement, `batches` batches after its warm-up), three
+    ways: windows from DRAWN records spread over all the shards, corpus cached (the project's cost: the
+    N-record index, dataset and open shards, the same data touched at every N); from all N records with
+    the corpus in the page cache (adds the memory's cost of data spread over N records); and from all N
+    records dropped from the page cache (every window a random read from the disk). Skips the cached run
+    of all N (NaN) when the corpus would not fit in the free memory."""
     from loader import loader_rate
 
     shards = sorted(corpus.glob("shard-*.h5"))
     size = sum(p.stat().st_size for p in shards)
-    got = {"loader": float("nan"), "cached_share": float("nan"), "first_batch": float("nan")}
-    batch, window = min(64, n), PreprocessSpec().window
+    got = {name: float("nan") for name in ("loader", "loader_all_cpu", "cached_share")}
+    batch, window, timings = min(64, n), PreprocessSpec().window, {}
+    _page_cache(shards[:: max(1, len(shards) // 200)], keep=True)  # at least the spread records' shards
+    got["loader_spread"] = loader_rate([corpus], WORKERS, batch, batches, window, timings, drawn=DRAWN)
+    got["first_batch"], got["loader_cpu"] = timings["first_batch_s"], timings["cpu_s"] / (batches * batch)
     if size < 0.7 * psutil.virtual_memory().available:
         _page_cache(shards, keep=True)
         got["cached_share"] = _cached_share(shards)
-        timings: dict = {}
         got["loader"] = loader_rate([corpus], WORKERS, batch, batches, window, timings)
-        got["first_batch"] = timings["first_batch_s"]
+        got["loader_all_cpu"] = timings["cpu_s"] / (batches * batch)
     _page_cache(shards, keep=False)
     got["uncached_share"] = _cached_share(shards)
-    timings = {}
     got["loader_disk"] = loader_rate([corpus], WORKERS, batch, batches, window, timings)
-    if not np.isfinite(got["first_batch"]):
-        got["first_batch"] = timings["first_batch_s"]
+    got["loader_disk_cpu"] = timings["cpu_s"] / (batches * batch)
     return got
 
 
@@ -340,8 +342,11 @@ ROWS = {
     "rss_trainer": ("trainer peak RSS", "kB/record"),
     "rss_worker": ("loader worker peak RSS (max)", "kB/record"),
     "first_batch": ("loader: 6 workers started, first batch", "ms/record"),
-    "loader": ("loader at 6 workers, corpus in the page cache", "samples/s"),
-    "loader_disk": ("loader at 6 workers, corpus read from the disk", "samples/s"),
+    "loader_spread": ("loader at 6 workers, 1,000 records spread over the corpus", "samples/s"),
+    "loader_cpu": ("  its CPU time (workers + trainer)", "ms/sample"),
+    "loader": ("loader at 6 workers, all N records, in the page cache", "samples/s"),
+    "loader_all_cpu": ("  its CPU time (workers + trainer)", "ms/sample"),
+    "loader_disk": ("loader at 6 workers, all N records, from the disk", "samples/s"),
     "guard_load": ("guard: load N fingerprints (probe start-up)", "us/record"),
     "guard_match": ("guard: match the probe set", "us/(probe x N/1000)"),
 }
@@ -349,8 +354,11 @@ SCALE = {
     "write": 1e3, "startup": 1e3, "resume": 1e3, "rss_trainer": 1e-3, "rss_worker": 1e-3, "first_batch": 1e3,
     "guard_load": 1e6,
 }  # fmt: skip
-RATES = ("loader", "loader_disk")  # samples/s: their growth is a slowdown
-NOT_THE_PROJECT = ("write", "loader_disk")  # the bench's own writing, the disk's random reads
+RATES = ("loader_spread", "loader", "loader_disk")  # samples/s: their growth is a slowdown
+CPU_PER_SAMPLE = ("loader_cpu", "loader_all_cpu")
+# the bench's own writing; data spread over N records, whose reads cost what the memory or disk makes them
+NOT_THE_PROJECT = ("write", "loader", "loader_all_cpu", "loader_disk")
+DRAWN = 1000  # records the spread loader run reads windows from
 
 
 def measure(n: int, work: Path, steps: int, probe_records: int, loader_batches: int, keep: bool) -> dict[str, float]:
@@ -379,6 +387,8 @@ def measure(n: int, work: Path, steps: int, probe_records: int, loader_batches: 
 def per_record(name: str, value: float, n: int, probe_records: int) -> float:
     if name in RATES:
         return value
+    if name in CPU_PER_SAMPLE:
+        return value * 1e3
     if name == "guard_match":  # each probe record is compared with the N pretraining ones
         return value * 1e6 / probe_records / (n / 1000)
     return value * SCALE[name] / n
