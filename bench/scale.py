@@ -247,9 +247,11 @@ def guard_costs(shards: Path, probe_records: int, seed: int = 1) -> tuple[float,
     """(seconds to load the pretraining fingerprints, seconds to match the probe set against them)."""
     from probes.leakage import load_pretraining
 
-    started = time.perf_counter()
-    index = load_pretraining([shards], log=lambda _: None)
-    loaded = time.perf_counter() - started
+    loaded = float("inf")
+    for _ in range(2):  # the faster of two loads: one run on this shared machine is noisy
+        started = time.perf_counter()
+        index = load_pretraining([shards], log=lambda _: None)
+        loaded = min(loaded, time.perf_counter() - started)
     (prints,) = index.by_spec.values()
     rng = np.random.default_rng(seed)
     bits = rng.integers(0, 2, (probe_records, len(prints.prints[0]) * 4), dtype=np.uint8)
