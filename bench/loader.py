@@ -17,6 +17,9 @@ count was not run.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from ecgpos.errors import EcgposError  # noqa: E402
@@ -100,6 +105,60 @@ def _cpu_seconds() -> float:
             continue
         total += times.user + times.system
     return total
+
+
+SPREAD_RECORDS = 1000  # records the spread run of `loader_costs` reads windows from
+
+
+def _page_cache(shards: list[Path], keep: bool) -> None:
+    """Read the shards through once (keep: into the page cache) or drop their pages from it (posix_fadvise
+    DONTNEED, after their writes are on disk: dirty pages cannot be dropped)."""
+    for path in shards:
+        with open(path, "rb", buffering=0) as handle:
+            if keep:
+                while handle.read(1 << 23):
+                    pass
+            else:
+                os.fdatasync(handle.fileno())
+                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _cached_share(shards: list[Path]) -> float:
+    """Fraction of the shards' bytes in the page cache (util-linux `fincore`; NaN without it)."""
+    if shutil.which("fincore") is None:
+        return float("nan")
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", *map(str, shards)],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    pairs = np.array([[int(v) for v in line.split()] for line in out.splitlines() if line.strip()], dtype=np.int64)
+    return float(pairs[:, 0].sum() / max(1, pairs[:, 1].sum())) if len(pairs) else float("nan")
+
+
+def loader_costs(corpus: Path, n: int, batches: int, workers: int, window: int) -> dict[str, float]:
+    """`loader_rate` of a shard folder of n records three ways: windows from SPREAD_RECORDS records spread
+    over all the shards, corpus cached (the project's cost: the n-record index, dataset and open shards,
+    the same data touched at every n); from all n records in the page cache (adds the memory's cost of
+    data spread over n records); and from all n records dropped from the page cache (every window a
+    random read from the disk). The cached run of all n is skipped (NaN) when the corpus would not fit
+    in the free memory. Each run's samples/s and CPU seconds per sample; the first batch's start-up."""
+    shards = sorted(corpus.glob("shard-*.h5"))
+    fits = sum(p.stat().st_size for p in shards) < 0.7 * psutil.virtual_memory().available
+    got = {name: float("nan") for name in ("loader", "loader_all_cpu", "cached_share")}
+    batch, timings = min(64, n), {}
+    if fits:
+        _page_cache(shards, keep=True)
+        got["cached_share"] = _cached_share(shards)
+    got["loader_spread"] = loader_rate([corpus], workers, batch, batches, window, timings, drawn=SPREAD_RECORDS)
+    got["first_batch"], got["loader_cpu"] = timings["first_batch_s"], timings["cpu_s"] / (batches * batch)
+    if fits:
+        got["loader"] = loader_rate([corpus], workers, batch, batches, window, timings)
+        got["loader_all_cpu"] = timings["cpu_s"] / (batches * batch)
+    _page_cache(shards, keep=False)
+    got["uncached_share"] = _cached_share(shards)
+    got["loader_disk"] = loader_rate([corpus], workers, batch, batches, window, timings)
+    got["loader_disk_cpu"] = timings["cpu_s"] / (batches * batch)
+    return got
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psutil  # noqa: E402
+from loader import loader_costs  # noqa: E402
 
 from ecgpos.ecg.fingerprint import fingerprint  # noqa: E402
 from ecgpos.ecg.shards import shard_name, write_shard  # noqa: E402
@@ -268,62 +269,6 @@ def guard_costs(shards: Path, probe_records: int, seed: int = 1) -> tuple[float,
     return loaded, matched
 
 
-# --- the loader: the project's cost and the disk's ------------------------------------------------------------
-
-
-def _page_cache(shards: list[Path], keep: bool) -> None:
-    """Read the shards through once (keep: into the page cache) or drop their pages from it (posix_fadvise
-    DONTNEED, after their writes are on disk: dirty pages cannot be dropped)."""
-    for path in shards:
-        with open(path, "rb", buffering=0) as handle:
-            if keep:
-                while handle.read(1 << 23):
-                    pass
-            else:
-                os.fdatasync(handle.fileno())
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-
-
-def _cached_share(shards: list[Path]) -> float:
-    """Fraction of the shards' bytes in the page cache (util-linux `fincore`; NaN without it)."""
-    if shutil.which("fincore") is None:
-        return float("nan")
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--raw", "--output", "RES,SIZE", *map(str, shards)],
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    pairs = np.array([[int(v) for v in line.split()] for line in out.splitlines() if line.strip()], dtype=np.int64)
-    return float(pairs[:, 0].sum() / max(1, pairs[:, 1].sum())) if len(pairs) else float("nan")
-
-
-def loader_costs(corpus: Path, n: int, batches: int) -> dict[str, float]:
-    """The loader at 6 workers (bench/loader.py's measurement, `batches` batches after its warm-up), three
-    ways: windows from DRAWN records spread over all the shards, corpus cached (the project's cost: the
-    N-record index, dataset and open shards, the same data touched at every N); from all N records with
-    the corpus in the page cache (adds the memory's cost of data spread over N records); and from all N
-    records dropped from the page cache (every window a random read from the disk). Skips the cached run
-    of all N (NaN) when the corpus would not fit in the free memory."""
-    from loader import loader_rate
-
-    shards = sorted(corpus.glob("shard-*.h5"))
-    size = sum(p.stat().st_size for p in shards)
-    got = {name: float("nan") for name in ("loader", "loader_all_cpu", "cached_share")}
-    batch, window, timings = min(64, n), PreprocessSpec().window, {}
-    _page_cache(shards[:: max(1, len(shards) // 200)], keep=True)  # at least the spread records' shards
-    got["loader_spread"] = loader_rate([corpus], WORKERS, batch, batches, window, timings, drawn=DRAWN)
-    got["first_batch"], got["loader_cpu"] = timings["first_batch_s"], timings["cpu_s"] / (batches * batch)
-    if size < 0.7 * psutil.virtual_memory().available:
-        _page_cache(shards, keep=True)
-        got["cached_share"] = _cached_share(shards)
-        got["loader"] = loader_rate([corpus], WORKERS, batch, batches, window, timings)
-        got["loader_all_cpu"] = timings["cpu_s"] / (batches * batch)
-    _page_cache(shards, keep=False)
-    got["uncached_share"] = _cached_share(shards)
-    got["loader_disk"] = loader_rate([corpus], WORKERS, batch, batches, window, timings)
-    got["loader_disk_cpu"] = timings["cpu_s"] / (batches * batch)
-    return got
-
-
 def _timed(cmd: list[str]) -> float:
     """Seconds a command takes, with one torch thread as the pretraining runs have (on this shared 2-core
     machine two threads made `ecgpos score` 4-5x slower than one)."""
@@ -360,7 +305,6 @@ RATES = ("loader_spread", "loader", "loader_disk")  # samples/s: their growth is
 CPU_PER_SAMPLE = ("loader_cpu", "loader_all_cpu")
 # the bench's own writing; data spread over N records, whose reads cost what the memory or disk makes them
 NOT_THE_PROJECT = ("write", "loader", "loader_all_cpu", "loader_disk")
-DRAWN = 1000  # records the spread loader run reads windows from
 
 
 def measure(n: int, work: Path, steps: int, probe_records: int, loader_batches: int, keep: bool) -> dict[str, float]:
@@ -374,7 +318,7 @@ def measure(n: int, work: Path, steps: int, probe_records: int, loader_batches: 
     got["rss_worker"] = max(rss.values(), default=0)
     got["rss_trainer_mb"], got["rss_worker_mb"] = got["rss_trainer"] / 2**20, got["rss_worker"] / 2**20
     print(f"N={n}: pretrain measured", file=sys.stderr, flush=True)
-    got.update(loader_costs(corpus, n, loader_batches))
+    got.update(loader_costs(corpus, n, loader_batches, WORKERS, PreprocessSpec().window))
     got["guard_load"], got["guard_match"] = guard_costs(corpus, probe_records)
     got["startup_s"], got["resume_s"], got["guard_s"] = (
         got["startup"],
