@@ -179,3 +179,9 @@ def test_read_wfdb_reads_as_read_wfdb_record_through_the_fast_path_where_it_can(
     with pytest.raises(SignalError) as err:  # no header: read_wfdb_record's answer
         read_wfdb(tmp_path / "absent")
     assert err.value.reason == "unreadable" and "no header file" in err.value.detail
+    lines = (tmp_path / "uv.hea").read_text().replace("uV", "mV").splitlines()
+    lines[1] = lines[1].rsplit(" ", 4)[0] + " - 0 0 I"  # lead I's initial value is no number
+    (tmp_path / "uv.hea").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SignalError) as err:  # a field the fast grammar cannot convert: read_wfdb_record's answer
+        read_wfdb(tmp_path / "uv")
+    assert err.value.reason == "unreadable"

@@ -179,7 +179,10 @@ def read_wfdb(path: str | Path) -> RawRecord:
     within the fast path (the same samples, ~20x faster), else `read_wfdb_record`."""
     base = record_path(path)
     if base.with_suffix(".hea").is_file():  # a missing header: read_wfdb_record's own one-line answer
-        raw = read_fast(base)
+        try:
+            raw = read_fast(base)
+        except ValueError:  # a field the fast grammar cannot convert: wfdb's reading names the fault
+            raw = None
         if raw is not None:
             return raw
     return read_wfdb_record(base)
