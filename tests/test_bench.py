@@ -178,11 +178,12 @@ def test_scale_bench_prints_its_table_and_the_worst_growth_last(tmp_path: Path) 
     corpus removed."""
     work = tmp_path / "work"
     lines = run_bench(
-        "scale.py", "--sizes", "64", "--steps", "2", "--probe-set-records", "200", "--score-records", "16",
-        "--work", str(work),
+        "scale.py", "--sizes", "64", "--steps", "2", "--probe-set-records", "200", "--probe-records", "24",
+        "--loader-batches", "10", "--work", str(work),
     )  # fmt: skip
     assert re.fullmatch(r"worst growth 64 -> 64 records: \d+\.\d\dx \(.+\)", lines[-1]), lines[-1]
     rows = [line for line in lines if line.startswith("| ")]
-    assert len(rows) == 9 and rows[0].startswith("| cost | unit | N=64 | growth |")
+    assert len(rows) == 14 and rows[0].startswith("| cost | unit | N=64 | growth |")
+    assert re.search(r"ecgpos geometry \(2 levels\) [\d.]+ s .* ecgpos score \(2 levels, 8 masks\) [\d.]+ s", lines[-2])
     assert any(re.match(r"N=64: start-up [\d.]+ s, resume [\d.]+ s, trainer RSS \d+ MB", line) for line in lines)
     assert not work.exists()

@@ -14,6 +14,7 @@ from code15_fixtures import FS, ecg_like, exam_row, padded_trace, write_exams_cs
 from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.wfdb_fast import read_fast
 from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.errors import SignalError
 from preprocessing import code15, ecg_arrhythmia
 
 
@@ -154,3 +155,33 @@ def test_damaged_dat_files_get_specific_reasons(shared_data, tmp_path):
         with pytest.raises(SignalError) as err:
             read_fast(folder / "00001_hr")
         assert err.value.reason == reason
+
+
+def test_read_wfdb_reads_as_read_wfdb_record_through_the_fast_path_where_it_can(shared_data, tmp_path):
+    """What probes, geometry and score read records with: read_wfdb_record's record, field for field."""
+    import dataclasses
+
+    from ecgpos.ecg.wfdb_fast import read_wfdb
+
+    paths = sorted((shared_data / "ptbxl" / "records500").rglob("*.hea"))[:5]
+    paths += sorted((shared_data / "ecg-arrhythmia").rglob("*.hea"))[:5]
+    for path in paths:
+        got, want = read_wfdb(path.with_suffix("")), read_wfdb_record(path.with_suffix(""))
+        for field in dataclasses.fields(want):
+            a, b = getattr(got, field.name), getattr(want, field.name)
+            assert np.array_equal(a, b) if isinstance(b, np.ndarray) else a == b, (path, field.name)
+    # outside the fast path (microvolts): read_wfdb_record's reading, in mV
+    x = np.random.default_rng(0).standard_normal((1000, 3)) * 500
+    wfdb.wrsamp("uv", fs=500, units=["uV"] * 3, sig_name=["I", "II", "V1"], p_signal=x, fmt=["16"] * 3,
+                adc_gain=[1.0] * 3, baseline=[0] * 3, write_dir=str(tmp_path))  # fmt: skip
+    assert read_fast(tmp_path / "uv") is None
+    np.testing.assert_array_equal(read_wfdb(tmp_path / "uv").signal, read_wfdb_record(tmp_path / "uv").signal)
+    with pytest.raises(SignalError) as err:  # no header: read_wfdb_record's answer
+        read_wfdb(tmp_path / "absent")
+    assert err.value.reason == "unreadable" and "no header file" in err.value.detail
+    lines = (tmp_path / "uv.hea").read_text().replace("uV", "mV").splitlines()
+    lines[1] = lines[1].rsplit(" ", 4)[0] + " - 0 0 I"  # lead I's initial value is no number
+    (tmp_path / "uv.hea").write_text("\n".join(lines) + "\n")
+    with pytest.raises(SignalError) as err:  # a field the fast grammar cannot convert: read_wfdb_record's answer
+        read_wfdb(tmp_path / "uv")
+    assert err.value.reason == "unreadable"

@@ -102,6 +102,27 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
     assert any(not np.allclose(a[k], c[k]) for k in a)
 
 
+def test_masked_errors_of_several_masks_equal_one_mask_at_a_time(runs: dict[str, Path]) -> None:
+    """Scoring embeds a window (and runs the frozen levels below) once for all its masks: each mask's
+    errors equal a full masked forward under that mask alone."""
+    from ecgpos.inference.scoring import load_recon_models
+    from ecgpos.models.masking import expand_masking, fixed_masking
+    from ecgpos.objectives.stage0_mae import masked_mse_per_sample
+
+    models = load_recon_models(runs["stage1"])
+    x = torch.randn(3, 12, models.spec.window, generator=torch.Generator().manual_seed(0))
+    for model in models.levels.values():
+        enc = model.encoder
+        maskings = [expand_masking(fixed_masking(12, enc.num_patches, model.mask_ratio, s), 3, "cpu") for s in range(3)]
+        together = model.masked_errors(x, maskings)
+        inputs = model.latent_tokens(x) if hasattr(model, "latent_tokens") else x
+        for m, masking in enumerate(maskings):
+            latent, mask, restore = enc.forward_masked(inputs, model.mask_ratio, masking=masking)
+            alone = masked_mse_per_sample(model.decoder(latent, restore), model.target(inputs), mask)
+            torch.testing.assert_close(together[m], alone, rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(together[0], together[1])  # the masks really differ
+
+
 def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     assert score(runs["stage0"], records, tmp_path / "s.csv", "--masks", "2") == 0
     header, rows = _read(tmp_path / "s.csv")

@@ -350,3 +350,14 @@ def test_a_step_saved_twice_replaces_its_checkpoint_without_a_moment_of_loss(
     save(5.0, step=40)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [30, 40] and weight(final) == 2.0
     assert sorted(p.name for p in root.iterdir()) == [final.name, checkpoint_name(40)]
+
+
+def test_more_shards_than_a_worker_keeps_open_are_named_with_the_shard_size_that_fits() -> None:
+    from ecgpos.pretrain.data import MAX_OPEN_FILES, open_files_note
+
+    assert open_files_note(MAX_OPEN_FILES, 1000 * MAX_OPEN_FILES) == ""
+    records = 2_300_000  # CODE's size in 1000-record shards: 2,300 files
+    note = open_files_note(records // 1000, records)
+    assert "2300 shards" in note and f"more than the {MAX_OPEN_FILES}" in note
+    per_shard = int(note.split("--records-per-shard ")[1].split()[0])
+    assert -(-records // per_shard) <= MAX_OPEN_FILES < -(-records // (per_shard - 1))  # the smallest that fits

@@ -336,6 +336,18 @@ def write_probe_set(
                 "noise_mv": round(p.noise, 3),
             }
         )
+    return write_probe_tables(root, rows, metadata, seed, fractions)
+
+
+def write_probe_tables(
+    root: Path,
+    rows: Sequence[dict],
+    metadata: Sequence[dict],
+    seed: int = 0,
+    fractions: tuple[float, float] = (0.6, 0.2),
+) -> dict[str, int]:
+    """`root/{train,val,test}.csv` from one row per record (record, then a 0/1 column per class of
+    PROBE_CLASSES), stratified by rhythm class, and `root/metadata.csv`; returns each split's row count."""
     rng = np.random.default_rng(seed)
     splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     for label in RHYTHM_CLASSES:  # stratified: every split gets every rhythm class

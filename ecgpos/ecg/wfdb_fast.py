@@ -32,6 +32,8 @@ from ecgpos.ecg.wfdb_io import (
     check_data_size,
     check_mat_header,
     header_gain,
+    read_wfdb_record,
+    record_path,
 )
 from ecgpos.errors import SignalError
 
@@ -170,6 +172,20 @@ def read_fast(base: Path) -> RawRecord | None:
         total=header.sig_len,
         uncalibrated=header.uncalibrated,
     )
+
+
+def read_wfdb(path: str | Path) -> RawRecord:
+    """A WFDB record in mV (a path with or without extension): through `read_fast` when its header is
+    within the fast path (the same samples, ~20x faster), else `read_wfdb_record`."""
+    base = record_path(path)
+    if base.with_suffix(".hea").is_file():  # a missing header: read_wfdb_record's own one-line answer
+        try:
+            raw = read_fast(base)
+        except ValueError:  # a field the fast grammar cannot convert: wfdb's reading names the fault
+            raw = None
+        if raw is not None:
+            return raw
+    return read_wfdb_record(base)
 
 
 def _frames(handle: BinaryIO, byte_offset: int, start: int, stop: int, n_sig: int) -> np.ndarray:

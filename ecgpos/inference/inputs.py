@@ -83,7 +83,8 @@ def raw_thunk(
 
 
 def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT_POLICY) -> Source:
-    from ecgpos.ecg.wfdb_io import read_wfdb_record, record_path
+    from ecgpos.ecg.wfdb_fast import read_wfdb
+    from ecgpos.ecg.wfdb_io import record_path
 
     unlisted: list[tuple[Path, str]] = []
     if path.is_dir():
@@ -105,7 +106,7 @@ def wfdb_source(path: Path, spec: PreprocessSpec, policy: ScreenPolicy = DEFAULT
         for record_id, base in zip(ids, bases):
 
             def run(base: Path = base) -> tuple[np.ndarray, Span]:
-                raw = read_wfdb_record(base)
+                raw = read_wfdb(base)
                 return raw_thunk(raw.signal, raw.fs, raw.leads, spec, policy, raw.total, raw.uncalibrated)()
 
             yield record_id, run

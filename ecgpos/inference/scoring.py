@@ -160,8 +160,8 @@ def window_scores(
         parts = []
         for start in range(0, len(windows), batch_size):
             x = torch.from_numpy(np.ascontiguousarray(windows[start : start + batch_size], dtype=np.float32)).to(device)
-            errors = [model.masked_errors(x, expand_masking(m, len(x), device)) for m in fixed]
-            parts.append(torch.stack(errors).mean(dim=0).cpu().numpy())
+            errors = model.masked_errors(x, [expand_masking(m, len(x), device) for m in fixed])
+            parts.append(errors.mean(dim=0).cpu().numpy())
         out[level] = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
     return out
 

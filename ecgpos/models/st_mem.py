@@ -198,9 +198,24 @@ class TokenEncoder(nn.Module):
         """
         check_mask_ratio(mask_ratio, self.num_patches)
         tokens, mask, ids_restore = self.embed_masked(x, mask_ratio, generator, masking)
+        return self._encode_kept(tokens), mask, ids_restore
+
+    def forward_masked_each(
+        self, x: torch.Tensor, mask_ratio: float, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """`forward_masked(x, masking=m)` for each m of `maskings`, with x embedded once: scoring runs
+        every record under several fixed masks, and the embedding of all tokens is the same for each."""
+        check_mask_ratio(mask_ratio, self.num_patches)
+        patches, seps = self.embed(x)
+        return [
+            (self._encode_kept(with_sep(gather_tokens(patches, ids_keep), seps)), mask, ids_restore)
+            for ids_keep, mask, ids_restore in maskings
+        ]
+
+    def _encode_kept(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Kept tokens (B, L, K + 2, W) -> latent of the same shape, after the blocks and the final norm."""
         b, l, s, w = tokens.shape
-        out = self.norm(self._run_blocks(tokens.reshape(b, l * s, w)))
-        return out.reshape(b, l, s, w), mask, ids_restore
+        return self.norm(self._run_blocks(tokens.reshape(b, l * s, w))).reshape(b, l, s, w)
 
 
 class STMEMEncoder(TokenEncoder):

@@ -152,12 +152,19 @@ class LatentMaskedAutoencoder(nn.Module):
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
 
     @torch.no_grad()
-    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Per-sample masked reconstruction error (B,) of the Stage-0 latent tokens under a given mask,
-        in the loss's target space."""
+    def masked_errors(
+        self, x: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Per-sample masked reconstruction error (M, B) of the Stage-0 latent tokens under each of M
+        given masks, in the loss's target space. The frozen levels below run once for all masks."""
         tokens = self.latent_tokens(x)
-        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, masking=masking)
-        return masked_mse_per_sample(self.decoder(latent, ids_restore), self.target(tokens), mask)
+        target = self.target(tokens)
+        return torch.stack(
+            [
+                masked_mse_per_sample(self.decoder(latent, ids_restore), target, mask)
+                for latent, mask, ids_restore in self.encoder.forward_masked_each(tokens, self.mask_ratio, maskings)
+            ]
+        )
 
     def nested_encoder(self) -> NestedEncoder:
         """Levels 0..l (the base, then this level's encoder; no masking), sharing this model's modules."""

@@ -154,10 +154,18 @@ class MaskedECGAutoencoder(nn.Module):
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
 
     @torch.no_grad()
-    def masked_errors(self, x: torch.Tensor, masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """Per-sample masked reconstruction error (B,) under a given mask, in the loss's target space."""
-        latent, mask, ids_restore = self.encoder.forward_masked(x, self.mask_ratio, masking=masking)
-        return masked_mse_per_sample(self.forward_decoder(latent, ids_restore), self.target(x), mask)
+    def masked_errors(
+        self, x: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Per-sample masked reconstruction error (M, B) under each of M given masks, in the loss's
+        target space; x's embedding and target are computed once for all masks."""
+        target = self.target(x)
+        return torch.stack(
+            [
+                masked_mse_per_sample(self.forward_decoder(latent, ids_restore), target, mask)
+                for latent, mask, ids_restore in self.encoder.forward_masked_each(x, self.mask_ratio, maskings)
+            ]
+        )
 
     @torch.no_grad()
     def to_signal_units(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

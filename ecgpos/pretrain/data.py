@@ -37,6 +37,20 @@ from ecgpos.workers import born_with_sigterm_blocked, outlive_others_sigterm
 MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shard is ~165 files
 
 
+def open_files_note(num_shards: int, num_records: int) -> str:
+    """'' when a loader process can keep every shard open; otherwise the warning to print. Beyond
+    MAX_OPEN_FILES shards, a window from a shard that is not open pays an open and a close: with a fifth
+    of the shards open, the loader's CPU per window was 2.5-2.8x (bench/README.md, bench/scale.py)."""
+    if num_shards <= MAX_OPEN_FILES:
+        return ""
+    per_shard = -(-num_records // MAX_OPEN_FILES)
+    return (
+        f"the records lie in {num_shards} shards, more than the {MAX_OPEN_FILES} a loader worker keeps open, so "
+        f"most windows reopen their shard (up to ~2.5x the loader's CPU per sample); preprocessing with "
+        f"--records-per-shard {per_shard} or more keeps them all open"
+    )
+
+
 def window_start(length: int, window: int, train: bool, seed: int, epoch: int, index: int) -> int:
     """Start of the window: uniform in [0, length - window] from (seed, epoch, index) in training,
     the centre in evaluation; 0 for records shorter than the window (zero-padded in the shard)."""

@@ -40,6 +40,7 @@ from ecgpos.pretrain.data import (
     StepBatchSampler,
     model_input,
     non_finite_records,
+    open_files_note,
     train_loader,
 )
 from ecgpos.pretrain.evaluation import training_figures, validation_means
@@ -89,7 +90,7 @@ class Trainer:
             )
         index = read_index(self.plan.shards)
         train_index, val_index = split_index(index, cfg.train.val_fraction)
-        warnings = [other_pool(self.plan)]
+        warnings = [other_pool(self.plan), open_files_note(len(index.paths), len(index))]
         if cfg.train.val_fraction > 0 and val_index is None:
             warnings.append(
                 f"train.val_fraction {cfg.train.val_fraction} holds out none (or all) "

@@ -29,7 +29,8 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.screening import ScreenPolicy, screen_record
 from ecgpos.ecg.signal import preprocess_batch
 from ecgpos.ecg.spec import PreprocessSpec
-from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
+from ecgpos.ecg.wfdb_fast import read_wfdb
+from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError, SignalError
 from probes.shared.tasks import SplitTable, TaskDef
 
@@ -172,7 +173,7 @@ def read_record(path: Path, form: str) -> RawRecord:
     """Read one located record in mV; raises SignalError (never a library traceback)."""
     if form == "original":
         return read_cpsc_original(path)
-    return read_wfdb_record(path)
+    return read_wfdb(path)
 
 
 def record_stamp(path: Path, form: str) -> str:
