@@ -349,6 +349,8 @@ def table(results: dict[int, dict[str, float]], probe_records: int) -> tuple[lis
     worst, worst_name = 0.0, ""
     for name, (label, unit) in ROWS.items():
         values = [per_record(name, results[n][name], n, probe_records) for n in sizes]
+        if not np.isfinite(values).any():  # not measured in this run (a corpus kept from an earlier one)
+            continue
         growth = values[-1] / values[0] if values[0] > 0 else float("nan")
         if name in RATES:
             growth = values[0] / values[-1] if values[-1] > 0 else float("nan")
