@@ -168,7 +168,7 @@ def test_loader_workers_outlive_a_sigterm_from_others_but_not_their_trainers(sha
 
 
 LOADER_STARTING_UNDER_A_JOB_WIDE_SIGTERM = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from ecgpos.pretrain.data import ShardDataset, StepBatchSampler, train_loader
 from ecgpos.pretrain.records import read_index
@@ -178,7 +178,7 @@ from ecgpos.workers import outlive_others_sigterm
 def slow_start(worker_id):
     # torch's worker start-up (its SIGTERM handler already installed) until our worker_init_fn takes
     # over lasts tens of milliseconds; here long enough for the signal to land in it every time
-    print("starting", flush=True)
+    os.write(1, b"starting\\n")  # one write: the two workers' lines never interleave (print writes twice)
     time.sleep(1)
     outlive_others_sigterm()
 
