@@ -9,8 +9,7 @@ from ecgpos.config import add_set_option, load_config
 from ecgpos.files import user_path
 from ecgpos.resources import config_path
 from probes.finetune.config import FinetuneConfig, check_finetune_config
-from probes.shared.args import fractions_from_percent
-from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
+from probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos finetune`: the encoder trained on the probe tasks (full, top blocks, LoRA or LP-FT)."
 EPILOG = """\
@@ -69,14 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--require-complete", action="store_true", help="error if any split record is not found under --data-root"
     )
     p.add_argument("--records100", action="store_true", help="PTB-XL at 100 Hz (records100/) instead of records500/")
-    p.add_argument(
-        "--bootstrap",
-        type=int,
-        default=DEFAULT_RESAMPLES,
-        metavar="N",
-        help=f"bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off; at most "
-        f"{MAX_RESAMPLES})",
-    )
+    add_bootstrap_option(p)
     p.add_argument("--include-csn", action="store_true", help="--task all also runs csn")
     p.add_argument("--pretraining-index", nargs="+", type=user_path, metavar="SHARDS", help="as `ecgpos probe`")
     p.add_argument("--exclude-overlap", action="store_true", help="as `ecgpos probe`")

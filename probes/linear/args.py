@@ -8,8 +8,7 @@ import json
 from ecgpos.config import add_set_option, load_config
 from ecgpos.files import user_path
 from probes.linear.run import ProbeConfig, check_probe_config
-from probes.shared.args import fractions_from_percent
-from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
+from probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\
@@ -107,14 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=user_path, help="YAML with ProbeConfig keys")
     add_set_option(p, "a ProbeConfig key", "windows_cpsc2018=6 or --set protocol.epochs=10")
     p.add_argument("--compare", nargs="+", type=user_path, metavar="DIR", help="merge result folders, not probe")
-    p.add_argument(
-        "--bootstrap",
-        type=int,
-        default=DEFAULT_RESAMPLES,
-        metavar="N",
-        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off; "
-        f"at most {MAX_RESAMPLES})",
-    )
+    add_bootstrap_option(p)
     p.add_argument("--reference", metavar="NAME", help="published rows beside ours: 'paper' (or a CSV of that form)")
     p.add_argument("--include-csn", action="store_true", help="--task all also runs csn (Chapman-Shaoxing-Ningbo)")
     p.add_argument(

@@ -1,12 +1,12 @@
-"""What the command lines of `ecgpos probe` and `ecgpos finetune` check alike: --fractions in percent,
---bootstrap, and text flags left empty."""
+"""What the command lines of `ecgpos probe` and `ecgpos finetune` share: --fractions in percent, the
+--bootstrap option and its check, and text flags left empty."""
 
 from __future__ import annotations
 
 import argparse
 
 from ecgpos.errors import EcgposError
-from probes.shared.bootstrap import MAX_RESAMPLES
+from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 
 
 def fractions_from_percent(text: str) -> list[str]:
@@ -18,6 +18,18 @@ def fractions_from_percent(text: str) -> list[str]:
     if not values or any(not 0 < v <= 100 for v in values):
         raise EcgposError(f"--fractions must be percentages in (0, 100], got {text!r}")
     return [f"{v / 100:g}" for v in values]
+
+
+def add_bootstrap_option(parser: argparse.ArgumentParser) -> None:
+    """--bootstrap N: the resamples of every 95 % interval."""
+    parser.add_argument(
+        "--bootstrap",
+        type=int,
+        default=DEFAULT_RESAMPLES,
+        metavar="N",
+        help=f"stratified bootstrap resamples of the 95 %% intervals (default {DEFAULT_RESAMPLES}; 0: off; "
+        f"at most {MAX_RESAMPLES})",
+    )
 
 
 def check_bootstrap(resamples: int) -> None:
