@@ -153,3 +153,11 @@ def export1(stage1_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("exports") / "stage1"
     assert cli("export", "--run-dir", stage1_run, "--out", out) == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    """A running one-node Slurm cluster for one test module (tests/slurm_jobs.py)."""
+    from slurm_jobs import running_cluster
+
+    yield from running_cluster()

@@ -1,19 +1,21 @@
 """slurm/pipeline.sh --depth auto without a cluster: what it submits (stage0 and the decide job after it), the
-decide job's `ecgpos carve --decide` command line, and the settings it refuses before submitting anything.
-The chain itself runs on the test cluster in tests/test_slurm.py."""
+decide job's `ecgpos carve --decide` command line, and the settings it refuses before submitting anything;
+then the chain itself on the test cluster (marker `slurm`; tests/slurm_jobs.py)."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
+import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from slurm_cluster import probe_data_stand_ins
+import yaml
+from slurm_cluster import SlurmCluster, probe_data_stand_ins
+from slurm_jobs import FINAL_STATES, SLURM, job_env, job_logs, job_records, submit_pipeline, train_steps, wait_all
 from test_slurm_scripts import _clean_env, _dependency, _flag
-
-REPO = Path(__file__).resolve().parents[1]
-SLURM = REPO / "slurm"
 
 
 def _pipeline(tmp_path: Path, *args: str, **settings: str) -> subprocess.CompletedProcess:
@@ -80,3 +82,127 @@ def test_auto_refuses_bad_settings_before_submitting(setting: dict[str, str], na
     assert proc.returncode == 2 and proc.stdout == "", (proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "error:" in lines[0] and named in lines[0], proc.stderr
+
+
+# -- --depth auto: decide jobs carve on until the criterion says stop ---------------------------------------------
+def _auto_env(cluster: SlurmCluster, work: Path, shards: Path, data: Path, cache: Path, **extra: str) -> dict[str, str]:
+    """pipeline.sh --depth auto on ready shards: tiny levels of 4 steps, one probe task, two epochs."""
+    return job_env(
+        cluster,
+        work,
+        ECGPOS_DEPTH="auto",
+        ECGPOS_SHARDS=str(shards),
+        ECGPOS_PRETRAIN_SET="optim.steps=4 train.batch_size=4 train.checkpoint_every=4 train.figure_every=4",
+        ECGPOS_DATA_ROOT=str(data),
+        ECGPOS_PROBE_TASKS="ptbxl-super",
+        ECGPOS_PROBE_ARGS=f"--seeds 1 --epochs 2 --fractions 100 --cache-dir {cache}",
+        ECGPOS_DECIDE_CPUS="1",
+        **extra,
+    )
+
+
+def _chain_jobs(cluster: SlurmCluster, work: Path) -> dict[str, list[str]]:
+    """Job name -> the ids of this work folder's jobs (its comment) that the controller still knows."""
+    tag = f"ecgpos:{work.resolve()}"
+    jobs: dict[str, list[str]] = {}
+    for line in cluster.run("scontrol", "-o", "show", "job").stdout.splitlines():
+        fields = dict(t.split("=", 1) for t in line.split() if "=" in t)
+        if fields.get("Comment") == tag and fields.get("ArrayTaskId") in (None, "0", "(null)"):
+            jobs.setdefault(fields["JobName"], []).append(fields["JobId"])
+    return jobs
+
+
+def _wait_chain(cluster: SlurmCluster, work: Path, names: list[str], timeout: float) -> dict[str, str]:
+    """Wait until jobs of all `names` were submitted (by the decide jobs) and every job of the chain finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        jobs = _chain_jobs(cluster, work)
+        if all(f"ecgpos-{n}" in jobs for n in names):
+            steps = {n: jobs[f"ecgpos-{n}"][0] for n in names}
+            wait_all(cluster, steps, work, timeout=max(1.0, deadline - time.monotonic()))
+            jobs = _chain_jobs(cluster, work)
+            if all(len(ids) == 1 for ids in jobs.values()):
+                return {n.removeprefix("ecgpos-"): ids[0] for n, ids in jobs.items()}
+            pytest.fail(f"a step was submitted twice: {jobs}")
+        states = {n: job_records(cluster, ids[0])[0].get("JobState") for n, ids in jobs.items()}
+        failed = {n: s for n, s in states.items() if s in FINAL_STATES and s != "COMPLETED"}
+        if failed or time.monotonic() > deadline:
+            pytest.fail(f"steps not submitted: {names} vs {states}\n{job_logs(work)}")
+        time.sleep(2)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_submits_nothing_twice(
+    slurm_cluster: SlurmCluster, arrhythmia_shards: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    """The default threshold: the tiny level 0's criterion (0) is below 0.05, so the chain is one level deep,
+    level 0 probed and exported; its decide job requeued submits nothing again. pipeline.sh run again with
+    rules that never stop: level 0 is not trained again, each decide job submits the next level on the one
+    below up to ECGPOS_MAX_LEVELS, the last one the probes of the three levels, the merge and the export."""
+    work = tmp_path / "work"
+    runs = work / "runs"
+    env = _auto_env(slurm_cluster, work, arrhythmia_shards, shared_data, tmp_path / "cache")
+    env["ECGPOS_STEPS"] = "stage0 probe export"
+    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
+    jobs = _wait_chain(slurm_cluster, work, ["stage0", "decide0", "probe-stage0", "export"], timeout=600)
+    assert sorted(jobs) == ["decide0", "export", "probe-stage0", "stage0"]
+    carve = json.loads((runs / "carve.json").read_text())
+    assert [r["decision"]["rule"] for r in carve["levels"]] == ["below"]
+    assert (
+        "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
+        in (runs / "carve.md").read_text()
+    )
+    assert not (runs / "stage1").exists()
+    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "stage0"
+
+    decide = jobs["decide0"]
+    slurm_cluster.run("scontrol", "requeue", decide)
+    deadline = time.monotonic() + 300
+    while (rec := job_records(slurm_cluster, decide)[0]).get("Restarts") != "1" or rec["JobState"] not in FINAL_STATES:
+        assert time.monotonic() < deadline, f"requeued decide job not done\n{job_logs(work)}"
+        time.sleep(2)
+    assert rec["JobState"] == "COMPLETED", rec
+    assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {f"ecgpos-{n}": 1 for n in jobs}
+    log = (work / "logs" / f"ecgpos-decide0-{decide}.out").read_text()
+    assert log.count("submitted by an earlier run of this job") == 2, log
+
+    # pipeline.sh again on the same work folder, with rules that never stop before three levels
+    trained = train_steps(runs / "stage0")
+    env.update(
+        ECGPOS_STEPS="stage0 probe merge export", ECGPOS_MAX_LEVELS="3", ECGPOS_STOP_BELOW="0", ECGPOS_MIN_DROP="-1"
+    )
+    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
+    deadline = time.monotonic() + 900
+    while len(_chain_jobs(slurm_cluster, work).get("ecgpos-export", [])) < 2:  # the second chain's export
+        failed = [r for ids in _chain_jobs(slurm_cluster, work).values() for r in job_records(slurm_cluster, ids[-1])]
+        assert not [r for r in failed if r.get("JobState") in FINAL_STATES - {"COMPLETED"}], job_logs(work)
+        assert time.monotonic() < deadline, f"the second chain did not reach its export\n{job_logs(work)}"
+        time.sleep(2)
+    chain = _chain_jobs(slurm_cluster, work)
+    wait_all(slurm_cluster, {n: ids[-1] for n, ids in chain.items()}, work, timeout=600)
+    twice = {f"ecgpos-{n}" for n in ("stage0", "decide0", "probe-stage0", "export")}
+    assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {
+        f"ecgpos-{n}": 1 + (f"ecgpos-{n}" in twice)
+        for n in ("stage0", "decide0", "probe-stage0", "export", "stage1", "decide1", "stage2", "decide2")
+        + ("probe-stage1", "probe-stage2", "probe-merge")
+    }
+    assert train_steps(runs / "stage0") == trained
+    for level in range(3):  # each level on the one below, with the held-out records the criterion reads
+        info = json.loads((runs / f"stage{level}" / "run_info.json").read_text())
+        assert info["finished"] is True and info["step"] == 4, info
+        assert yaml.safe_load((runs / f"stage{level}" / "config.yaml").read_text())["train"]["val_fraction"] == 0.1
+    levels = json.loads((runs / "carve.json").read_text())["levels"]
+    assert [(r["level"], r["run_dir"], r["decision"]["rule"]) for r in levels] == [
+        (0, str(runs / "stage0"), "continue"),
+        (1, str(runs / "stage1"), "continue"),
+        (2, str(runs / "stage2"), "max-levels"),
+    ]
+    assert levels[0]["criterion"] == carve["levels"][0]["criterion"] and all(r["records"] == 22 for r in levels)
+    assert "carve level 1" in levels[0]["decision"]["reason"]
+    text = (runs / "carve.md").read_text()
+    assert "| 2 | `" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
+    results = pd.read_csv(work / "probes" / "summary" / "results.csv")
+    assert sorted(results["encoder"]) == ["stage0", "stage1", "stage2"]
+    exported = json.loads((work / "export" / "config.json").read_text())
+    assert len(exported["arch"]["levels"]) == 3
