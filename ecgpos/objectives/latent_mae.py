@@ -44,9 +44,10 @@ class LatentMaskedAutoencoder(nn.Module):
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
 
     The base (levels 0..l-1) is frozen here (requires_grad False, kept in eval mode by `train()`),
-    runs under torch.inference_mode() (no graph, no version counters) in the caller's precision: the
-    trainer's bf16 autocast in a bf16 run, fp32 in an fp32 run, as probes and exports run it. Its
-    tokens are cloned out of inference mode, so this level's backward may save them.
+    runs under torch.no_grad() (no graph) in the caller's precision: the trainer's bf16 autocast in a
+    bf16 run, fp32 in an fp32 run, as probes and exports run it. no_grad rather than inference_mode:
+    inference tensors cannot enter a compiled training graph, and with no_grad the frozen levels
+    compile into the same graph as this level.
     Weights saved with the two-level name "stage0.*" for the base load as "base.*".
     """
 
@@ -82,9 +83,8 @@ class LatentMaskedAutoencoder(nn.Module):
 
     def latent_tokens(self, x: torch.Tensor) -> torch.Tensor:
         """Frozen base tokens: x (B, L, T) -> (B, L * (N + 2), W) float32, no autograd graph."""
-        with torch.inference_mode():
-            tokens = self.base.forward_tokens(x).float()
-        return tokens.clone()  # a normal tensor: autograd may save it for this level's backward
+        with torch.no_grad():
+            return self.base.forward_tokens(x).float()
 
     def _patch_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, L * (N + 2), W) -> latent patch tokens (B, L, N, W) (SEP outputs dropped)."""
