@@ -51,6 +51,7 @@ class MetricsLog:
         self.path = run_dir / METRICS_FILE
         self.is_main = is_main
         self.writer = None
+        self.compiled = False  # whether the training step ran compiled: each train record says so
         self._reset()
         if not is_main:
             return
@@ -116,6 +117,7 @@ class MetricsLog:
             lr=self.lr,
             grad_norm=local[-1],
             samples_per_s=global_batch * self.steps / max(float(values[-1]), 1e-9),
+            compiled=self.compiled,
             time=time.time(),
         )
         self._reset()
@@ -123,7 +125,7 @@ class MetricsLog:
             self._write(record)
             if self.writer is not None:
                 for key, value in record.items():
-                    if key not in ("step", "time"):
+                    if key not in ("step", "time", "compiled"):
                         self.writer.add_scalar(f"train/{key}", value, step)
         return record
 
@@ -142,7 +144,7 @@ class MetricsLog:
 
     @staticmethod
     def describe(record: dict[str, Any], total: int) -> str:
-        standard = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "time")
+        standard = ("step", "epoch", "loss", "lr", "grad_norm", "samples_per_s", "compiled", "time")
         extra = "".join(f" {k} {v:.4f}" for k, v in record.items() if k not in standard)
         return (
             f"step {record['step']}/{total} loss {record['loss']:.4f}{extra} lr {record['lr']:.3e} "

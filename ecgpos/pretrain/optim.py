@@ -84,6 +84,27 @@ def compile_model(model: nn.Module, mode: bool | str) -> nn.Module:
     return model
 
 
+def uncompile_model(model: nn.Module) -> nn.Module:
+    """Undo `compile_model` in place: the module's calls run its eager forward again."""
+    model._compiled_call_impl = None  # what nn.Module.compile sets; None is its uncompiled state
+    return model
+
+
+def compile_failure(error: BaseException) -> str:
+    """One line naming what stopped a compile: the innermost cause (Inductor wraps the error that
+    decided it in BackendCompilerFailed), its type and the first line of its message."""
+    cause = error
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[0] if lines else 'no message'}"
+
+
+def compile_name(mode: bool | str) -> str:
+    """A resolved `train.compile` as run_info.json records it: "eager", "default" or the mode."""
+    return "eager" if mode is False else "default" if mode is True else str(mode)
+
+
 def compile_notice(mode: bool | str) -> str:
     """What the start line says of a resolved `train.compile`: a compiled run's first step waits for
     the compile (minutes for a paper config with no cached kernels), which would otherwise read as a hang."""
@@ -91,7 +112,7 @@ def compile_notice(mode: bool | str) -> str:
         return ""
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "Inductor's default cache folder"
     return (
-        f", compile {'default' if mode is True else mode}: the first step waits for it "
+        f", compile {compile_name(mode)}: the first step waits for it "
         f"(minutes without cached kernels; cache: {cache})"
     )
 

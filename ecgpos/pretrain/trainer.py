@@ -48,10 +48,13 @@ from ecgpos.pretrain.guard import NonFiniteGuard
 from ecgpos.pretrain.metrics_log import MetricsLog
 from ecgpos.pretrain.optim import (
     build_optimizer,
+    compile_failure,
     compile_model,
+    compile_name,
     compile_notice,
     resolve_compile,
     resolve_mixed_precision,
+    uncompile_model,
 )
 from ecgpos.pretrain.plan import RunPlan, other_pool
 from ecgpos.pretrain.records import check_resumed_records, read_index, records_digest, split_index
@@ -113,6 +116,7 @@ class Trainer:
         self.compile_mode = resolve_compile(
             cfg.train.compile, self.acc.device, self.acc.num_processes, cfg.train.grad_accum
         )
+        self.compile_fallback: str | None = None  # why "auto" trains eagerly after all
         compile_model(self.objective, self.compile_mode)
         self.trainable = [q for q in self.model.parameters() if q.requires_grad]
         self.guard = NonFiniteGuard(self.acc.device, p)
@@ -159,6 +163,8 @@ class Trainer:
             "per_process_batch": self.sampler.per_process,
             "grad_accum": self.cfg.train.grad_accum,
             "mixed_precision": self.acc.mixed_precision,
+            "compile": compile_name(self.compile_mode),
+            **({"compile_fallback": self.compile_fallback} if self.compile_fallback else {}),
             "num_train_records": self.sampler.num_records,
             "steps_per_epoch": self.sampler.steps_per_epoch,
             "ecgpos_version": __version__,
@@ -169,6 +175,41 @@ class Trainer:
             info["base_weights_sha256"] = self.plan.base_info["weights_sha256"]
             info["chain"] = self.plan.base_info["chain"]
         atomic_write_json(self.run_dir / RUN_INFO, info)
+
+    # -- the compile -------------------------------------------------------------------------------
+    def _compile_step(self) -> None:
+        """Compile the training forward and backward before step 1, on a synthetic micro-batch with
+        noise of its own, so a failing compile shows before any step or checkpoint rather than at the
+        first one: "auto" then says why in one line and trains eagerly (run_info.json and every
+        metrics record say so); an explicit mode stops with one line. The weights, the optimizer,
+        the data order and every random stream of the run are untouched: the batch's gradients are
+        dropped and nothing steps."""
+        if self.compile_mode is False:
+            return
+        acc, encoder = self.acc, self.objective.encoder
+        shape = (self.sampler.per_process, encoder.num_leads, self.cfg.preprocess.window)
+        draw = torch.Generator(acc.device).manual_seed(self.cfg.train.seed)
+        x = torch.randn(shape, generator=draw, device=acc.device)
+        try:
+            out = self.model(x, noise=self.objective.draw_noise(len(x), draw, acc.device))
+            acc.backward(out["loss"])
+        except Exception as error:  # noqa: BLE001 - whatever stopped the compile is named in the line below
+            cause = compile_failure(error)
+            if self.cfg.train.compile != "auto":
+                raise ConfigError(
+                    f"train.compile={self.cfg.train.compile} cannot compile the training step ({cause}); "
+                    f"use train.compile=false to train eagerly"
+                ) from None
+            uncompile_model(self.objective)
+            self.compile_mode, self.compile_fallback = False, cause
+            acc.print(
+                f"ecgpos pretrain: warning: train.compile=auto could not compile the training step ({cause}); "
+                f"training eagerly",
+                file=sys.stderr,
+            )
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.metrics.compiled = self.compile_mode is not False
 
     # -- one optimizer step ------------------------------------------------------------------------
     def _train_step(self, batches: Any, step: int) -> None:
@@ -292,25 +333,26 @@ class Trainer:
         from tqdm.auto import tqdm
 
         self._setup()
-        self._write_run_files()
         cfg, acc, total = self.cfg, self.acc, self.cfg.optim.steps
         self.step = self.saved_step = self.start_step
+        if self.step < total:
+            held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
+            acc.print(
+                f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
+                f"global batch {cfg.train.batch_size} "
+                f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
+                f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
+                f"{compile_notice(self.compile_mode)}"
+            )
+            self.model.train()
+            self._keep_base_frozen()
+            self._compile_step()  # before the run's files: a mode that cannot compile leaves none
+        self._write_run_files()
         if self.step >= total:
             acc.print(f"ecgpos pretrain: {self.run_dir} already finished at step {self.step}")
             self._write_run_info(finished=True)
             return 0
-        loader = train_loader(self.train_set, self.sampler, cfg.train.num_workers)
-        batches = iter(loader)
-        self.model.train()
-        self._keep_base_frozen()
-        held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
-        acc.print(
-            f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
-            f"global batch {cfg.train.batch_size} "
-            f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
-            f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
-            f"{compile_notice(self.compile_mode)}"
-        )
+        batches = iter(train_loader(self.train_set, self.sampler, cfg.train.num_workers))
         shown = acc.is_main_process and sys.stderr.isatty()
         bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"stage {cfg.stage}")
         self.metrics.restart()

@@ -75,7 +75,7 @@ class TrainConfig:
     val_batches: int = 8
     # torch.compile of the whole model: "auto" (CUDA graphs on one CUDA process, eager otherwise),
     # false (eager, the reference), true (= "default"), or a torch.compile mode
-    compile: bool | Literal["auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "auto"
+    compile: bool | Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "auto"
 
     def __post_init__(self) -> None:
         for name in (
