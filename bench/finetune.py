@@ -6,9 +6,12 @@ the trainer's (masked encoder, decoder, fused AdamW, clipping) as bench/train_st
 on a random (B, 12, window) batch after warm-up steps, precision 'auto' (bf16 autocast on CUDA, fp32 on
 the CPU). A pretraining step encodes only the visible quarter of the patches, a fine-tuning step all of
 them, so the FLOPs per sample differ: the bench prints both (FlopCounterMode) and the ratio of samples/s
-and of FLOP/s (how well each step uses the device). The last line is the figure.
+and of FLOP/s (how well each step uses the device). Both steps compile as their commands compile them
+(`--compile`, default auto: `train.compile` and fine-tuning's `compile` resolve alike, CUDA graphs on one
+GPU, eager on the CPU), so compiled is compared with compiled; the warm-up steps take the compiles.
+The last line is the figure.
 
-    python bench/finetune.py [--config configs/stage0.yaml] [--batch 64] [--steps 10] [--warmup 3]
+    python bench/finetune.py [--config configs/stage0.yaml] [--batch 64] [--steps 10] [--warmup 3] [--compile auto]
 """
 
 from __future__ import annotations
@@ -26,7 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_step import sync, timed  # noqa: E402  (bench/ is this script's folder)
 
 from ecgpos.errors import EcgposError  # noqa: E402
-from ecgpos.pretrain.optim import build_optimizer, resolve_mixed_precision  # noqa: E402
+from ecgpos.pretrain.optim import (  # noqa: E402
+    build_optimizer,
+    compile_model,
+    compile_name,
+    resolve_compile,
+    resolve_mixed_precision,
+)
 from ecgpos.pretrain.schedule import step_generator  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
 from ecgpos.runs.stages import build_model  # noqa: E402
@@ -50,7 +59,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument(
+        "--compile", default="auto", help="both steps' compile setting: auto (default), false, true or a mode"
+    )
     args = parser.parse_args()
+    requested = {"false": False, "true": True}.get(args.compile.lower(), args.compile)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_run_config(args.config)
@@ -69,8 +82,9 @@ def main() -> None:
     pre_params = [p for p in pretrain.parameters() if p.requires_grad]
 
     def pretrain_step(i: int) -> None:
-        with autocast():
-            loss = pretrain(x, generator=step_generator(0, i, 0, device=device))["loss"]
+        noise = pretrain.draw_noise(batch, step_generator(0, i, 0, device=device), device)
+        with autocast():  # the noise drawn outside the forward, as the trainer does: one graph
+            loss = pretrain(x, noise=noise)["loss"]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(pre_params, cfg.optim.grad_clip)
         pre_opt.step()
@@ -96,6 +110,9 @@ def main() -> None:
         ft_opt.zero_grad(set_to_none=True)
 
     flops = {"pretrain": _flops(pretrain_step) / batch, "finetune": _flops(finetune_step) / batch}
+    mode = resolve_compile(requested, device)
+    compile_model(pretrain, mode)  # after counting: FlopCounterMode counts the eager modules
+    compile_model(model, mode)
     sync(device)
     seconds = {
         "pretrain": timed(pretrain_step, args.steps, args.warmup, device),
@@ -106,7 +123,7 @@ def main() -> None:
     print(
         f"config {args.config}: encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
         f"{cfg.decoder.width}x{cfg.decoder.depth}, mask ratio {cfg.mask_ratio:g}, batch {batch}, "
-        f"precision {precision}, device {name}"
+        f"precision {precision}, compile {compile_name(mode)}, device {name}"
     )
     for k in ("pretrain", "finetune"):
         print(

@@ -114,6 +114,11 @@ if [ -d "$SHARDS" ]; then
         --batch "$BATCH" --batches 300 ${bare0:+--train-samples-per-s "$bare0"}
 fi
 for config in "${configs[@]:1}"; do run_config "$config"; done
+# the cost of depth, compiled as the default compiles: a level-2 step beside a level-1 step of the same config
+for config in "${configs[@]:1}"; do
+    step "$(basename "$config" .yaml) level 2 auto b$BATCH" 300 "^train_step" "$PY" bench/train_step.py \
+        --config "$config" --level 2 --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP"
+done
 # eager: the reference the compiled step is compared with
 for config in "${configs[@]}"; do
     step "$(basename "$config" .yaml) eager b$BATCH +e2e" 150 "^train_step" "$PY" bench/train_step.py \

@@ -11,7 +11,7 @@ base is --stage0 / --base (a run or export folder) or random levels (level 0 fro
 beside the config, the latent levels from the config). --level N trains level N of a latent config
 (default: its own stage) and, for N >= 2, also times a level-1 step of the same config on the same
 level 0, alternating with level N's, and prints both with their ratio (the cost of depth: the frozen levels run under
-torch.inference_mode and compile with the trained level).
+torch.no_grad and compile with the trained level, in one graph).
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
 and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
 and checkpoint at the end) for --e2e-steps steps on those shards and prints its samples/s (from
@@ -264,7 +264,7 @@ def main() -> None:
     model.zero_grad(set_to_none=True)
     flops_per_sample = counter.get_total_flops() / batch
     compile_mode = resolve_compile(cfg.train.compile, device, grad_accum=cfg.train.grad_accum)
-    compile_model(model, compile_mode)  # in place; latent_tokens (a method) stays eager
+    compile_model(model, compile_mode)  # in place; the frozen levels compile into the same graph
     step, _, trainable = make_step(model, cfg, x, autocast, device)
 
     peak, peak_what = matmul_peak(device)

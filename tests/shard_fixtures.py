@@ -3,7 +3,9 @@ and single WFDB records in mV for the readers.
 
 Signals are cheap ECG-like waveforms: a periodic train of Gaussian "QRS" and "T" bumps per lead
 with a per-record heart rate, per-lead gain and noise, standardised per lead, stored as float16
-like `ecgpos preprocess` writes them. Lengths vary, so readers must use `lengths`.
+like `ecgpos preprocess` writes them. Lengths vary, so readers must use `lengths`. `smooth_like`
+signals (one slow sinusoid per record, a gain per lead) are the ones a tiny model learns in a few
+hundred CPU steps: the learning checks train on them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,16 @@ def ecg_like(length: int, fs: int, rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def smooth_like(length: int, fs: int, rng: np.random.Generator) -> np.ndarray:
+    """(12, length) float32: one sinusoid of 0.5-1.5 Hz per record, a signed gain per lead, a little
+    noise, standardised per lead. A masked patch is predictable from the visible ones of its lead."""
+    t = np.arange(length) / fs
+    wave = np.sin(2 * np.pi * rng.uniform(0.5, 1.5) * t + rng.uniform(0, 2 * np.pi))
+    x = rng.uniform(-1.5, 1.5, size=(12, 1)) * wave + 0.02 * rng.standard_normal((12, length))
+    x = (x - x.mean(axis=1, keepdims=True)) / (x.std(axis=1, keepdims=True) + 1e-6)
+    return x.astype(np.float32)
+
+
 def write_tiny_shards(
     folder: Path,
     n_records: int = 48,
@@ -42,6 +54,7 @@ def write_tiny_shards(
     min_length: int | None = None,
     max_length: int | None = None,
     nan_records: set[int] | None = None,
+    signal=ecg_like,  # noqa: ANN001 - (length, fs, rng) -> (12, length): ecg_like or smooth_like
 ) -> Path:
     """Write shard-*.h5, index.csv and preprocess.json into `folder`; returns it.
 
@@ -55,7 +68,7 @@ def write_tiny_shards(
     rows = []
     for chunk, first in enumerate(range(0, n_records, records_per_shard)):
         ids = [f"TINY{seed:02d}{i:05d}" for i in range(first, min(n_records, first + records_per_shard))]
-        signals = [ecg_like(int(rng.integers(lo, hi + 1)), spec.fs, rng) for _ in ids]
+        signals = [signal(int(rng.integers(lo, hi + 1)), spec.fs, rng) for _ in ids]
         signals = [np.full_like(s, np.nan) if first + k in (nan_records or ()) else s for k, s in enumerate(signals)]
         write_shard(folder / shard_name(chunk), signals, ids, spec, {"source": "tiny", "chunk": chunk})
         rows += [

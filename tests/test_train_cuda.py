@@ -1,7 +1,8 @@
 """The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
 device, the compiled model follows the eager one (also when gradients accumulate over two
-micro-batches, compiled without CUDA graphs), and Stage 1's frozen Stage-0 pass runs in the caller's
-precision. The suite itself hides CUDA (conftest.py), so each check runs in a subprocess that sees
+micro-batches, compiled without CUDA graphs), compiled latent levels 1 and 2 follow theirs, `pretrain
+--stage 1` and fine-tuning run with their defaults (compiled, bf16), and Stage 1's frozen Stage-0 pass
+runs in the caller's precision. The suite itself hides CUDA (conftest.py), so each check runs in a subprocess that sees
 the machine's devices (tests/cuda_checks.py)."""
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from pathlib import Path
 import pytest
 
 CHECKS = Path(__file__).resolve().parent / "cuda_checks.py"
+CHECK_NAMES = (
+    "bf16-learns",
+    "no-sync",
+    "compiled-agrees",
+    "compiled-accum-agrees",
+    "stage0-precision",
+    "compiled-latent-agrees",
+    "stage1-default-compile",
+    "finetune-bf16",
+)
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,9 +46,7 @@ def has_cuda() -> bool:
     return done.stdout.strip() == "True"
 
 
-@pytest.mark.parametrize(
-    "check", ["bf16-learns", "no-sync", "compiled-agrees", "compiled-accum-agrees", "stage0-precision"]
-)
+@pytest.mark.parametrize("check", list(CHECK_NAMES))
 def test_on_the_gpu(check: str, tmp_path: Path) -> None:
     if not has_cuda():
         pytest.skip("no CUDA device")
@@ -48,3 +57,11 @@ def test_on_the_gpu(check: str, tmp_path: Path) -> None:
     verdict = done.stdout.strip().splitlines()[-1]
     assert verdict.startswith("ok"), done.stdout[-2000:]
     print(verdict)  # the check's figure (e.g. the compiled run's largest loss difference), shown by pytest -rP
+
+
+def test_every_gpu_check_runs_here() -> None:
+    """A check added to tests/cuda_checks.py and forgotten here would never run."""
+    sys.path.insert(0, str(CHECKS.parent))
+    from cuda_checks import CHECKS as DEFINED
+
+    assert set(DEFINED) == set(CHECK_NAMES)

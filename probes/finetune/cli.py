@@ -184,7 +184,7 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
                     test_auroc_per_class="{}", note=note)  # fmt: skip
     folder = model_dir(args.out, task.name, fraction, seed)
     key = training_key(
-        settings={k: v for k, v in to_dict(cfg).items() if k not in ("fractions", "seeds", "device")},
+        settings={k: v for k, v in to_dict(cfg).items() if k not in ("fractions", "seeds", "device", "compile")},
         mode=mode.protocol,
         encoder=source["weights_sha256"],
         spec=enc.spec.to_dict(),
@@ -211,6 +211,7 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
             acc,
             cfg.eval_batch_size,
             f"{task.name} {fraction:g}",
+            cfg.compile,
         )
         best_epoch, val_auroc, model = trained.best_epoch, trained.val_auroc, trained.model
         val_scores, test_scores = trained.val_scores, trained.test_scores
@@ -235,6 +236,7 @@ def _train_row(args, cfg, mode, enc, acc, label, task, fraction, seed, train, ev
             "windows": windows,
             "encoder_source": source,
             "training_key": key,
+            "compile": trained.compiled,
         }
         val, test = evals["val"], evals["test"]
         write_model(

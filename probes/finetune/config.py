@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from ecgpos.errors import EcgposError
 from probes.shared.task_data import RecordSettings, check_record_settings
 
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -67,6 +69,9 @@ class FinetuneConfig:
     eval_batch_size: int = 64
     device: str = "auto"  # single-process runs; under `accelerate launch` Accelerate picks each process's device
     mixed_precision: str = "auto"  # auto: bf16 on CUDA with bf16 support, else fp32
+    # torch.compile of the classifier's training forward, as pretraining's train.compile: "auto"
+    # (CUDA graphs on one CUDA process, eager elsewhere), false, true (= "default") or a mode
+    compile: bool | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,7 @@ def check_finetune_config(cfg: FinetuneConfig) -> None:
     bad += [f"augment.{k}={v}" for k, v in vars(a).items() if not k.startswith("p_") and v < 0]
     bad += [f"eval_batch_size={cfg.eval_batch_size}"] if cfg.eval_batch_size < 1 else []
     bad += [f"mixed_precision={cfg.mixed_precision!r}"] if cfg.mixed_precision not in ("auto", "no", "bf16") else []
+    bad += [f"compile={cfg.compile!r}"] if cfg.compile not in (True, False, *COMPILE_MODES) else []
     if bad:
         raise EcgposError(
             f"fine-tuning settings out of range: {', '.join(bad)} (configs/README.md lists each setting's range)"

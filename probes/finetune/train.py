@@ -14,8 +14,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ecgpos.ecg.signal import pad_to
+from ecgpos.errors import EcgposError
 from ecgpos.metrics import auroc_columns
 from ecgpos.models.features import record_means, record_windows
+from ecgpos.pretrain.optim import compile_failure, compile_model, compile_name, resolve_compile, uncompile_model
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.runs.run_config import OptimConfig as Schedule
 from probes.finetune.augment import augment, random_crop
@@ -43,6 +45,7 @@ class Trained:
     val_scores: np.ndarray  # (N_val, C) logits of the selected epoch
     test_scores: np.ndarray  # (N_test, C) logits, read once
     epochs_run: int
+    compiled: str = "eager"  # how the training forward ran: "eager", "default" or a torch.compile mode
 
 
 def macro_auroc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -102,16 +105,22 @@ def fit(
     epochs: int,
     eval_batch: int,
     label: str = "",
-) -> tuple[Classifier, int, float, np.ndarray]:
+    compile: bool | str = False,
+) -> tuple[Classifier, int, float, np.ndarray, str]:
     """Train `model` under `mode` for `epochs`; the state of the best validation macro-AUROC epoch is loaded
-        back (epoch 1 when no epoch has a finite one). Returns (model, best epoch 1-based, its val AUROC, its
-        val logits). Every process draws the same permutation (one generator for the order) and takes its share of
-    each batch, with crops and augmentations of its own (generators seeded with its index)."""
+    back (epoch 1 when no epoch has a finite one). Returns (model, best epoch 1-based, its val AUROC, its
+    val logits, how the forward ran: compile_name). With `compile` (the fine-tuning `compile` setting) the
+    training forward compiles at the first step; "auto" that cannot compile trains eagerly after one line,
+    an explicit mode stops with one line. Every process draws the same permutation (one generator for the
+    order) and takes its share of each batch, with crops and augmentations of its own (generators seeded
+    with its index)."""
     prepare_mode(model, mode, optim)
     device = acc.device
     model.to(device)
     optimizer = torch.optim.AdamW(param_groups(model, optim), lr=optim.lr, betas=optim.betas)
     wrapped, optimizer = acc.prepare(model, optimizer)
+    compiled = resolve_compile(compile, device, acc.num_processes)
+    compile_model(model, compiled)
     order = np.random.default_rng([seed, 1])
     crops = np.random.default_rng([seed, 2, acc.process_index])
     generator = torch.Generator(device=device).manual_seed(int(crops.integers(2**62)))
@@ -136,9 +145,18 @@ def fit(
             target = torch.from_numpy(train.labels[mine].astype(np.float32)).to(device)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, schedule) * group["lr_scale"]
-            with acc.autocast():
-                loss = loss_fn(wrapped(batch).float(), target)
-            acc.backward(loss)
+            try:
+                with acc.autocast():
+                    loss = loss_fn(wrapped(batch).float(), target)
+                acc.backward(loss)
+            except Exception as error:  # noqa: BLE001 - a compile that fails is named in one line
+                if step > 0 or compiled is False:
+                    raise
+                compiled = _compile_fallback(model, compile, error)
+                optimizer.zero_grad(set_to_none=True)
+                with acc.autocast():
+                    loss = loss_fn(wrapped(batch).float(), target)
+                acc.backward(loss)
             acc.clip_grad_norm_(trainable, optim.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -150,8 +168,20 @@ def fit(
             state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             best = (auroc if np.isfinite(auroc) else -np.inf, epoch + 1, state, scores)
     acc.free_memory()
+    uncompile_model(model)  # the selected classifier leaves as a plain module (export, scoring)
     model.load_state_dict(best[2])
-    return model, best[1], float(best[0]) if np.isfinite(best[0]) else float("nan"), best[3]
+    return model, best[1], float(best[0]) if np.isfinite(best[0]) else float("nan"), best[3], compile_name(compiled)
+
+
+def _compile_fallback(model: nn.Module, requested: bool | str, error: Exception) -> bool:
+    """The first step failed compiled: "auto" says why in one line and goes on eagerly (-> False); an
+    explicit setting stops with one line."""
+    cause = compile_failure(error)
+    if requested != "auto":
+        raise EcgposError(f"compile={requested} cannot compile the fine-tuning step ({cause}); use --set compile=false")
+    print(f"ecgpos finetune: warning: compile=auto could not compile the fine-tuning step ({cause}); training eagerly")
+    uncompile_model(model)
+    return False
 
 
 def train_classifier(
@@ -168,23 +198,26 @@ def train_classifier(
     acc,
     eval_batch: int = 64,
     label: str = "",
+    compile: bool | str = False,
 ) -> Trained:
     """A fresh copy of `encoder` with a head, trained under `mode` (lp-ft: the head alone for lp_epochs, then
     everything from that head), selected on validation, then the test split scored once."""
     torch.manual_seed(seed)
     model = Classifier(copy.deepcopy(bare_encoder(encoder)).train(), num_classes, optim.head_init_std)
     args = (splits["train"], splits["val"], optim, aug, fs, window, windows, seed, acc)
+    last = mode
     if mode.kind == "lp-ft":
-        model, *_ = fit(model, Mode("top", 0), *args, optim.lp_epochs, eval_batch, label)
-        model, best_epoch, val_auroc, val_scores = fit(model, Mode("full"), *args, optim.epochs, eval_batch, label)
-    else:
-        model, best_epoch, val_auroc, val_scores = fit(model, mode, *args, optim.epochs, eval_batch, label)
+        model, *_ = fit(model, Mode("top", 0), *args, optim.lp_epochs, eval_batch, label, compile)
+        last = Mode("full")
+    model, best_epoch, val_auroc, val_scores, compiled = fit(
+        model, last, *args, optim.epochs, eval_batch, label, compile
+    )
     merge_lora(blocks(model.encoder))
     model.requires_grad_(False).eval()
     test_scores = record_logits(model, splits["test"], window, windows, eval_batch, acc.device, acc)
     model.cpu()
     epochs = optim.epochs + (optim.lp_epochs if mode.kind == "lp-ft" else 0)
-    return Trained(model, best_epoch, val_auroc, val_scores, test_scores, epochs)
+    return Trained(model, best_epoch, val_auroc, val_scores, test_scores, epochs, compiled)
 
 
 def class_aurocs(labels: np.ndarray, scores: np.ndarray, classes: Sequence[str]) -> tuple[list[str], dict]:
