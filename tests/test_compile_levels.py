@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from classifier_fixtures import hub_cache
 from pretrain_helpers import max_diff, metrics, pretrain, weights
 from tiny_runs import cli
 
@@ -105,12 +106,21 @@ def test_a_checkpoint_resumes_across_compiled_and_eager(
         assert cli("verify", tmp_path / "export") == 0
 
 
-def test_a_compiled_level_trains_on_an_exported_base(chain: list[Path], shards: Path, tmp_path: Path) -> None:
-    """An export of level 0 is the same base as its run: the compiled level 1 on it logs the same losses."""
+def test_a_compiled_level_trains_on_an_exported_and_a_hub_base(
+    chain: list[Path], shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export of level 0, local or from the Hub cache (offline), is the same base as its run: the
+    compiled level 1 on each logs the same losses."""
+    import huggingface_hub
+
     assert cli("export", "--run-dir", chain[0], "--out", tmp_path / "export0") == 0
+    hub_cache(tmp_path / "hub", "ecg-lab/level0", tmp_path / "export0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     on_run = train_level(1, chain[0], shards, tmp_path / "on-run", "--set", "train.compile=true")
-    on_export = train_level(1, tmp_path / "export0", shards, tmp_path / "on-export", "--set", "train.compile=true")
-    assert [r["loss"] for r in on_export] == [r["loss"] for r in on_run]
+    for name, base in (("on-export", tmp_path / "export0"), ("on-hub", "hf://ecg-lab/level0")):
+        on_export = train_level(1, base, shards, tmp_path / name, "--set", "train.compile=true")
+        assert [r["loss"] for r in on_export] == [r["loss"] for r in on_run], name
 
 
 @pytest.fixture
