@@ -100,7 +100,7 @@ def test_edited_thresholds_or_an_encoder_folder_are_refused_in_one_line(
         ecgpos.load_classifier(edited)
     assert cli("verify", edited) == 1
     assert cli("predict", "--model", finetuned["encoder_export"], "--input", edited, "--out", tmp_path / "p.csv") == 2
-    assert "not an ecgpos export folder" in capsys.readouterr().err
+    assert "is an encoder export, not a classifier export" in capsys.readouterr().err
     assert cli("embed", "--encoder", classifier, "--input", edited, "--out", tmp_path / "e.csv") == 2
     err = capsys.readouterr().err.strip()
     assert "is a classifier export" in err and len(err.splitlines()) == 1

@@ -70,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--level", type=int, default=None, help="--run-dir: export levels 0..LEVEL only (default: every level)"
     )
     parser.add_argument("--task", default=None, help="--classifier: the task, when the folder holds several")
-    parser.add_argument("--fraction", default=None, help="--classifier: the label fraction, when it holds several")
+    parser.add_argument(
+        "--fraction",
+        default=None,
+        help="--classifier: the label fraction in percent, as `finetune --fractions` gives it (1, 10, 100), "
+        "when the folder holds several",
+    )
     parser.add_argument("--seed", type=int, default=None, help="--classifier: the seed (default: best on validation)")
     parser.add_argument(
         "--license",
