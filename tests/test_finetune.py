@@ -163,3 +163,34 @@ def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> No
     assert list(frame["protocol"]) == ["linear"]
     (tmp_path / "results.csv").write_text("encoder,task,fraction,seed,test_auroc\ne,t,1.0,0,0.7\n")  # an older file
     assert list(read_results(tmp_path)["protocol"]) == ["linear"]
+
+
+def test_top_k_above_the_block_count_is_refused_before_training(capsys, shared_data, tmp_path) -> None:
+    """A tiny nested encoder (2 + 2 blocks): top:99 would train what `full` trains under another name."""
+    from refusal_helpers import one_line_error, run
+
+    from ecgpos.resources import config_dir
+
+    encoder = f"random:{config_dir() / 'tiny' / 'stage1.yaml'}"
+    data = ["--task", "ptbxl-super", "--data-root", shared_data, "--splits", shared_data / "merl_splits"]
+    out = tmp_path / "out"
+    rc, _, err = run(capsys, "finetune", "--encoder", encoder, "--mode", "top:99", *data, "--seeds", "1", "--out", out)
+    line = one_line_error(rc, err, "finetune", "--mode top:99: the encoder has")
+    total = int(line.split("the encoder has ")[1].split()[0])
+    assert f"give K in 0..{total}" in line and not out.exists()
+
+
+def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> None:
+    from ecgpos.ecg.spec import PreprocessSpec
+    from probes.finetune.report import protocol_markdown
+
+    def text(epochs: int) -> str:
+        cfg = dataclasses.replace(FinetuneConfig(), tune=dataclasses.replace(OptimConfig(), epochs=epochs))
+        return protocol_markdown(cfg, Mode("full"), ["ptbxl-super"], PreprocessSpec())
+
+    assert (
+        "linear warm-up throughout all 2 epochs (tune.warmup_epochs 3 capped at the run's 2), no cosine phase"
+        in text(2)
+    )
+    assert "linear warm-up throughout all 3 epochs, no cosine phase" in text(3)
+    assert "3 warm-up epochs of 10 then cosine to 0" in text(10) and "no cosine" not in text(10)

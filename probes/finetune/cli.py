@@ -20,6 +20,7 @@ from ecgpos.models.features import resolve_device
 from ecgpos.pretrain.optim import resolve_mixed_precision
 from probes.finetune.args import build_parser, finetune_config
 from probes.finetune.config import FinetuneConfig, Mode, parse_mode
+from probes.finetune.model import check_mode_fits
 from probes.finetune.outputs import model_dir, stored_model, training_key, write_model
 from probes.finetune.records import load_task
 from probes.finetune.report import finetune_protocol, protocol_markdown
@@ -72,6 +73,7 @@ def main(argv: list[str]) -> int:
             task, read_splits(task, args.splits, record_column(task, cfg)), args.data_root, args.require_complete
         )
     enc = load_probe_encoder(args.encoder, args.level)
+    check_mode_fits(mode, enc.module)
     unfinished = unfinished_note(enc.info)
     if unfinished:
         print(f"ecgpos finetune: warning: {unfinished}", file=sys.stderr)
