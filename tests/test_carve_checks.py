@@ -15,7 +15,7 @@ from tiny_runs import cli, pretrain_tiny
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 CARVE = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1"]
-RULES = ["--max-levels", "2", "--stop-below", "0", "--min-drop", "-1"]
+RULES = ["--max-levels", "2", "--stop-below", "0", "--min-drop", "-1", "--latent-set", "optim.steps=3"]
 
 
 def _files(folder: Path) -> dict[str, int]:
@@ -30,7 +30,7 @@ def _one_line(capsys: pytest.CaptureFixture) -> str:
 
 @pytest.fixture(scope="module")
 def carved(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A finished two-level tiny carve (levels trained 2 steps, holding out 10 %)."""
+    """A finished two-level tiny carve (level 0 trained 2 steps, level 1 3 steps, holding out 10 %)."""
     runs = tmp_path_factory.mktemp("carved") / "carve"
     assert cli(*CARVE, "--shards", arrhythmia_shards, "--run-dir", runs, *RULES, *FAST) == 0
     return runs
@@ -41,7 +41,7 @@ def carved(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) ->
     [
         (["--val-fraction", "0.2"], "trained with train.val_fraction=0.1, not --val-fraction 0.2"),
         (["--set", "optim.steps=3"], "optim.steps: 2 -> 3"),
-        (["--latent-set", "optim.lr=0.002"], "level 1 ("),
+        (["--latent-set", "optim.steps=4"], "level 1 ("),
     ],
 )
 def test_a_finished_carve_refuses_other_settings_before_measuring(
@@ -156,7 +156,7 @@ def test_a_truncated_carve_json_is_measured_again(
     (runs / "level1" / "run_info.json").write_text(json.dumps({**info, "base": str(runs / "level0")}))
     want = json.loads((carved / "carve.json").read_text())["levels"]
     text = (runs / "carve.json").read_text()
-    (runs / "carve.json").write_text(text[:300])
+    (runs / "carve.json").write_text(text[:300])  # cut inside level 0's entry
     capsys.readouterr()
     assert cli(*CARVE, "--shards", arrhythmia_shards, "--run-dir", runs, *RULES, *FAST) == 0
     assert f"{runs / 'carve.json'} is damaged" in capsys.readouterr().err
@@ -164,3 +164,17 @@ def test_a_truncated_carve_json_is_measured_again(
     assert [(r["level"], r["criterion"], r["records"]) for r in got] == [
         (r["level"], r["criterion"], r["records"]) for r in want
     ]
+
+
+def test_an_export_of_the_lower_levels_describes_them_not_the_run_it_was_cut_from(carved: Path, tmp_path: Path) -> None:
+    """`export --run-dir LEVEL1 --level 0`: the weights are level 0's (2 steps), so are the card and config.json."""
+    out = tmp_path / "export"
+    assert cli("export", "--run-dir", carved / "level1", "--level", "0", "--out", out) == 0
+    training = json.loads((out / "config.json").read_text())["training"]
+    assert (training["stage"], training["step"], training["steps"]) == (0, 2, 2)
+    assert training["run_dir"] == str((carved / "level0").resolve())
+    assert Path(training["checkpoint"]).parent.parent == (carved / "level0").resolve()
+    assert training["exported_levels"] == "0..0" and training["cut_from"] == str((carved / "level1").resolve())
+    card = (out / "README.md").read_text()
+    assert "- Stage: 0\n" in card and "- Optimiser steps: 2 of 2 (finished)" in card
+    assert f"cut from the nest of {(carved / 'level1').resolve()}" in card and "of 3" not in card
