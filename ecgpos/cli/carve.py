@@ -160,8 +160,14 @@ def _train(args: argparse.Namespace, level: int) -> int:
 def _run_facts(run: Path) -> tuple[int, float | None]:
     """(steps trained, last validation loss) of a finished run folder."""
     info = json.loads((run / "run_info.json").read_text())
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    val = [r["val_loss"] for r in lines if "val_loss" in r]
+    lines = []
+    metrics = run / "metrics.jsonl"
+    for line in metrics.read_text(errors="replace").splitlines() if metrics.is_file() else []:
+        try:  # a line cut by a kill, or damaged, says nothing
+            lines.append(json.loads(line))
+        except ValueError:
+            continue
+    val = [r["val_loss"] for r in lines if isinstance(r, dict) and isinstance(r.get("val_loss"), (int, float))]
     return int(info.get("step", info.get("steps", 0)) or 0), (val[-1] if val else None)
 
 

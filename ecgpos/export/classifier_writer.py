@@ -172,6 +172,9 @@ def read_finetuned(folder: Path) -> FinetunedModel:
     for key in ("encoder_arch", "preprocess"):
         if not isinstance(info.get(key), dict):
             raise EcgposError(f"{folder / 'model.json'} lacks {key}")
+    windows = info.get("windows", 1)
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+        raise EcgposError(f"{folder / 'model.json'}: windows must be a whole number >= 1, got {windows!r:.40}")
     try:
         spec = PreprocessSpec.from_dict(info["preprocess"])
     except (EcgposError, TypeError) as err:

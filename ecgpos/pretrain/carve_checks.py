@@ -123,6 +123,12 @@ def check_level_run(args: argparse.Namespace, level: int, run: Path, cfg: Any, b
                 "run the command it was carved with, or carve into a new --run-dir"
             )
     info = read_run_info(run)
+    step, finished = info.get("step", 0), info.get("finished", False)
+    if isinstance(step, bool) or not isinstance(step, int) or not isinstance(finished, bool):
+        raise EcgposError(
+            f"{run / 'run_info.json'} is damaged (step {step!r:.20}, finished {finished!r:.20}): rerun "
+            f"`ecgpos pretrain --resume auto` on {run}, or carve into a new --run-dir"
+        )
     if info and not _same_folders(info.get("shards"), args.shards):
         raise EcgposError(
             f"{what} was trained on the shards {', '.join(map(str, info.get('shards') or []))}, not on --shards "
@@ -135,7 +141,7 @@ def check_level_run(args: argparse.Namespace, level: int, run: Path, cfg: Any, b
                 f"{what} was trained on the base {source}, not on level {level - 1} of this folder ({base}): "
                 "carve into a new --run-dir"
             )
-    return bool(info.get("finished"))
+    return finished
 
 
 def check_carve(args: argparse.Namespace, level_run: Callable[[int], Path]) -> list[int]:
