@@ -263,8 +263,12 @@ def test_a_real_finetune_folder_exports_and_predicts_cpsc2018(
     finetune = ["finetune", "--encoder", f"random:{ROOT / 'configs/tiny/stage0.yaml'}", "--task", "cpsc2018"]
     finetune += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--mode", "top:1"]
     assert cli(*finetune, "--fractions", "100", "--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--out", out) == 0
-    assert cli("export", "--classifier", out, "--seed", "0", "--out", model) == 0
+    assert cli("export", "--classifier", out, "--seed", "0", "--fraction", "100", "--out", model) == 0
     assert cli("verify", model) == 0
+    # one score, one number: the export's test macro AUROC is results.csv's (both rank the logits)
+    (result,) = list(csv.DictReader((out / "results.csv").open()))
+    test = json.loads((model / "config.json").read_text())["test"]
+    assert test["macro_auroc"] == pytest.approx(float(result["test_auroc"]), abs=1e-6)
     predictions = tmp_path / "predictions.csv"
     assert cli("predict", "--model", model, "--input", cpsc_records, "--out", predictions, "--no-progress") == 0
     labels = json.loads((model / "config.json").read_text())["labels"]
