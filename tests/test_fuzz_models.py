@@ -165,7 +165,7 @@ def classifier(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 
     root = tmp_path_factory.mktemp("fuzz-classifier")
     finetuned = write_finetune_out(shared_data, root / "finetune")
-    assert _run_quiet("export", "--classifier", finetuned["out"], "--out", root / "clf") == 0
+    assert _run_quiet("export", "--classifier", finetuned["out"], "--out", root / "clf", "--onnx") == 0
     record = shared_data / "ecg-arrhythmia" / "WFDBRecords" / "01" / "010" / "JS00001"
     predicted = root / "p.csv"
     assert _run_quiet("predict", "--model", root / "clf", "--input", record, "--out", predicted, "--no-progress") == 0
@@ -195,7 +195,7 @@ def _edited(value):
 
 CLASSIFIER_FIELDS = ["format", "version", "ecgpos_version", "arch", "preprocess", "pooling", "head", "labels",
                      "thresholds", "windows", "io", "weights_sha256", "test_vectors", "training", "test",
-                     "config_sha256"]  # fmt: skip
+                     "config_sha256", "onnx"]  # fmt: skip
 
 
 @pytest.mark.parametrize("field", CLASSIFIER_FIELDS)
