@@ -150,3 +150,17 @@ def test_messages_name_the_right_thing(
     )
     line = _one_line(capsys)
     assert "is an encoder export, not a classifier export" in line and "ecgpos embed" in line
+
+
+def test_a_classifier_exported_before_windows_was_bound_is_told_to_re_export(classifier: Path, tmp_path: Path) -> None:
+    from ecgpos.export.format import CONFIG_HASH_FIELDS, json_sha256
+
+    older = tmp_path / "older"
+    shutil.copytree(classifier, older)
+    config = json.loads((older / "config.json").read_text())
+    fields = (*CONFIG_HASH_FIELDS, "head", "labels", "thresholds")  # what config_sha256 bound before
+    config["config_sha256"] = json_sha256({key: config.get(key) for key in fields})
+    (older / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ecgpos.errors.EcgposError, match="written before config_sha256 bound `windows`.*re-export"):
+        ecgpos.load_classifier(older)
+    assert cli("verify", older) == 1

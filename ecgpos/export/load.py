@@ -32,6 +32,7 @@ from ecgpos.export.format import (
     config_sha256,
     hash_fields,
     is_export_dir,
+    json_sha256,
     state_sha256,
 )
 from ecgpos.export.hub import resolve_model_path
@@ -274,6 +275,16 @@ def check_config_binding(folder: Path, config: dict[str, Any]) -> None:
     """
     if "config_sha256" in config:
         digest = config_sha256(config)
+        if (
+            digest != config["config_sha256"]
+            and json_sha256({key: config.get(key) for key in hash_fields(config) if key != "windows"})
+            == config["config_sha256"]
+            and config.get("format") == CLASSIFIER_FORMAT
+        ):
+            raise EcgposError(
+                f"{folder / CONFIG_FILE} was written before config_sha256 bound `windows`, which decides the "
+                "outputs: re-export it (`ecgpos export --classifier`)"
+            )
         if digest != config["config_sha256"]:
             fields = ", ".join(key for key in hash_fields(config) if key != "weights_sha256")
             raise EcgposError(
