@@ -27,6 +27,7 @@ while [ "$#" -gt 0 ]; do
         --depth) [ "$#" -ge 2 ] || { echo "pipeline.sh: --depth needs a value (N or auto)" >&2; exit 2; }
                  ECGPOS_DEPTH=$2; shift 2 ;;
         --depth=*) ECGPOS_DEPTH=${1#--depth=}; shift ;;
+        -h|--help) sed -n '2,/^set -euo pipefail/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "pipeline.sh: unknown argument '$1' (settings are environment variables; see slurm/env.example)" >&2
            exit 2 ;;
     esac

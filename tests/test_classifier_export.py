@@ -100,7 +100,7 @@ def test_edited_thresholds_or_an_encoder_folder_are_refused_in_one_line(
         ecgpos.load_classifier(edited)
     assert cli("verify", edited) == 1
     assert cli("predict", "--model", finetuned["encoder_export"], "--input", edited, "--out", tmp_path / "p.csv") == 2
-    assert "not an ecgpos export folder" in capsys.readouterr().err
+    assert "is an encoder export, not a classifier export" in capsys.readouterr().err
     assert cli("embed", "--encoder", classifier, "--input", edited, "--out", tmp_path / "e.csv") == 2
     err = capsys.readouterr().err.strip()
     assert "is a classifier export" in err and len(err.splitlines()) == 1
@@ -263,8 +263,12 @@ def test_a_real_finetune_folder_exports_and_predicts_cpsc2018(
     finetune = ["finetune", "--encoder", f"random:{ROOT / 'configs/tiny/stage0.yaml'}", "--task", "cpsc2018"]
     finetune += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--mode", "top:1"]
     assert cli(*finetune, "--fractions", "100", "--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--out", out) == 0
-    assert cli("export", "--classifier", out, "--seed", "0", "--out", model) == 0
+    assert cli("export", "--classifier", out, "--seed", "0", "--fraction", "100", "--out", model) == 0
     assert cli("verify", model) == 0
+    # one score, one number: the export's test macro AUROC is results.csv's (both rank the logits)
+    (result,) = list(csv.DictReader((out / "results.csv").open()))
+    test = json.loads((model / "config.json").read_text())["test"]
+    assert test["macro_auroc"] == pytest.approx(float(result["test_auroc"]), abs=1e-6)
     predictions = tmp_path / "predictions.csv"
     assert cli("predict", "--model", model, "--input", cpsc_records, "--out", predictions, "--no-progress") == 0
     labels = json.loads((model / "config.json").read_text())["labels"]

@@ -163,3 +163,72 @@ def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> No
     assert list(frame["protocol"]) == ["linear"]
     (tmp_path / "results.csv").write_text("encoder,task,fraction,seed,test_auroc\ne,t,1.0,0,0.7\n")  # an older file
     assert list(read_results(tmp_path)["protocol"]) == ["linear"]
+
+
+def test_top_k_above_the_block_count_is_refused_before_training(capsys, shared_data, tmp_path) -> None:
+    """A tiny nested encoder (2 + 2 blocks): top:99 would train what `full` trains under another name."""
+    from refusal_helpers import one_line_error, run
+
+    from ecgpos.resources import config_dir
+
+    encoder = f"random:{config_dir() / 'tiny' / 'stage1.yaml'}"
+    data = ["--task", "ptbxl-super", "--data-root", shared_data, "--splits", shared_data / "merl_splits"]
+    out = tmp_path / "out"
+    rc, _, err = run(capsys, "finetune", "--encoder", encoder, "--mode", "top:99", *data, "--seeds", "1", "--out", out)
+    line = one_line_error(rc, err, "finetune", "--mode top:99: the encoder has")
+    total = int(line.split("the encoder has ")[1].split()[0])
+    assert f"give K in 0..{total}" in line and not out.exists()
+
+
+def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> None:
+    from ecgpos.ecg.spec import PreprocessSpec
+    from probes.finetune.report import protocol_markdown
+
+    def text(epochs: int) -> str:
+        cfg = dataclasses.replace(FinetuneConfig(), tune=dataclasses.replace(OptimConfig(), epochs=epochs))
+        return protocol_markdown(cfg, Mode("full"), ["ptbxl-super"], PreprocessSpec())
+
+    assert (
+        "linear warm-up throughout all 2 epochs (tune.warmup_epochs 3 capped at the run's 2), no cosine phase"
+        in text(2)
+    )
+    assert "linear warm-up throughout all 3 epochs, no cosine phase" in text(3)
+    assert "3 warm-up epochs of 10 then cosine to 0" in text(10) and "no cosine" not in text(10)
+
+
+@pytest.mark.slow
+def test_finetune_out_refuses_what_it_did_not_write_and_names_the_models_it_kept(capsys, shared_data, tmp_path) -> None:
+    import json
+    import shutil
+
+    from refusal_helpers import one_line_error, run
+
+    from ecgpos.resources import config_dir
+
+    encoder = f"random:{config_dir() / 'tiny' / 'stage0.yaml'}"
+    args = ["finetune", "--encoder", encoder, "--task", "ptbxl-super", "--data-root", shared_data]
+    args += ["--splits", shared_data / "merl_splits", "--mode", "top:0", "--fractions", "100", "--seeds", "1"]
+    args += ["--epochs", "1", "--bootstrap", "0", "--cache-dir", tmp_path / "cache"]
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "todo.txt").write_text("mine\n")
+    one_line_error(*run(capsys, *args, "--out", foreign)[::2], "finetune", "does not write (todo.txt)")
+    assert sorted(p.name for p in foreign.iterdir()) == ["todo.txt"]
+
+    out = tmp_path / "out"
+    rc, _, err = run(capsys, *args, "--out", out)
+    assert rc == 0, err
+    probe = tmp_path / "probe"  # a linear probe's folder: its probe.json records no fine-tuning mode
+    shutil.copytree(out, probe)
+    info = json.loads((probe / "probe.json").read_text())
+    (probe / "probe.json").write_text(json.dumps({k: v for k, v in info.items() if k != "mode"}))
+    shutil.rmtree(probe / "models")
+    (probe / "config.yaml").unlink()
+    one_line_error(*run(capsys, *args, "--out", probe)[::2], "finetune", "holds the results of `ecgpos probe`")
+
+    # a model of an earlier run at 50 % stays in models/ and is named
+    shutil.copytree(out / "models" / "ptbxl-super" / "1", out / "models" / "ptbxl-super" / "0.5")
+    rc, printed, err = run(capsys, *args, "--out", out)
+    assert rc == 0, err
+    assert "kept 1 model folder(s) of an earlier run" in printed and "models/ptbxl-super/0.5/seed0" in printed
+    assert "models/ptbxl-super/0.5/seed0" in (out / "summary.md").read_text()

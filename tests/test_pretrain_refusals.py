@@ -158,3 +158,15 @@ def test_an_export_of_an_unfinished_stage0_run_is_a_stage0(tiny_run: Path, tmp_p
     assert json.loads((out / "config.json").read_text())["training"]["finished"] is False
     _, _, info = load_base(out, load_run_config(TINY1))
     assert info["kind"] == "export"
+
+
+@pytest.mark.parametrize("case", ["stage0 missing", "stage0 not a run", "stage0 unfinished", "stage1 run as stage0"])
+def test_a_refused_stage0_is_named_by_the_flag_given(
+    case: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    stage, extra, expected = BAD_CASES[case]
+    given = extra(shards, run0, tmp_path)
+    capsys.readouterr()
+    assert main(["pretrain", *pretrain_args(stage, shards, tmp_path / "run"), *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ecgpos pretrain: error: --stage0 {given[1]} ") and "--base" not in err, err

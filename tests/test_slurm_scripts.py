@@ -427,3 +427,11 @@ def test_pretrain_script_leaves_a_finished_run_to_the_trainer(tmp_path: Path) ->
     )
     assert proc.returncode == 0 and "stage 0 finished" in proc.stderr, proc.stderr
     assert (tmp_path / "srun.log").read_text() == "srun started\n"
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_pipeline_help_prints_its_usage_and_submits_nothing(flag: str) -> None:
+    done = subprocess.run(["bash", str(SLURM / "pipeline.sh"), flag], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stderr == ""
+    assert "Usage:  ECGPOS_CORPORA=" in done.stdout and "--depth N|auto" in done.stdout
+    assert "set -euo" not in done.stdout and not done.stdout.startswith("#")

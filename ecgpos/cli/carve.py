@@ -15,7 +15,11 @@ After each level the criterion (ecgpos.objectives.criterion) is measured on thos
 than --min-drop since the level before, stop at --max-levels, else carve the next level.
 RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the same command again to
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
-newest checkpoint (`--resume auto`). With --probe-task each level is also linear-probed (`ecgpos probe`
+newest checkpoint (`--resume auto`). Before level 0 starts, every level's config is resolved and each level
+run already in RUNS is checked as `pretrain --resume auto` checks a run (ecgpos.pretrain.carve_checks): the
+same config, --val-fraction and shards, and level l's base is RUNS/level<l-1>; anything else, and a RUNS
+that is an export, run or shard folder or holds files carve did not write, is one line (exit 2). A
+damaged carve.json is measured again. With --probe-task each level is also linear-probed (`ecgpos probe`
 into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each level l >= 1 gets
 `ecgpos geometry --level L` with L = l (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
 
@@ -37,7 +41,14 @@ from pathlib import Path
 from ecgpos.config import add_set_option
 from ecgpos.errors import EcgposError
 from ecgpos.files import user_path
-from ecgpos.pretrain.carve_plan import LevelRecord, decide, read_carve, write_carve
+from ecgpos.pretrain.carve_checks import (
+    check_carve,
+    earlier_measurements,
+    level_config_name,
+    level_overrides,
+    level_record,
+)
+from ecgpos.pretrain.carve_plan import LevelRecord, decide, write_carve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,12 +129,11 @@ def _level_run(args: argparse.Namespace, level: int) -> Path:
 
 def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
     run = _level_run(args, level)
-    argv = ["--stage", str(level), "--config", args.config if level == 0 else args.latent_config]
+    argv = ["--stage", str(level), "--config", level_config_name(args, level)]
     argv += ["--shards", *map(str, args.shards), "--run-dir", str(run), "--resume", "auto"]
     if level >= 1:
         argv += ["--stage0" if level == 1 else "--base", str(_level_run(args, level - 1))]
-    argv += ["--set", f"train.val_fraction={args.val_fraction}"]
-    for override in [*args.overrides, *(args.latent_set if level >= 1 else [])]:
+    for override in level_overrides(args, level):
         argv += ["--set", override]
     return argv
 
@@ -150,8 +160,14 @@ def _train(args: argparse.Namespace, level: int) -> int:
 def _run_facts(run: Path) -> tuple[int, float | None]:
     """(steps trained, last validation loss) of a finished run folder."""
     info = json.loads((run / "run_info.json").read_text())
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    val = [r["val_loss"] for r in lines if "val_loss" in r]
+    lines = []
+    metrics = run / "metrics.jsonl"
+    for line in metrics.read_text(errors="replace").splitlines() if metrics.is_file() else []:
+        try:  # a line cut by a kill, or damaged, says nothing
+            lines.append(json.loads(line))
+        except ValueError:
+            continue
+    val = [r["val_loss"] for r in lines if isinstance(r, dict) and isinstance(r.get("val_loss"), (int, float))]
     return int(info.get("step", info.get("steps", 0)) or 0), (val[-1] if val else None)
 
 
@@ -220,15 +236,12 @@ def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) 
     from ecgpos.objectives.criterion import bootstrap_interval, criterion
 
     run = _level_run(args, level)
-    old = known.get(level)
-    if old is not None and old["run_dir"] == str(run) and old["steps"] == _run_facts(run)[0]:
-        old = {**old, "interval": tuple(old["interval"])}
-        if old.get("probe_interval") is not None:
-            old["probe_interval"] = tuple(old["probe_interval"])
-        probed = args.probe_task is None or old.get("probe_auroc") is not None
-        measured = args.geometry_task is None or level == 0 or old.get("geometry")
+    old = level_record(known.get(level))  # None: not measured, or an entry that does not read as a LevelRecord
+    if old is not None and old.run_dir == str(run) and old.steps == _run_facts(run)[0]:
+        probed = args.probe_task is None or old.probe_auroc is not None
+        measured = args.geometry_task is None or level == 0 or old.geometry
         if probed and measured:
-            return LevelRecord(**old)
+            return old
     per_record, (steps, val_loss) = measure(args, level)
     record = LevelRecord(
         level, str(run), steps, val_loss, criterion(per_record), bootstrap_interval(per_record), len(per_record), {}
@@ -277,6 +290,10 @@ def _check_trained(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _check(args)
+    kept = check_carve(args, lambda level: _level_run(args, level))  # one line before anything is trained
+    if kept and args.decide is None and is_main_process():
+        last = f"levels 0..{kept[-1]}" if len(kept) > 1 else "level 0"
+        print(f"ecgpos carve: keeping the finished {last} in {args.run_dir} (same config, shards and base)")
     args.run_dir.mkdir(parents=True, exist_ok=True)
     settings = {
         k: (str(v) if isinstance(v, Path) else v)
@@ -284,10 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if k in ("config", "latent_config", "max_levels", "stop_below", "min_drop", "val_fraction", "probe_task")
     }
     settings["shards"] = [str(s) for s in args.shards]
-    before, levels = read_carve(args.run_dir)
+    before, known = earlier_measurements(args.run_dir)
     # earlier measurements hold only for the same validation records
-    same = all(before.get(k) == settings[k] for k in ("shards", "val_fraction"))
-    known = {int(r["level"]): r for r in levels} if same else {}
+    if not all(before.get(k) == settings[k] for k in ("shards", "val_fraction")):
+        known = {}
     done: list[LevelRecord] = []
     if args.decide is not None:  # the levels are trained elsewhere (a Slurm chain): decide after the given one
         _check_trained(args)

@@ -66,9 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_record_options(parser: argparse.ArgumentParser, windows_default: str = "1: the centre window") -> None:
+def add_record_options(
+    parser: argparse.ArgumentParser,
+    windows_default: str = "1: the centre window",
+    level_help: str = "features of levels 0..LEVEL of a nested export (0 = Stage 0; default: the top level)",
+) -> None:
     """The options that say which records are read and how: shared by `ecgpos embed` and `ecgpos predict`
-    (whose --num-windows defaults to None: the model's own, `windows_default` says so)."""
+    (whose --num-windows defaults to None: the model's own, `windows_default` says so; its --level is refused,
+    `level_help` says why)."""
     parser.add_argument("--input", required=True, type=user_path, help="WFDB record/folder, shard folder or .npy")
     parser.add_argument("--fs", type=float, default=None, help="sampling rate of a .npy input (Hz)")
     parser.add_argument("--leads", default=None, help="comma-separated lead names of a .npy input's rows")
@@ -80,12 +85,7 @@ def add_record_options(parser: argparse.ArgumentParser, windows_default: str = "
         "over the centre 300 s of a longer record",
     )
     parser.add_argument("--batch-size", type=int, default=64, help="windows per forward pass (default 64)")
-    parser.add_argument(
-        "--level",
-        type=int,
-        default=None,
-        help="features of levels 0..LEVEL of a nested export (0 = Stage 0; default: the top level)",
-    )
+    parser.add_argument("--level", type=int, default=None, help=level_help)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     parser.add_argument(
         "--pad-short",

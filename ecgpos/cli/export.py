@@ -54,7 +54,7 @@ from ecgpos.inference.resolve import artifact_above, cut_loaded, load_run_encode
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.models.factory import depth_of
 from ecgpos.models.nested import level_names
-from ecgpos.runs.run_folder import training_summary
+from ecgpos.runs.run_folder import is_run_dir, read_run_info, run_chain, training_summary
 
 T = TypeVar("T")
 
@@ -70,7 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--level", type=int, default=None, help="--run-dir: export levels 0..LEVEL only (default: every level)"
     )
     parser.add_argument("--task", default=None, help="--classifier: the task, when the folder holds several")
-    parser.add_argument("--fraction", default=None, help="--classifier: the label fraction, when it holds several")
+    parser.add_argument(
+        "--fraction",
+        default=None,
+        help="--classifier: the label fraction in percent, as `finetune --fractions` gives it (1, 10, 100), "
+        "when the folder holds several",
+    )
     parser.add_argument("--seed", type=int, default=None, help="--classifier: the seed (default: best on validation)")
     parser.add_argument(
         "--license",
@@ -159,6 +164,23 @@ def _staged(out: Path, write: Callable[[Path], T]) -> T:
     return result
 
 
+def cut_summary(run_dir: Path, top: dict, level: int) -> dict:
+    """The training facts of levels 0..level of `run_dir`'s nest (`top`: the run's own): below the run's level,
+    those of level `level`'s own run as the run's chain records it (its steps, checkpoint and data), or the
+    chain's record of it when that run is not at hand; never the top level's steps and checkpoint."""
+    stage = top.get("stage")
+    if not isinstance(stage, int) or level >= stage:
+        return {**top, "exported_levels": f"0..{level}"}
+    entry = next((e for e in run_chain(read_run_info(run_dir)) if e.get("level") == level), {})
+    source = entry.get("source")
+    if entry.get("kind") == "run" and isinstance(source, str) and is_run_dir(source):
+        summary = training_summary(Path(source), {}, {})
+    else:  # an export, or a run folder no longer there: what the chain says of the level
+        summary = {"stage": level, **({"source": source} if isinstance(source, str) else {})}
+        summary["shards"] = top.get("shards")
+    return {**summary, "exported_levels": f"0..{level}", "cut_from": str(run_dir.resolve())}
+
+
 def export_classifier(args: argparse.Namespace) -> int:
     """`--classifier`: one fine-tuned model as a classifier export folder."""
     from ecgpos.export.classifier_writer import check_classifier_reload, read_finetuned, select_model
@@ -220,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ecgpos export: warning: {warning}", file=sys.stderr)
     training = training_summary(args.run_dir, dict(loaded.info or {}), loaded.arch)
     if args.level is not None:
-        training["exported_levels"] = f"0..{args.level}"
+        training = cut_summary(args.run_dir, training, args.level)
     unfinished = unfinished_note(training)
     if unfinished:
         print(f"ecgpos export: warning: {unfinished}", file=sys.stderr)

@@ -6,7 +6,9 @@ PATH and its records are read, screened and preprocessed exactly as `ecgpos embe
 A record's probabilities are the sigmoid of the head applied to its features averaged over
 --num-windows windows (default: the windows per record the model was evaluated with, config.json's
 `windows`), and a label is flagged (1) when its probability reaches the threshold chosen on
-validation (config.json's `thresholds`).
+validation (config.json's `thresholds`). FILE writes each probability exactly (the float32 value as the
+shortest decimal of its double), the number the flag compares. --level is refused: a classifier is applied
+whole.
 FILE (`.csv`): record_id, then for each label `<label>_probability` and `<label>_flag`. Bad records
 are reported on stderr with their id and reason and listed in FILE's `.skipped.csv` (record_id,
 reason, detail; e.g. predictions.skipped.csv); records longer than 300 s, used on their centre 300 s,
@@ -49,8 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", required=True, type=model_ref, help="classifier export folder (ecgpos export --classifier) or hf://"
     )
     parser.add_argument("--out", required=True, type=user_path, help="output file .csv")
-    add_record_options(parser, windows_default="the model's, from its evaluation")
+    add_record_options(
+        parser,
+        windows_default="the model's, from its evaluation",
+        level_help="refused: a classifier's head was fine-tuned on the features of every level of its encoder; "
+        "fine-tune fewer levels (`ecgpos finetune --level`) and export that classifier",
+    )
     return parser
+
+
+def probability_text(p: float) -> str:
+    """A probability as written to FILE: the exact value the flag compares with its threshold (the float32
+    probability as the shortest decimal that reads back as the same double), so the file never shows a
+    probability on the other side of the threshold than its flag."""
+    return repr(float(p))
 
 
 def prediction_columns(labels: Sequence[str]) -> list[str]:
@@ -76,7 +90,9 @@ def write_predictions(
                 writer = csv.writer(handle)
                 writer.writerow(prediction_columns(model.labels))
                 for record_id, probs, marks in zip(ids, probabilities, flags):
-                    writer.writerow([record_id, *(v for p, f in zip(probs, marks) for v in (f"{p:.6f}", int(f)))])
+                    writer.writerow(
+                        [record_id, *(v for p, f in zip(probs, marks) for v in (probability_text(p), int(f)))]
+                    )
             write_skipped_rows(skipped_tmp, skipped)
             if long:
                 write_long_rows(long_tmp, long)
@@ -87,6 +103,11 @@ def write_predictions(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.level is not None:
+        raise EcgposError(
+            f"--level {args.level}: a classifier is applied whole, its head was fine-tuned on the features of "
+            "every level of its encoder; fine-tune levels 0..L (`ecgpos finetune --level L`) and export that"
+        )
     policy = record_policy(args)
     check_writable(args.out, args.input, suffixes=(".csv",))
     model = load_classifier(args.model, device=args.device)

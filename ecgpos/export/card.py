@@ -123,7 +123,12 @@ def _training_lines(training: dict[str, Any]) -> list[str]:
         )
         lines.append(f"- Stage: {stage}{below}")
     if training.get("exported_levels") is not None:
-        lines.append(f"- Levels in this export: {training['exported_levels']} (the export cuts the run's nest)")
+        cut = (
+            f"cut from the nest of {training['cut_from']}"
+            if training.get("cut_from")
+            else "the export cuts the run's nest"
+        )
+        lines.append(f"- Levels in this export: {training['exported_levels']} ({cut})")
     if training.get("step") is not None:
         total = training.get("steps")
         finished = training.get("finished")

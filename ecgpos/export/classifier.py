@@ -6,8 +6,8 @@ The folder follows the encoder export (ecgpos.export.format) with these differen
 - config.json        format "ecgpos-classifier"; besides an encoder export's fields: `labels` (head order),
                      `head` ({"in_features", "out_features", "activation": "sigmoid"}), `thresholds`
                      ({"rule", "values": {label: t}}: a label is flagged when its probability >= t) and
-                     `test` (per-label test AUROC with its interval); config_sha256 also binds labels, head
-                     and thresholds (CLASSIFIER_HASH_FIELDS)
+                     `test` (per-label test AUROC with its interval); config_sha256 also binds labels, head,
+                     thresholds and windows (CLASSIFIER_HASH_FIELDS)
 - test_vectors.npz   the encoder's vectors plus `probabilities` of the stored inputs
 - classifier.onnx    probabilities of a (batch, 12, window) float32 input
 `load_classifier` checks all of it as `load_encoder` checks an encoder export, and refuses with one line.

@@ -9,6 +9,13 @@ from ecgpos.export.card import BIBTEX, PAPER_AUTHORS, PAPER_TITLE, _describe_arc
 from ecgpos.export.hub_card import classifier_results, front_matter
 
 
+def _percent(fraction: object) -> str:
+    """A label fraction (0.01) as the percentage `finetune --fractions` and `export --fraction` give (1 %)."""
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
+        return f"{fraction * 100:g} %"
+    return "?"
+
+
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
@@ -53,7 +60,7 @@ def render_classifier_card(config: dict[str, Any], license_id: str = "other") ->
 
 A 12-lead ECG classifier from **ecgpos** {config.get("ecgpos_version", "")}: {_describe_arch(config["arch"])},
 fine-tuned ({training.get("protocol", "?")}) with a linear head on the task `{task}`
-({training.get("fraction", "?")} of its training labels, seed {training.get("seed", "?")}). It gives each of
+({_percent(training.get("fraction"))} of its training labels, seed {training.get("seed", "?")}). It gives each of
 {len(config["labels"])} labels a probability (sigmoid of the head's output) and a flag (probability >= the
 label's threshold).
 
@@ -88,7 +95,7 @@ resamples of the {test.get("bootstrap_unit", "record")}s); macro AUROC {_fmt(tes
 {_label_table(config)}
 
 ## Training
-- Task: {task}; fraction of training labels: {training.get("fraction", "?")}; seed: {training.get("seed", "?")}
+- Task: {task}; fraction of training labels: {_percent(training.get("fraction"))}; seed: {training.get("seed", "?")}
 - Protocol: {training.get("protocol", "?")}; checkpoint selected on validation macro-AUROC
   ({_fmt(training.get("val_macro_auroc"))}) at epoch {training.get("selected_epoch", "?")}
 - Pretrained encoder: {source_text or "?"}

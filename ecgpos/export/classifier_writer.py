@@ -1,9 +1,12 @@
 """Writing a classifier export from one model of an `ecgpos finetune` output folder.
 
 FINETUNE_OUT/models/<task>/<fraction>/seed<S>/ holds model.safetensors (`encoder.*` + `head.*`),
-model.json, val_scores.npz and test_scores.npz (y_true, y_score = probabilities, records, labels).
-Per-label thresholds are chosen on the validation scores only (THRESHOLD_RULE); the test scores give
-the card's per-label AUROC and its bootstrap interval, and are never used to choose anything.
+model.json, val_scores.npz and test_scores.npz (y_true, y_score = probabilities, logits, records, labels);
+<fraction> is the share of training labels (0.01 for `finetune --fractions 1`), --fraction selects it in
+percent, as --fractions gives it. Per-label thresholds are chosen on the validation probabilities only
+(THRESHOLD_RULE); the test logits give the card's per-label AUROC and its bootstrap interval (the logits, as
+`ecgpos finetune` scores results.csv: float32 probabilities tie where the logits do not), and are never
+used to choose anything.
 """
 
 from __future__ import annotations
@@ -69,9 +72,26 @@ def model_folders(out: Path) -> list[Path]:
     return sorted(p.parent for p in (out / MODELS).glob("*/*/seed*/model.json"))
 
 
+def fraction_percent(name: str) -> str:
+    """A fraction folder's name (0.01) as the percentage `finetune --fractions` and --fraction give (1)."""
+    try:
+        return f"{float(name) * 100:g}"
+    except ValueError:
+        return name
+
+
 def select_model(out: Path, task: str | None, fraction: str | None, seed: int | None) -> Path:
-    """The model folder the flags name; without --seed the seed with the best validation macro-AUROC.
-    One line listing the choices when the flags leave several tasks or fractions."""
+    """The model folder the flags name (`fraction` in percent); without --seed the seed with the best validation
+    macro-AUROC. One line listing the choices when the flags leave several tasks or fractions."""
+    if fraction is not None:
+        try:
+            percent = float(fraction)
+        except ValueError:
+            percent = float("nan")
+        if not 0 < percent <= 100:
+            raise EcgposError(
+                f"--fraction is a percentage in (0, 100] as `finetune --fractions` gives it, got {fraction}"
+            )
     found = model_folders(out)
     if not found:
         raise EcgposError(
@@ -81,23 +101,26 @@ def select_model(out: Path, task: str | None, fraction: str | None, seed: int | 
         p
         for p in found
         if (task is None or p.parent.parent.name == task)
-        and (fraction is None or _same_fraction(p.parent.name, fraction))
+        and (fraction is None or _same_fraction(p.parent.name, float(fraction) / 100))
         and (seed is None or p.name == f"seed{seed}")
     ]
-    choices = ", ".join(sorted({f"{p.parent.parent.name}/{p.parent.name}" for p in found}))
+    choices = ", ".join(sorted({f"{p.parent.parent.name} {fraction_percent(p.parent.name)} %" for p in found}))
     if not keep:
-        raise EcgposError(f"--classifier {out}: no model for these flags; it holds {choices} (seeds as seed<S>)")
+        raise EcgposError(
+            f"--classifier {out}: no model for these flags; it holds {choices} (--task, --fraction in percent; "
+            "seeds as seed<S>)"
+        )
     groups = {(p.parent.parent.name, p.parent.name) for p in keep}
     if len(groups) > 1:
         raise EcgposError(f"--classifier {out} holds several models ({choices}): choose with --task and --fraction")
     return max(keep, key=lambda p: (_val_auroc(p), -int(p.name[4:]) if p.name[4:].isdigit() else 0))
 
 
-def _same_fraction(name: str, wanted: str) -> bool:
+def _same_fraction(name: str, wanted: float) -> bool:
     try:
-        return abs(float(name) - float(wanted)) < 1e-12
+        return abs(float(name) - wanted) < 1e-12
     except ValueError:
-        return name == wanted
+        return False
 
 
 def _val_auroc(folder: Path) -> float:
@@ -116,7 +139,8 @@ def _json(path: Path) -> dict[str, Any]:
 
 
 def read_scores(path: Path, labels: list[str]) -> dict[str, np.ndarray]:
-    """y_true (N, C) 0/1 and y_score (N, C) probabilities of a val/test_scores.npz, checked against `labels`."""
+    """y_true (N, C) 0/1, y_score (N, C) probabilities and `ranked` (N, C), the scores AUROC ranks (the logits
+    where the file holds them, else the probabilities) of a val/test_scores.npz, checked against `labels`."""
     try:
         with np.load(path, allow_pickle=False) as data:
             scores = {key: data[key] for key in data.files}
@@ -131,7 +155,12 @@ def read_scores(path: Path, labels: list[str]) -> dict[str, np.ndarray]:
         raise EcgposError(f"{path}: its labels differ from model.json's")
     if not np.isfinite(y_score).all() or y_score.min() < 0 or y_score.max() > 1:
         raise EcgposError(f"{path}: y_score must hold probabilities in [0, 1]")
-    return {"y_true": (y_true > 0).astype(np.uint8), "y_score": y_score}
+    ranked = y_score
+    if "logits" in scores:
+        ranked = np.asarray(scores["logits"], dtype=np.float64)
+        if ranked.shape != y_score.shape or not np.isfinite(ranked).all():
+            raise EcgposError(f"{path}: logits must be finite and shaped as y_score {y_score.shape}")
+    return {"y_true": (y_true > 0).astype(np.uint8), "y_score": y_score, "ranked": ranked}
 
 
 def read_finetuned(folder: Path) -> FinetunedModel:
@@ -143,6 +172,9 @@ def read_finetuned(folder: Path) -> FinetunedModel:
     for key in ("encoder_arch", "preprocess"):
         if not isinstance(info.get(key), dict):
             raise EcgposError(f"{folder / 'model.json'} lacks {key}")
+    windows = info.get("windows", 1)
+    if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
+        raise EcgposError(f"{folder / 'model.json'}: windows must be a whole number >= 1, got {windows!r:.40}")
     try:
         spec = PreprocessSpec.from_dict(info["preprocess"])
     except (EcgposError, TypeError) as err:
@@ -267,7 +299,7 @@ def write_classifier_export(
         "weights_sha256": state_sha256(state),
         "test_vectors": {"file": VECTORS_FILE, "atol": ATOL, "rtol": RTOL},
         "training": training,
-        "test": test_aurocs(model.test["y_true"], model.test["y_score"], labels),
+        "test": test_aurocs(model.test["y_true"], model.test["ranked"], labels),
     }
     config["config_sha256"] = config_sha256(config)
     if onnx:

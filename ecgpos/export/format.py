@@ -38,8 +38,14 @@ CONFIG_HASH_FIELDS = ("arch", "preprocess", "pooling", "weights_sha256")
 which binds them to model.safetensors). `training`, `io` and the card are descriptive only."""
 
 CLASSIFIER_FORMAT = "ecgpos-classifier"
-CLASSIFIER_HASH_FIELDS = (*CONFIG_HASH_FIELDS, "head", "labels", "thresholds")
-"""A classifier export (ecgpos.export.classifier) binds also what turns features into flags."""
+CLASSIFIER_HASH_FIELDS = (*CONFIG_HASH_FIELDS, "head", "labels", "thresholds", "windows")
+"""A classifier export (ecgpos.export.classifier) binds also what turns features into flags, and the windows
+per record `ecgpos predict` averages by default."""
+
+
+def hash_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The config.json fields config_sha256 binds for this export's format."""
+    return CLASSIFIER_HASH_FIELDS if config.get("format") == CLASSIFIER_FORMAT else CONFIG_HASH_FIELDS
 
 
 def json_sha256(value: Any) -> str:
@@ -50,8 +56,7 @@ def json_sha256(value: Any) -> str:
 
 def config_sha256(config: Mapping[str, Any]) -> str:
     """`json_sha256` of config's CONFIG_HASH_FIELDS (CLASSIFIER_HASH_FIELDS for a classifier export)."""
-    fields = CLASSIFIER_HASH_FIELDS if config.get("format") == CLASSIFIER_FORMAT else CONFIG_HASH_FIELDS
-    return json_sha256({key: config.get(key) for key in fields})
+    return json_sha256({key: config.get(key) for key in hash_fields(config)})
 
 
 def is_export_dir(path: str | Path) -> bool:

@@ -26,12 +26,13 @@ from ecgpos.errors import EcgposError, SignalError
 from ecgpos.export.format import (
     CLASSIFIER_FORMAT,
     CONFIG_FILE,
-    CONFIG_HASH_FIELDS,
     FORMAT,
     FORMAT_VERSION,
     WEIGHTS_FILE,
     config_sha256,
+    hash_fields,
     is_export_dir,
+    json_sha256,
     state_sha256,
 )
 from ecgpos.export.hub import resolve_model_path
@@ -76,6 +77,11 @@ def read_export_config(path: str | Path, formats: Sequence[str] = (FORMAT,)) -> 
     if isinstance(config, dict) and config.get("format") == CLASSIFIER_FORMAT and CLASSIFIER_FORMAT not in formats:
         raise EcgposError(
             f"{folder} is a classifier export: apply it with `ecgpos predict --model` or ecgpos.load_classifier"
+        )
+    if isinstance(config, dict) and config.get("format") == FORMAT and FORMAT not in formats:
+        raise EcgposError(
+            f"{folder} is an encoder export, not a classifier export (`ecgpos export --classifier`): "
+            "its features come from `ecgpos embed --encoder`"
         )
     if not isinstance(config, dict) or config.get("format") not in formats:
         raise EcgposError(f"{folder} is not an ecgpos export folder ({CONFIG_FILE} has no format {formats[0]!r})")
@@ -269,11 +275,21 @@ def check_config_binding(folder: Path, config: dict[str, Any]) -> None:
     """
     if "config_sha256" in config:
         digest = config_sha256(config)
-        if digest != config["config_sha256"]:
-            fields = ", ".join(CONFIG_HASH_FIELDS[:3])
+        if (
+            digest != config["config_sha256"]
+            and json_sha256({key: config.get(key) for key in hash_fields(config) if key != "windows"})
+            == config["config_sha256"]
+            and config.get("format") == CLASSIFIER_FORMAT
+        ):
             raise EcgposError(
-                f"{folder / CONFIG_FILE} was edited after export: its {fields} "
-                f"no longer match config_sha256 ({digest[:12]}... != "
+                f"{folder / CONFIG_FILE} was written before config_sha256 bound `windows`, which decides the "
+                "outputs: re-export it (`ecgpos export --classifier`)"
+            )
+        if digest != config["config_sha256"]:
+            fields = ", ".join(key for key in hash_fields(config) if key != "weights_sha256")
+            raise EcgposError(
+                f"{folder / CONFIG_FILE} was edited after export: one of the fields config_sha256 binds ({fields}) "
+                f"no longer matches it ({digest[:12]}... != "
                 f"{str(config['config_sha256'])[:12]}...); re-export the run instead"
             )
         return

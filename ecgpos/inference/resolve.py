@@ -174,12 +174,26 @@ def refuse_model_folder(path: str | Path, flag: str = "--out") -> None:
     if path is None:
         return
     path = Path(path)
-    kind = "an exported encoder" if is_export_dir(path) else "a training run" if is_run_dir(path) else None
+    kind = None if not is_export_dir(path) else "a classifier export" if _is_classifier(path) else "an exported encoder"
+    kind = kind or ("a training run" if is_run_dir(path) else None)
     if kind:
         raise EcgposError(f"{flag} {path} is {kind} folder: give the results a folder of their own")
     inside = artifact_above(path)
     if inside is not None:
         raise EcgposError(f"{flag} {path} is inside {inside[1]} {inside[0]}: give the results a folder of their own")
+
+
+def _is_classifier(folder: Path) -> bool:
+    """Whether an export folder's config.json says it is a classifier export (False when unreadable)."""
+    import json
+
+    from ecgpos.export.format import CLASSIFIER_FORMAT, CONFIG_FILE
+
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("format") == CLASSIFIER_FORMAT
 
 
 def artifact_above(path: str | Path) -> tuple[Path, str] | None:
@@ -191,7 +205,7 @@ def artifact_above(path: str | Path) -> tuple[Path, str] | None:
         if not folder.is_dir():
             continue
         if is_export_dir(folder) and (folder / WEIGHTS_FILE).is_file():
-            return folder, "the exported encoder"
+            return folder, "the classifier export" if _is_classifier(folder) else "the exported encoder"
         if is_run_dir(folder):
             return folder, "the training run"
         if (folder / "preprocess.json").is_file() or next(folder.glob(SHARD_GLOB), None) is not None:

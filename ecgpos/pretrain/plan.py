@@ -87,25 +87,25 @@ def check_resources(cfg: RunConfig) -> None:
         )
 
 
-def _base_kind(path: Path, cfg: RunConfig) -> str:
+def _base_kind(path: Path, cfg: RunConfig, flag: str = "--base") -> str:
     """'run' or 'export' for a --base folder whose depth fits level cfg.stage (checked before any
     weights are loaded for a run folder); ConfigError (one line) otherwise."""
     from ecgpos.config import load_config
     from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
 
     if not path.exists():
-        raise ConfigError(f"--base {path} does not exist")
+        raise ConfigError(f"{flag} {path} does not exist")
     if is_run_dir(path):
         run_stage = load_config(RunConfig, path / RUN_CONFIG).stage
         if run_stage != cfg.stage - 1:
             raise ConfigError(
-                f"--base {path} is a level-{run_stage} run (levels 0..{run_stage}) but level {cfg.stage} trains on "
+                f"{flag} {path} is a level-{run_stage} run (levels 0..{run_stage}) but level {cfg.stage} trains on "
                 f"levels 0..{cfg.stage - 1}: pass a level-{cfg.stage - 1} run or export"
             )
         return "run"
     if not is_export_dir(path):
         raise ConfigError(
-            f"--base {path} is neither a run folder (config.yaml + checkpoints/) nor an export folder (config.json)"
+            f"{flag} {path} is neither a run folder (config.yaml + checkpoints/) nor an export folder (config.json)"
         )
     return "export"
 
@@ -128,7 +128,7 @@ def base_chain(levels: Sequence[Any], kind: str, source: str, info: dict) -> lis
     return chain
 
 
-def load_base(path: Path | str, cfg: RunConfig) -> tuple[Any, str, dict]:
+def load_base(path: Path | str, cfg: RunConfig, flag: str = "--base") -> tuple[Any, str, dict]:
     """(base encoder of levels 0..N-1, source, info) for level N = cfg.stage, from a finished run
     folder, an export folder or hf://ORG/NAME[@REVISION] (its snapshot in the Hub cache), loaded through
     the one resolver (ecgpos.inference.resolve).
@@ -140,13 +140,13 @@ def load_base(path: Path | str, cfg: RunConfig) -> tuple[Any, str, dict]:
     from ecgpos.runs.stages import check_base_fits
 
     path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
-    kind = _base_kind(path, cfg)
+    kind = _base_kind(path, cfg, flag)
     loaded = resolve_encoder(path)
     if kind == "run":  # an export's info is its run's training summary: run_dir, finished, ... too
         step, steps = loaded.info["step"], loaded.info["steps"]
         if not loaded.info["finished"]:
             raise ConfigError(
-                f"--base {path} is incomplete (newest checkpoint at step {step} of {steps}): "
+                f"{flag} {path} is incomplete (newest checkpoint at step {step} of {steps}): "
                 "finish it with --resume auto, or export that checkpoint and pass the export folder"
             )
         recorded = read_run_info(path)
@@ -245,7 +245,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     base = source = None
     info: dict = {}
     if cfg.stage >= 1:
-        base, source, info = load_base(base_path, cfg)
+        flag = "--stage0" if getattr(args, "stage0", None) is not None else "--base"  # the spelling given
+        base, source, info = load_base(base_path, cfg, flag)
     resume = check_run_dir(cfg, args.run_dir, args.resume == "auto", info)
     return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, base, source, info)
 

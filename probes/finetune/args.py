@@ -30,8 +30,11 @@ Writes OUT/results.csv (the probe's columns; `encoder` is the label plus the pro
 `stage1 (finetune-full)`, `protocol` the protocol), OUT/summary.md, OUT/summary.png,
 OUT/test_scores.npz, OUT/config.yaml (the resolved settings), OUT/probe.json (last), and per
 classifier OUT/models/TASK/FRACTION/seedS/ (model.safetensors, model.json, val_scores.npz,
-test_scores.npz). `ecgpos probe --compare PROBE_OUT OUT` puts the rows beside the linear probe's,
-with paired bootstrap differences.
+test_scores.npz). OUT holds nothing else: a folder with other files or another command's results is
+refused; model folders of an earlier run that this run does not list are kept and named. `ecgpos export
+--classifier OUT --fraction P` takes a model by the percentage --fractions gave (100, not 1).
+`ecgpos probe --compare PROBE_OUT OUT` puts the rows beside the linear probe's, with paired bootstrap
+differences.
 Several GPUs or nodes: `accelerate launch -m ecgpos finetune ...` (slurm/finetune.sbatch)."""
 
 

@@ -20,6 +20,8 @@ from ecgpos.models.features import resolve_device
 from ecgpos.pretrain.optim import resolve_mixed_precision
 from probes.finetune.args import build_parser, finetune_config
 from probes.finetune.config import FinetuneConfig, Mode, parse_mode
+from probes.finetune.model import check_mode_fits
+from probes.finetune.out_folder import check_out_folder, earlier_models
 from probes.finetune.outputs import model_dir, stored_model, training_key, write_model
 from probes.finetune.records import load_task
 from probes.finetune.report import finetune_protocol, protocol_markdown
@@ -55,6 +57,7 @@ def _check_inputs(args, tasks) -> None:
             raise EcgposError(f"--{flag.replace('_', '-')} {folder} is not a folder")
     make_output_folder(args.out, create=False)
     refuse_model_folder(args.out)
+    check_out_folder(args.out)
     for folder in args.pretraining_index or ():
         pretraining_spec(folder)
 
@@ -72,6 +75,7 @@ def main(argv: list[str]) -> int:
             task, read_splits(task, args.splits, record_column(task, cfg)), args.data_root, args.require_complete
         )
     enc = load_probe_encoder(args.encoder, args.level)
+    check_mode_fits(mode, enc.module)
     unfinished = unfinished_note(enc.info)
     if unfinished:
         print(f"ecgpos finetune: warning: {unfinished}", file=sys.stderr)
@@ -124,6 +128,14 @@ def _finetune(args, cfg: FinetuneConfig, mode: Mode, tasks, enc, acc, notes: lis
                 )
     if not main_process:
         return 0
+    ours = [model_dir(args.out, t.name, f, s) for t in tasks for f in cfg.fractions for s in range(cfg.seeds)]
+    kept = earlier_models(args.out, ours)
+    if kept:
+        more = f" and {len(kept) - 3} more" if len(kept) > 3 else ""
+        log(
+            f"kept {len(kept)} model folder(s) of an earlier run that this run's results.csv does not list: "
+            f"{', '.join(kept[:3])}{more} (`export --classifier` can still select them)"
+        )
     rows = sort_rows(rows, [label], [t.name for t in tasks])
     sets = collect_scores(rows, tests)
     add_intervals(rows, sets, args.bootstrap)

@@ -7,6 +7,7 @@ import torch
 from timm.layers import DropPath
 from torch import nn
 
+from ecgpos.errors import EcgposError
 from ecgpos.export.load import ExportedEncoder
 from ecgpos.models.factory import levels_of
 from ecgpos.models.st_mem import TokenEncoder
@@ -141,3 +142,14 @@ def prepare_mode(model: Classifier, mode: Mode, optim: OptimConfig) -> None:
 def frozen_below(model: Classifier) -> bool:
     """True when no encoder parameter trains (the head alone): the encoder runs under no_grad, in eval mode."""
     return not any(p.requires_grad for p in model.encoder.parameters())
+
+
+def check_mode_fits(mode: Mode, encoder: nn.Module) -> None:
+    """One line for top:K with K above the encoder's blocks (counted across levels): it would train what
+    `full` trains while its protocol name said otherwise."""
+    total = len(blocks(encoder))
+    if mode.kind == "top" and mode.k > total:
+        raise EcgposError(
+            f"--mode {mode.protocol.removeprefix('finetune-')}: the encoder has {total} blocks (counted across "
+            f"levels); give K in 0..{total} (top:{total} trains every block, `full` also the input embedding)"
+        )

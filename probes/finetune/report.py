@@ -40,6 +40,14 @@ def _trains(mode: Mode) -> str:
     return f"the top {mode.k} blocks (counted across levels), everything above them and the head train"
 
 
+def _schedule_text(warmup: float, epochs: int, min_lr: float) -> str:
+    """The lr schedule as it runs: a warm-up longer than the run is capped at it, and then no cosine follows."""
+    if warmup >= epochs:
+        capped = f" (tune.warmup_epochs {warmup:g} capped at the run's {epochs})" if warmup > epochs else ""
+        return f"linear warm-up throughout all {epochs} epochs{capped}, no cosine phase"
+    return f"{warmup:g} warm-up epochs of {epochs} then cosine to {min_lr:g}"
+
+
 def protocol_markdown(cfg: FinetuneConfig, mode: Mode, tasks: Sequence[str], spec: PreprocessSpec) -> str:
     o, a = cfg.tune, cfg.augment
     datasets = dict.fromkeys(TASKS[t].dataset if t in TASKS else "custom" for t in tasks)
@@ -52,7 +60,7 @@ def protocol_markdown(cfg: FinetuneConfig, mode: Mode, tasks: Sequence[str], spe
             f"- Optimiser: AdamW (betas {o.betas[0]:g}, {o.betas[1]:g}), weight decay {o.weight_decay:g} (not on "
             f"biases, norms, tokens and embeddings), lr {o.lr:g} (= {o.base_lr:g} x batch {o.batch_size} / 256), "
             f"layer-wise decay {o.layer_decay:g} over all blocks of all levels, drop path {o.drop_path:g}, "
-            f"{min(o.warmup_epochs, o.epochs):g} warm-up epochs of {o.epochs} then cosine to {o.min_lr:g}, "
+            f"{_schedule_text(o.warmup_epochs, o.epochs, o.min_lr)}, "
             f"gradient norm clipped at {o.grad_clip:g}; binary cross-entropy with logits.",
             f"- Training input: a random {spec.window}-sample window of each record per step, augmented: time shift "
             f"(p {a.p_shift:g}, up to {a.shift:g} of the window), amplitude scale (p {a.p_scale:g}, +-{a.scale:g}), "
