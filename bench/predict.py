@@ -48,7 +48,8 @@ def write_classifier(config: Path, out: Path) -> None:
     windows = rng.standard_normal((24, 12, loaded.spec.window)).astype(np.float32)
     with torch.no_grad():
         probs = classifier(torch.from_numpy(windows)).numpy().astype(np.float64)
-    scores = {"y_true": (rng.random(probs.shape) < 0.5).astype(np.uint8), "y_score": probs}
+    # as read_scores gives them: the probabilities, and the scores the test AUROC ranks (no logits here)
+    scores = {"y_true": (rng.random(probs.shape) < 0.5).astype(np.uint8), "y_score": probs, "ranked": probs}
     state = {f"encoder.{k}": v for k, v in loaded.module.state_dict().items()}
     state.update({f"head.{k}": v for k, v in head.state_dict().items()})
     info = {"encoder_arch": loaded.arch, "task": "bench", "protocol": "random-init", "seed": 0, "windows": 1}
