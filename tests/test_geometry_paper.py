@@ -132,22 +132,27 @@ def nested_run(tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return pretrain_tiny(1, tiny_shards, root / "s1", *FAST, stage0=root / "s0")
 
 
-@pytest.mark.parametrize("space", ["features", "reconstruction"])
-def test_a_tiny_nested_encoder_on_real_records_matches_the_appendix(nested_run, shared_data, tmp_path, space):
-    """metrics.csv of `ecgpos geometry` against the appendix computed from its own features.npz; the
-    summary says what its numbers are (standardised distances, ratios of them, % change)."""
+def _task(shared_data: Path, task: Path) -> tuple[Path, dict[int, str]]:
+    """A custom task of 12 real PTB-XL records in its test split: nominal A, B (four each), anomalous X, Y
+    (two each: d_pool, the mean of two class medians, then differs from d_samp)."""
     labels = {n: "A" for n in (1, 2, 3, 4)} | {n: "B" for n in (5, 6, 7, 8)}
-    # two anomaly classes of two: d_pool, the mean of two class medians, differs from d_samp
     labels |= {n: "X" for n in (9, 10)} | {n: "Y" for n in (11, 12)}
     rows = ["record,A,B,X,Y"] + [
         f"{shared_data / PTBXL / f'{n:05d}_hr'}," + ",".join(str(int(c == lab)) for c in "ABXY")
         for n, lab in labels.items()
     ]
-    task = tmp_path / "task"
     task.mkdir()
     (task / "test.csv").write_text("\n".join(rows) + "\n")
     for split in ("train", "val"):
         (task / f"{split}.csv").write_text(rows[0] + "\n")
+    return task, labels
+
+
+@pytest.mark.parametrize("space", ["features", "reconstruction"])
+def test_a_tiny_nested_encoder_on_real_records_matches_the_appendix(nested_run, shared_data, tmp_path, space):
+    """metrics.csv of `ecgpos geometry` against the appendix computed from its own features.npz; the
+    summary says what its numbers are (standardised distances, ratios of them, % change)."""
+    task, labels = _task(shared_data, tmp_path / "task")
     out = tmp_path / "g"
     args = ["--nominal", "A,B", "--anomalous", "X,Y", "--space", space, "--out", out, "--device", "cpu"]
     assert cli("geometry", "--encoder", nested_run, "--task", f"custom:{task}", *args) == 0
@@ -170,3 +175,26 @@ def test_a_tiny_nested_encoder_on_real_records_matches_the_appendix(nested_run, 
     assert "the fraction of the held-out nominal records whose perturbed input's reconstruction" in summary
     assert "(each record's windows averaged, records weighted equally" in summary
     assert re.search(r"^\| 1 \| [0-9.]+ \| 8 \| ", summary, re.M), summary  # over the 8 nominal records
+
+
+def test_geometry_reruns_into_its_own_folder_and_a_probe_there_is_refused(nested_run, shared_data, tmp_path, capsys):
+    """A second geometry replaces its own files; a probe into a geometry folder is one line, the folder untouched."""
+    from refusal_helpers import one_line_error, run
+
+    task, _ = _task(shared_data, tmp_path / "task")
+    out = tmp_path / "g"
+    args = ["geometry", "--encoder", nested_run, "--task", f"custom:{task}", "--nominal", "A,B", "--anomalous", "X,Y"]
+    for _ in range(2):
+        rc, _, err = run(capsys, *args, "--out", out, "--device", "cpu")
+        assert rc == 0, err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "depth.png",
+        "features.npz",
+        "geometry.png",
+        "metrics.csv",
+        "summary.md",
+    ]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, _, err = run(capsys, "probe", "--encoder", nested_run, "--task", f"custom:{task}", "--out", out)
+    one_line_error(rc, err, "probe", f"--out {out} holds the results of `ecgpos geometry` (metrics.csv)")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

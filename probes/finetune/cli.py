@@ -32,6 +32,7 @@ from probes.shared.encoder import load_probe_encoder
 from probes.shared.guard import cache_folder, leakage_guard
 from probes.shared.intervals import add_intervals, collect_scores
 from probes.shared.leakage import pretraining_spec, write_overlap
+from probes.shared.out_folder import kept_inside
 from probes.shared.provenance import INFO_FILE, clear_outputs
 from probes.shared.results import records_markdown, write_outputs, write_results
 from probes.shared.task_data import fraction_rows, record_column, sort_rows, task_windows
@@ -57,7 +58,7 @@ def _check_inputs(args, tasks) -> None:
             raise EcgposError(f"--{flag.replace('_', '-')} {folder} is not a folder")
     make_output_folder(args.out, create=False)
     refuse_model_folder(args.out)
-    check_out_folder(args.out)
+    check_out_folder(args.out, kept=kept_inside(args.out, cache_folder(args)))  # a cache inside --out is kept
     for folder in args.pretraining_index or ():
         pretraining_spec(folder)
 

@@ -23,7 +23,8 @@ still violates the Push margin, alpha d(x~, x) > d(x^, x~) (a record's windows a
 weighted equally), with the level's push-pull perturbation (its defaults when it trained without).
 Writes OUT/metrics.csv (level, metric, x, x_hat, delta_pct; level = the deeper level l), OUT/features.npz
 (x, x_hat of the deepest pair; x_level<l> per level; violation_level<l> per level), OUT/summary.md,
-OUT/geometry.png (the deepest pair) and OUT/depth.png (each metric's Delta % against depth).
+OUT/geometry.png (the deepest pair) and OUT/depth.png (each metric's Delta % against depth), replacing
+an earlier geometry's; an --out holding other files (a probe's results, notes) is refused in one line.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from ecgpos.models.features import record_means, record_windows, resolve_device
 from probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
 from probes.geometry.report import plot_depth, summary_markdown, write_metrics
 from probes.shared.datasets import prepared_record, task_locator
+from probes.shared.out_folder import GEOMETRY_FILES, check_out_folder
 from probes.shared.task_data import RecordSettings, record_column, task_windows
 from probes.shared.tasks import SPLITS, read_split, resolve_task
 
@@ -61,7 +63,7 @@ SPACES = ("features", "reconstruction")
 NOT_FOUND = "not found under the data root"
 
 
-OUTPUT_FILES = ("metrics.csv", "features.npz", "summary.md", "geometry.png", "depth.png")
+OUTPUT_FILES = GEOMETRY_FILES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,6 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise EcgposError(f"{flag} {folder} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line now, not after the work
     refuse_model_folder(args.out)
+    check_out_folder(args.out, "geometry", OUTPUT_FILES)  # an earlier geometry's files are replaced whole
     device = str(resolve_device(args.device))
     sel, located = select_records(args.task, args.splits, args.data_root, _splits(args.split), nominal, anomalous)
     problem = check_classes(np.array(sel.labels, dtype=str), nominal, anomalous)

@@ -45,8 +45,9 @@ one encoder label probed on different tasks in different folders (e.g. one folde
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
 folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
 scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
-As a probe run, it deletes an earlier probe's or compare's files in --out first and writes
-probe.json last; into one of its input folders it writes only differences.csv and the summary.
+As a probe run, it deletes an earlier compare's files in --out first and writes probe.json last;
+into one of its input folders it writes only differences.csv and the summary. A --out (probe or
+compare) holding another command's results, or files it does not write, is refused in one line.
 --reference paper adds the preprint's published full-label rows, marked (published), and our
 difference to them."""
 

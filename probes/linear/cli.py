@@ -28,10 +28,12 @@ from probes.shared.encoder import load_probe_encoder, random_twin
 from probes.shared.guard import cache_folder, leakage_guard
 from probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
 from probes.shared.leakage import pretraining_spec, write_overlap
+from probes.shared.out_folder import check_out_folder, kept_inside
 from probes.shared.provenance import (
     DIFFERENCES_FILE,
     INFO_FILE,
     INPUT_FILES,
+    RUN_FILES,
     clear_outputs,
     common_protocol,
     guard_markdown,
@@ -57,9 +59,16 @@ def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -
 
 def _compare(args: argparse.Namespace) -> int:
     check_bootstrap(args.bootstrap)
+    inputs = list(dict.fromkeys(Path(f).resolve() for f in args.compare))
+    into_input = args.out is not None and args.out.resolve() in inputs
+    if args.out is not None:
+        make_output_folder(args.out, create=False)
+        refuse_model_folder(args.out)
+        if not into_input:  # into an input it replaces only the summary and differences.csv, as documented
+            check_out_folder(args.out, "probe --compare", RUN_FILES)
     notes: list[str] = []
     renamed: dict[Path, dict[str, str]] = {}
-    infos = {folder: read_info(folder) for folder in dict.fromkeys(Path(f).resolve() for f in args.compare)}
+    infos = {folder: read_info(folder) for folder in inputs}
     frame = merge_results(list(infos), notes, renamed, {f: sources(i) for f, i in infos.items()})
     kinds = {
         renamed.get(f, {}).get(enc, enc): kind
@@ -83,10 +92,8 @@ def _compare(args: argparse.Namespace) -> int:
     if args.out is None:
         print(summary_markdown(frame, notes, sections))
         return 0
-    refuse_model_folder(args.out)
     make_output_folder(args.out)
     remove_abandoned_temporaries(args.out)  # what a killed run on this host left
-    into_input = args.out.resolve() in infos
     clear_outputs(args.out, keep=INPUT_FILES if into_input else ())
     if not into_input:  # never overwrite an input's rows
         write_results(frame.to_dict("records"), args.out)
@@ -143,6 +150,8 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
         raise EcgposError(f"--data-root {args.data_root} is not a folder")
     make_output_folder(args.out, create=False)  # a file as --out: one line before any work
     refuse_model_folder(args.out)
+    # an earlier probe's files are replaced (clear_outputs); a cache folder inside --out is kept
+    check_out_folder(args.out, "probe", RUN_FILES, kept=kept_inside(args.out, cache_folder(args)))
     for folder in args.pretraining_index or ():  # not after the output folders are made
         pretraining_spec(folder)
     cfg = probe_config(args)
