@@ -275,13 +275,14 @@ def test_a_probe_interrupted_while_writing_leaves_no_earlier_run_beside_its_file
     assert '"label": "second"' in (out / "probe.json").read_text()
 
 
-def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folder, monkeypatch):
-    """A probe and a --compare into one --out delete the files of either (one list) before writing.
-    A compare into a probe's folder, stopped by Ctrl-C as it renames summary.md, used to leave the
-    probe's summary.md beside the merged results, with the compare's probe.json already written;
-    a probe into a compare's folder left the compare's differences.csv."""
+def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folder, monkeypatch, capsys):
+    """A --compare into its own earlier folder deletes that one's files before writing: stopped by Ctrl-C
+    as it renames summary.md, it leaves no earlier summary.md or probe.json beside its merged results.
+    A probe into a compare's folder, or a compare into a probe's, would delete the other's results: it is
+    one line, and the folder is left as it was."""
     first, second = probe_folder("cmp-a"), probe_folder("cmp-b")
-    out = probe_folder("cmp-out")
+    out = probe_folder.root / "cmp-out"
+    assert cli("probe", "--compare", first, "--out", out) == 0
     ctrl_c_when_renaming(monkeypatch, "summary.md")
     assert cli("probe", "--compare", first, second, "--out", out) == 130
     monkeypatch.undo()
@@ -289,14 +290,24 @@ def test_compare_and_probe_into_one_out_never_leave_the_others_files(probe_folde
     assert set(pd.read_csv(out / "results.csv")["encoder"]) == {"cmp-a", "cmp-b"}
     assert cli("probe", "--compare", first, second, "--out", out) == 0
     assert (out / "differences.csv").is_file() and "cmp-a" in (out / "summary.md").read_text()
-    assert probe_folder("cmp-out") == out
-    assert sorted(p.name for p in out.iterdir()) == [
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(files) == [
+        "differences.csv",
         "probe.json",
         "results.csv",
         "summary.md",
         "summary.png",
         "test_scores.npz",
     ]
+    capsys.readouterr()
+    with pytest.raises(AssertionError):  # the fixture's probe run exits 2
+        probe_folder("cmp-out")
+    assert "holds the results of `ecgpos probe --compare` (probe.json)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == files
+    files = {p.name: p.read_bytes() for p in first.iterdir()}
+    assert cli("probe", "--compare", second, "--out", first) == 2
+    assert "holds the results of `ecgpos probe` (probe.json)" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == files
 
 
 def test_compare_without_a_bootstrap_gives_differences_without_nan_intervals(capsys, probe_folder):
