@@ -226,9 +226,11 @@ def test_finetune_out_refuses_what_it_did_not_write_and_names_the_models_it_kept
     (probe / "config.yaml").unlink()
     one_line_error(*run(capsys, *args, "--out", probe)[::2], "finetune", "holds the results of `ecgpos probe`")
 
-    # a model of an earlier run at 50 % stays in models/ and is named
+    # a model of an earlier run at 50 % stays in models/ and is named, as is a feature cache inside --out
     shutil.copytree(out / "models" / "ptbxl-super" / "1", out / "models" / "ptbxl-super" / "0.5")
-    rc, printed, err = run(capsys, *args, "--out", out)
+    shutil.copytree(tmp_path / "cache", out / "cache")
+    rc, printed, err = run(capsys, *args, "--cache-dir", out / "cache", "--out", out)
     assert rc == 0, err
+    assert f"ecgpos finetune: keeping {out / 'cache'} in --out" in err
     assert "kept 1 model folder(s) of an earlier run" in printed and "models/ptbxl-super/0.5/seed0" in printed
     assert "models/ptbxl-super/0.5/seed0" in (out / "summary.md").read_text()
