@@ -112,8 +112,7 @@ def compile_notice(mode: bool | str) -> str:
         return ""
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "Inductor's default cache folder"
     return (
-        f", compile {compile_name(mode)}: the first step waits for it "
-        f"(minutes without cached kernels; cache: {cache})"
+        f", compile {compile_name(mode)}: the first step waits for it (minutes without cached kernels; cache: {cache})"
     )
 
 
