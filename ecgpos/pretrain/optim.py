@@ -4,7 +4,9 @@ settings: mixed precision and the optional whole-model compile."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -98,6 +100,25 @@ def compile_failure(error: BaseException) -> str:
         cause = cause.__cause__
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     return f"{type(cause).__name__}: {lines[0] if lines else 'no message'}"
+
+
+@contextlib.contextmanager
+def quiet_compile_logs() -> Iterator[None]:
+    """Inductor and Dynamo log a failing compile at length (the generated kernel, the graph) before
+    raising; the caller names the cause in one line instead. With TORCH_LOGS set (someone debugging
+    the compile) nothing is silenced."""
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in ("torch._inductor", "torch._dynamo")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def compile_name(mode: bool | str) -> str:

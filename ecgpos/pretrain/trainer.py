@@ -52,6 +52,7 @@ from ecgpos.pretrain.optim import (
     compile_model,
     compile_name,
     compile_notice,
+    quiet_compile_logs,
     resolve_compile,
     resolve_mixed_precision,
     uncompile_model,
@@ -191,8 +192,9 @@ class Trainer:
         draw = torch.Generator(acc.device).manual_seed(self.cfg.train.seed)
         x = torch.randn(shape, generator=draw, device=acc.device)
         try:
-            out = self.model(x, noise=self.objective.draw_noise(len(x), draw, acc.device))
-            acc.backward(out["loss"])
+            with quiet_compile_logs():
+                out = self.model(x, noise=self.objective.draw_noise(len(x), draw, acc.device))
+                acc.backward(out["loss"])
         except Exception as error:  # noqa: BLE001 - whatever stopped the compile is named in the line below
             cause = compile_failure(error)
             if self.cfg.train.compile != "auto":

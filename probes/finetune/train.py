@@ -17,7 +17,14 @@ from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
 from ecgpos.metrics import auroc_columns
 from ecgpos.models.features import record_means, record_windows
-from ecgpos.pretrain.optim import compile_failure, compile_model, compile_name, resolve_compile, uncompile_model
+from ecgpos.pretrain.optim import (
+    compile_failure,
+    compile_model,
+    compile_name,
+    quiet_compile_logs,
+    resolve_compile,
+    uncompile_model,
+)
 from ecgpos.pretrain.schedule import lr_at
 from ecgpos.runs.run_config import OptimConfig as Schedule
 from probes.finetune.augment import augment, random_crop
@@ -146,9 +153,10 @@ def fit(
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, schedule) * group["lr_scale"]
             try:
-                with acc.autocast():
-                    loss = loss_fn(wrapped(batch).float(), target)
-                acc.backward(loss)
+                with quiet_compile_logs() if step == 0 else contextlib.nullcontext():
+                    with acc.autocast():
+                        loss = loss_fn(wrapped(batch).float(), target)
+                    acc.backward(loss)
             except Exception as error:  # noqa: BLE001 - a compile that fails is named in one line
                 if step > 0 or compiled is False:
                     raise
