@@ -16,6 +16,16 @@ from ecgpos.pretrain.carving import shard_violations, validation_index
 from ecgpos.pretrain.data import ShardDataset
 
 torch.set_num_threads(1)
+CARVE_KEYS = (
+    "clean_error",
+    "perturbation_over_error",
+    "criterion",
+    "criterion_ci",
+    "criterion_literal",
+    "pass_through",
+    "pass_through_ci",
+    "perturbation",
+)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 
 
@@ -60,18 +70,26 @@ def test_carve_three_levels_on_the_real_samples(
     assert [r["level"] for r in levels] == [0, 1, 2]
     assert [r["decision"]["rule"] for r in levels] == [CONTINUE, CONTINUE, STOP_MAX]
     val = ShardDataset(validation_index(arrhythmia_shards, 0.1), 2250, train=False)
+    from ecgpos.pretrain.carving import shard_reading
     from ecgpos.runs.run_folder import load_run_model
 
     for r in levels:
         run = runs / f"level{r['level']}"
         logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert r["records"] == len(val) == 22 and r["steps"] == 2
-        assert r["criterion"] == pytest.approx(
-            [x for x in logged if "val_push_violation" in x][-1]["val_push_violation"]
+        assert set(CARVE_KEYS) <= set(r) and r["map"] == "masked"  # no push-pull: the masked map
+        assert r["perturbation"] == ("lowfreq" if r["level"] == 0 else "principal")
+        assert r["criterion_literal"] == pytest.approx(
+            [x for x in logged if "val_push_violation" in x][-1]["val_push_violation"], abs=1e-6
         )
-        again = shard_violations(load_run_model(run)[0], val, 7)
-        assert criterion(again) == pytest.approx(r["criterion"], abs=1e-12)
-        assert r["interval"][0] <= r["criterion"] <= r["interval"][1]
+        model = load_run_model(run)[0]
+        assert criterion(shard_violations(model, val, 7)) == pytest.approx(r["criterion_literal"], abs=1e-12)
+        again = shard_reading(model, val, 7).families[r["perturbation"]]  # another batch size
+        assert criterion(again.violation) == pytest.approx(r["criterion"], abs=1e-12)
+        assert criterion(again.pass_through) == pytest.approx(r["pass_through"], rel=1e-4)
+        assert 0 <= r["criterion"] <= 1 and r["criterion_ci"][0] <= r["criterion"] <= r["criterion_ci"][1]
+        assert 0 < r["pass_through"] < 1 and r["pass_through_ci"][0] < r["pass_through"] < r["pass_through_ci"][1]
+        assert r["perturbation_over_error"] >= (2 - 1e-3 if r["level"] else 0.5)  # level 0's targets are bounded
     text = (runs / "carve.md").read_text()
     assert "| 2 |" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
     assert (runs / "carve.png").stat().st_size > 10_000
@@ -79,6 +97,14 @@ def test_carve_three_levels_on_the_real_samples(
     assert cli(*args) == 0  # resumes: every level is finished, nothing is trained again
     assert (runs / "level2" / "run_info.json").stat().st_mtime_ns == stamp
     assert json.loads((runs / "carve.json").read_text())["levels"] == levels
+    # a carve.json written before the calibrated criterion resumes: its levels are measured again
+    data = json.loads((runs / "carve.json").read_text())
+    for r in data["levels"]:
+        r["interval"] = r.pop("criterion_ci")
+        for key in CARVE_KEYS[:2] + CARVE_KEYS[4:]:
+            r.pop(key, None)
+    (runs / "carve.json").write_text(json.dumps(data))
+    assert cli(*args) == 0 and json.loads((runs / "carve.json").read_text())["levels"] == levels
 
     # score: one column per level of the three-level run
     records = [
@@ -165,5 +191,5 @@ def test_carve_on_two_processes_measures_what_one_process_does(arrhythmia_shards
     val = ShardDataset(validation_index(arrhythmia_shards, 0.1), 2250, train=False)
     one = criterion(shard_violations(load_run_model(run)[0], val, 3))
     assert 0 < one < 1 and level["records"] == len(val)
-    assert level["criterion"] == pytest.approx(one, abs=1e-12)
+    assert level["criterion_literal"] == pytest.approx(one, abs=1e-12)
     assert [r["val_push_violation"] for r in logged if "val_push_violation" in r][-1] == pytest.approx(one, abs=1e-6)

@@ -14,6 +14,10 @@ the size follows the level:
    d(P(x~), x~) = d(P(x), x), below delta for every window whose error is under kappa times the median:
    it reads 1. A map that removes it (P(x~) = P(x)) has d(P(x~), x~) ~ sqrt(d(P(x), x)^2 + delta^2) >= delta:
    it reads 0. At alpha > 1 a removing map would violate too, hence alpha 1 whatever the level trained with.
+   Per-patch normalised targets (norm_target) put every window on a sphere of radius |x|: there a map that
+   removes the perturbation and predicts little (d(P(x~), x~) ~ |x~| = |x|) would violate at any delta
+   above |x|, so delta is capped at the median |x| and carve.json's `perturbation_over_error` says the
+   ratio delta / eps actually used (below kappa for a level whose error approaches its targets' size).
 4. Pass-through rho = d(P(x~), P(x)) / d(x~, x) per window: 0 when the level removes the perturbation,
    1 when it reproduces it.
 
@@ -59,6 +63,7 @@ class LevelView:
     with_patches: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # inputs, new patches -> inputs
     target: Callable[[torch.Tensor], torch.Tensor]  # inputs -> target space
     map: Callable[[torch.Tensor], torch.Tensor]  # inputs -> reconstruction in the target space
+    bounded: bool = False  # per-patch normalised targets: every window lies on a sphere of radius |x|
 
 
 def map_kind(model: nn.Module, choice: str = "trained") -> str:
@@ -97,13 +102,15 @@ def model_view(model: nn.Module, choice: str = "trained") -> LevelView:
             t = by_lead(tokens)
             return torch.cat([t[:, :, :1], patches.to(t.dtype), t[:, :, -1:]], dim=2).flatten(1, 2)
 
-        return LevelView(model.latent_tokens, lambda t: by_lead(t)[:, :, 1:-1], with_patches, model.target, recon)
+        patches = lambda t: by_lead(t)[:, :, 1:-1]  # noqa: E731
+        return LevelView(model.latent_tokens, patches, with_patches, model.target, recon, model.norm_target)
     return LevelView(
         lambda x: x.float(),
         lambda x: patchify(x, e.patch_size),
         lambda x, p: unpatchify(p),
         model.target,
         recon,
+        model.norm_target,
     )
 
 
@@ -196,6 +203,8 @@ def calibrated_reading(
     used = max(eps, EPS_FLOOR * float(np.median(norms)))
     basis = moments.principal()
     delta = kappa * used
+    if view.bounded:  # on the sphere, beyond its radius a map that removes the perturbation would violate
+        delta = min(delta, float(np.median(norms)))
     out: dict[str, FamilyReading] = {}
     for family in families:
         hits: dict[str, list[tuple[float, float]]] = {}
