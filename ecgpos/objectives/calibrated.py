@@ -132,11 +132,17 @@ def scaled_perturbation(view: LevelView, inputs: torch.Tensor, e: torch.Tensor, 
 
 @torch.no_grad()
 def window_readings(
-    view: LevelView, inputs: torch.Tensor, e: torch.Tensor, delta: float, alpha: float = 1.0
+    view: LevelView,
+    inputs: torch.Tensor,
+    e: torch.Tensor,
+    delta: float,
+    alpha: float = 1.0,
+    clean: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(violated (B,) bool, pass-through rho (B,), perturbation size d(x~, x) (B,)) for inputs perturbed
-    along directions e (B, L, N, D) at the calibrated size `delta`."""
-    clean_t, clean_p = view.target(inputs), view.map(inputs)
+    along directions e (B, L, N, D) at the calibrated size `delta`; `clean`: (target, map) of the inputs
+    when already computed."""
+    clean_t, clean_p = clean if clean is not None else (view.target(inputs), view.map(inputs))
     tilde = scaled_perturbation(view, inputs, e, delta)
     tilde_t, tilde_p = view.target(tilde), view.map(tilde)
     size = per_sample_distance(tilde_t, clean_t)
@@ -205,28 +211,32 @@ def calibrated_reading(
     delta = kappa * used
     if view.bounded:  # on the sphere, beyond its radius a map that removes the perturbation would violate
         delta = min(delta, float(np.median(norms)))
-    out: dict[str, FamilyReading] = {}
-    for family in families:
-        hits: dict[str, list[tuple[float, float]]] = {}
-        sizes: list[float] = []
+    hits: dict[str, dict[str, list[tuple[float, float]]]] = {f: {} for f in families}
+    sizes: dict[str, list[float]] = {f: [] for f in families}
+    with torch.no_grad():
         for names, x in batches():
             inputs = view.inputs(x)
             patches = view.patches(inputs)
-            e = torch.cat(
-                [
-                    directions(family, patches[i : i + 1], window_generator(seed, f"{family}\x00{r}", k), basis)
-                    for i, (r, k) in enumerate(names)
-                ]
-            )
-            violated, rho, size = window_readings(view, inputs, e, delta)
-            sizes += size.tolist()
-            for (record, _), v, p in zip(names, violated.tolist(), rho.tolist()):
-                hits.setdefault(record, []).append((float(v), float(p)))
-        out[family] = FamilyReading(
-            {r: float(np.mean([v for v, _ in h])) for r, h in hits.items()},
-            {r: float(np.mean([p for _, p in h])) for r, h in hits.items()},
-            float(np.median(sizes)) / used if sizes and used > 0 else float("nan"),
+            clean = (view.target(inputs), view.map(inputs))
+            for family in families:
+                e = torch.cat(
+                    [
+                        directions(family, patches[i : i + 1], window_generator(seed, f"{family}\x00{r}", k), basis)
+                        for i, (r, k) in enumerate(names)
+                    ]
+                )
+                violated, rho, size = window_readings(view, inputs, e, delta, clean=clean)
+                sizes[family] += size.tolist()
+                for (record, _), v, p in zip(names, violated.tolist(), rho.tolist()):
+                    hits[family].setdefault(record, []).append((float(v), float(p)))
+    out = {
+        f: FamilyReading(
+            {r: float(np.mean([v for v, _ in h])) for r, h in hits[f].items()},
+            {r: float(np.mean([p for _, p in h])) for r, h in hits[f].items()},
+            float(np.median(sizes[f])) / used if sizes[f] and used > 0 else float("nan"),
         )
+        for f in families
+    }
     return CalibratedReading(map_name, eps, kappa, deciding, out)
 
 
