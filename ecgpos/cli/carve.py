@@ -3,6 +3,7 @@ criterion says stop.
 
     ecgpos carve --config stage0 --latent-config stage1 --shards DIR [DIR ...] --run-dir RUNS
                  [--max-levels 4] [--stop-below 0.05] [--min-drop 0.01] [--val-fraction 0.1]
+                 [--criterion-map trained|masked|unmasked]
                  [--set key=value ...] [--latent-set key=value ...]
                  [--probe-task TASK --data-root DIR [--splits DIR] [--probe-args "..."]]
                  [--geometry-task TASK --nominal A,B --anomalous C [--geometry-args "..."]]
@@ -10,8 +11,10 @@ criterion says stop.
 
 Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
 with train.val_fraction set to --val-fraction at every level, so all levels hold out the same records.
-After each level the criterion (ecgpos.objectives.criterion) is measured on those held-out records
-(label-free) and ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
+After each level the calibrated criterion (ecgpos.objectives.calibrated: a structured perturbation at twice
+the level's own clean reconstruction error, read through the map the level trained as; with pass-through and
+the literal push-margin reading beside it) is measured on those held-out records (label-free) and
+ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
 than --min-drop since the level before, stop at --max-levels, else carve the next level.
 RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the same command again to
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
