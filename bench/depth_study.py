@@ -356,15 +356,21 @@ def main(argv: list[str] | None = None) -> int:
     size = Size(**{**asdict(size), **{k: v for k, v in (("seeds", args.seeds), ("levels", args.levels)) if v}})
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
-    groups = simulate_corpus(size)
+    cache = args.out / f"corpus-{size.pool_per_class}-{size.eval_per_class}-{size.anomalies}.npz"
+    if cache.is_file():  # a rerun into the same --out reuses the corpus (and carve resumes the finished levels)
+        with np.load(cache) as data:
+            groups = {k: list(data[k]) for k in data.files}
+    else:
+        groups = simulate_corpus(size)
+        np.savez(cache, **{k: np.stack(v) for k, v in groups.items()})
     print(
         f"corpus: {', '.join(f'{k} {len(v)}' for k, v in groups.items())} ({time.monotonic() - start:.0f} s)",
         flush=True,
     )
     pool = write_pool(groups["pool"], args.out / "shards")
     results = []
-    for setting in ("off", "push-pull"):
-        for seed in range(size.seeds):
+    for seed in range(size.seeds):  # seed by seed, so that a partial run covers both settings
+        for setting in ("off", "push-pull"):
             results.append(run_setting(args.out, pool, size, setting, seed, groups))
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
             print(
