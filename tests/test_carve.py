@@ -11,7 +11,7 @@ import torch
 from tiny_runs import cli
 
 from ecgpos.objectives.criterion import criterion
-from ecgpos.pretrain.carve_plan import CONTINUE, STOP_BELOW, STOP_DROP, STOP_MAX, decide
+from ecgpos.pretrain.carve_plan import CONTINUE, STOP_BELOW, STOP_DROP, STOP_MAX, LevelRecord, decide
 from ecgpos.pretrain.carving import shard_violations, validation_index
 from ecgpos.pretrain.data import ShardDataset
 
@@ -47,6 +47,49 @@ def test_stops_at_the_depth_budget_and_carves_on_before() -> None:
     assert (go.stop, go.rule) == (False, CONTINUE) and "level 2" in go.reason
     # the threshold wins over the budget: the reason names the rule that would stop anyway
     assert decide([0.5, 0.01], max_levels=2, stop_below=0.05, min_drop=0.01).rule == STOP_BELOW
+
+
+def _record(level: int, criterion: float) -> LevelRecord:
+    families = {"principal" if level else "lowfreq": {"criterion": criterion, "pass_through": 0.4}}
+    families["gaussian"] = {"criterion": 0.0, "pass_through": 0.02, "perturbation_over_error": 2.0}
+    return LevelRecord(
+        level=level,
+        run_dir=f"runs/level{level}",
+        steps=10,
+        val_loss=1.0,
+        clean_error=12.5,
+        perturbation_over_error=2.0,
+        criterion=criterion,
+        criterion_ci=(criterion - 0.1, criterion + 0.1),
+        criterion_literal=0.0,
+        pass_through=0.4,
+        pass_through_ci=(0.3, 0.5),
+        perturbation="principal" if level else "lowfreq",
+        records=20,
+        decision={"stop": bool(level), "rule": STOP_MAX if level else CONTINUE, "reason": "r"},
+        families=families,
+    )
+
+
+def test_carve_files_show_the_calibrated_reading(tmp_path: Path) -> None:
+    """carve.json holds the calibrated reading's keys per level; carve.md tabulates them, the other families
+    below; a level written before the calibrated criterion is not reused (it is measured again)."""
+    from ecgpos.pretrain.carve_plan import level_record, read_carve, write_carve
+
+    settings = {"stop_below": 0.05, "min_drop": 0.01, "max_levels": 2}
+    write_carve(tmp_path, settings, [_record(0, 0.6), _record(1, 0.3)])
+    _, levels = read_carve(tmp_path)
+    assert all(set(CARVE_KEYS) <= set(r) for r in levels) and levels[1]["perturbation"] == "principal"
+    assert level_record(levels[1]) == _record(1, 0.3)  # a round trip, intervals as tuples
+    text = (tmp_path / "carve.md").read_text()
+    head = next(line for line in text.splitlines() if line.startswith("| level | run"))
+    for column in ("clean error", "delta / eps", "criterion", "pass-through", "literal", "perturbation", "map"):
+        assert f" {column} |" in head
+    assert "| 1 | `runs/level1` | 10 | 1.0000 | 12.500 | 2.00 | 0.3000 | [0.2000, 0.4000] | 0.4000 |" in text
+    assert "| 0 | gaussian | 0.0000 | 0.0200 | 2.00 |" in text  # the family that did not decide
+    assert (tmp_path / "carve.png").stat().st_size > 10_000
+    old = {k: v for k, v in levels[0].items() if k not in ("clean_error", "criterion_ci")} | {"interval": [0, 1]}
+    assert level_record(old) is None
 
 
 def test_bad_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
