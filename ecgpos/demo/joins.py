@@ -29,7 +29,7 @@ def write_join_records(probe_root: Path, root: Path, count: int) -> Path:
     records.mkdir(parents=True, exist_ok=True)
     by_class: dict[str, list[str]] = {c: [] for c in RHYTHM_CLASSES}
     for split in ("train", "val", "test"):
-        for row in csv.DictReader((probe_root / f"{split}.csv").open()):
+        for row in csv.DictReader((probe_root / f"{split}.csv").read_text().splitlines()):
             if row["noisy"] == "0":
                 by_class[next(c for c in RHYTHM_CLASSES if row[c] == "1")].append(row["record"])
     for k in range(count):
@@ -55,9 +55,11 @@ def join_aurocs(scores_csv: Path, labels_csv: Path, join_csv: Path, nominal: lis
     """Level -> AUROC of the join records' scores against the clean nominal records' scores."""
     from ecgpos.metrics import auroc_columns
 
-    labels = {r["record_id"]: r["label"] for r in csv.DictReader(labels_csv.open())}
-    nominal_rows = [r for r in csv.DictReader(scores_csv.open()) if labels.get(r["record_id"]) in nominal]
-    join_rows = list(csv.DictReader(join_csv.open()))
+    labels = {r["record_id"]: r["label"] for r in csv.DictReader(labels_csv.read_text().splitlines())}
+    nominal_rows = [
+        r for r in csv.DictReader(scores_csv.read_text().splitlines()) if labels.get(r["record_id"]) in nominal
+    ]
+    join_rows = list(csv.DictReader(join_csv.read_text().splitlines()))
     out = {}
     for column in [c for c in join_rows[0] if c.endswith("_score")]:
         values = np.array([float(r[column]) for r in nominal_rows + join_rows])
