@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="two levels, one seed, a tiny corpus (a few minutes)")
     p.add_argument("--seeds", type=int, help="seeds per setting (default 3; 1 with --quick)")
     p.add_argument("--levels", type=int, help="levels 0..L-1 (default 5; 2 with --quick)")
+    p.add_argument(
+        "--report-only", action="store_true", help="train nothing: the table and figure of --out's results.json so far"
+    )
     args = p.parse_args(argv)
     import os
 
@@ -355,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     size = QUICK if args.quick else DEFAULT
     size = Size(**{**asdict(size), **{k: v for k, v in (("seeds", args.seeds), ("levels", args.levels)) if v}})
     start = time.monotonic()
+    if args.report_only:
+        results = json.loads((args.out / "results.json").read_text())
+        done = Size(**{**asdict(size), "seeds": len({r["seed"] for r in results})})
+        return finish(args.out, results, done, "partial run: " + describe_machine(), 0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     cache = args.out / f"corpus-{size.pool_per_class}-{size.eval_per_class}-{size.anomalies}.npz"
     if cache.is_file():  # a rerun into the same --out reuses the corpus (and carve resumes the finished levels)
@@ -376,10 +383,22 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{setting} seed {seed}: depths {results[-1]['depths']} ({time.monotonic() - start:.0f} s)", flush=True
             )
-    machine = f"{os.cpu_count()}-core CPU, {torch.get_num_threads()} torch threads"
-    text = report(results, size, machine, time.monotonic() - start)
-    (args.out / "table.md").write_text(text)
-    plot(results, size, args.out / "depth.png")
+    return finish(args.out, results, size, describe_machine(), time.monotonic() - start)
+
+
+def describe_machine() -> str:
+    import os
+
+    import torch
+
+    return f"{os.cpu_count()}-core CPU, {torch.get_num_threads()} torch threads"
+
+
+def finish(out: Path, results: list[dict], size: Size, machine: str, seconds: float) -> int:
+    """table.md and depth.png in `out`; prints the table and, last, both depths per setting and seed."""
+    text = report(results, size, machine, seconds)
+    (out / "table.md").write_text(text)
+    plot(results, size, out / "depth.png")
     print(text)
     pairs = [(r["depths"]["right"], r["depths"]["criterion"]) for r in results]
     agree = sum(a == b for a, b in pairs)
