@@ -58,7 +58,7 @@ class Size:
 
 
 DEFAULT = Size(pool_per_class=24, eval_per_class=8, anomalies=8, levels=5, seeds=3, stage0_steps=120, latent_steps=80)
-QUICK = Size(pool_per_class=6, eval_per_class=3, anomalies=3, levels=2, seeds=1, stage0_steps=10, latent_steps=10)
+QUICK = Size(pool_per_class=8, eval_per_class=3, anomalies=3, levels=2, seeds=1, stage0_steps=10, latent_steps=10)
 
 
 def morphology(c: int) -> np.ndarray:
