@@ -26,8 +26,6 @@ Depths:
 The last line: `right depth ...; criterion depth ...` with the agreement counts.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import sys
@@ -340,8 +338,10 @@ def plot(results: list[dict], size: Size, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench/depth_study.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench-out" / "depth-study", help="output folder")
     p.add_argument("--quick", action="store_true", help="two levels, one seed, a tiny corpus (a few minutes)")
     p.add_argument("--seeds", type=int, help="seeds per setting (default 3; 1 with --quick)")
@@ -349,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--report-only", action="store_true", help="train nothing: the table and figure of --out's results.json so far"
     )
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     import os
 
     import torch
