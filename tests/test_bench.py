@@ -195,7 +195,7 @@ def test_depth_study_quick_names_both_depths(tmp_path: Path) -> None:
     depths they give on the last line."""
     import json
 
-    lines = run_bench("depth_study.py", "--quick", "--out", str(tmp_path / "study"), timeout=900)
+    lines = run_bench("depth_study.py", "--quick", "--out", str(tmp_path / "study"), timeout=1500)
     assert re.fullmatch(r"right depth [01],[01]; criterion depth [01],[01]; agree [0-2]/2", lines[-1]), lines[-1]
     results = json.loads((tmp_path / "study" / "results.json").read_text())
     assert [(r["setting"], len(r["levels"])) for r in results] == [("off", 2), ("push-pull", 2)]  # seed 0 of each
