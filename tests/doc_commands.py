@@ -35,7 +35,7 @@ CLI_MODULES = {
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
 DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.linear.cli")
-BENCH_SCRIPTS = ("loader", "predict", "preprocess", "probe", "scale", "train_step")
+BENCH_SCRIPTS = ("depth_study", "loader", "predict", "preprocess", "probe", "scale", "train_step")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 
 

@@ -12,16 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_process(script: str, *args: str) -> subprocess.CompletedProcess:
+def bench_process(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run bench/<script> in a fresh process."""
     return subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
 
 
-def run_bench(script: str, *args: str) -> list[str]:
+def run_bench(script: str, *args: str, timeout: int = 300) -> list[str]:
     """Run bench/<script>, which must succeed; returns its stdout lines."""
-    proc = bench_process(script, *args)
+    proc = bench_process(script, *args, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout.strip().splitlines()
 
@@ -187,3 +187,21 @@ def test_scale_bench_prints_its_table_and_the_worst_growth_last(tmp_path: Path) 
     assert re.search(r"ecgpos geometry \(2 levels\) [\d.]+ s .* ecgpos score \(2 levels, 8 masks\) [\d.]+ s", lines[-2])
     assert any(re.match(r"N=64: start-up [\d.]+ s, resume [\d.]+ s, trainer RSS \d+ MB", line) for line in lines)
     assert not work.exists()
+
+
+@pytest.mark.slow
+def test_depth_study_quick_names_both_depths(tmp_path: Path) -> None:
+    """Two levels, one seed, both settings: the label-free and label-based readings per level, and the
+    depths they give on the last line."""
+    import json
+
+    lines = run_bench("depth_study.py", "--quick", "--out", str(tmp_path / "study"), timeout=1500)
+    assert re.fullmatch(r"right depth [01],[01]; criterion depth [01],[01]; agree [0-2]/2", lines[-1]), lines[-1]
+    results = json.loads((tmp_path / "study" / "results.json").read_text())
+    assert [(r["setting"], len(r["levels"])) for r in results] == [("off", 2), ("push-pull", 2)]  # seed 0 of each
+    for level in (r for result in results for r in result["levels"]):
+        assert 0 <= level["criterion"] <= 1 and 0 <= level["pass_through"]
+        assert 0 <= level["auroc_join"][0] <= 1 and level["auroc_join"][1] <= level["auroc_join"][2]
+        assert level["rankme"] >= 1 and level["perturbation"] in ("lowfreq", "principal")
+    assert (tmp_path / "study" / "depth.png").stat().st_size > 5000
+    assert "Agreement with the right depth" in (tmp_path / "study" / "table.md").read_text()

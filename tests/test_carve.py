@@ -11,11 +11,21 @@ import torch
 from tiny_runs import cli
 
 from ecgpos.objectives.criterion import criterion
-from ecgpos.pretrain.carve_plan import CONTINUE, STOP_BELOW, STOP_DROP, STOP_MAX, decide
+from ecgpos.pretrain.carve_plan import CONTINUE, STOP_BELOW, STOP_DROP, STOP_MAX, LevelRecord, decide
 from ecgpos.pretrain.carving import shard_violations, validation_index
 from ecgpos.pretrain.data import ShardDataset
 
 torch.set_num_threads(1)
+CARVE_KEYS = (
+    "clean_error",
+    "perturbation_over_error",
+    "criterion",
+    "criterion_ci",
+    "criterion_literal",
+    "pass_through",
+    "pass_through_ci",
+    "perturbation",
+)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 
 
@@ -39,6 +49,50 @@ def test_stops_at_the_depth_budget_and_carves_on_before() -> None:
     assert decide([0.5, 0.01], max_levels=2, stop_below=0.05, min_drop=0.01).rule == STOP_BELOW
 
 
+def _record(level: int, criterion: float) -> LevelRecord:
+    families = {"principal" if level else "lowfreq": {"criterion": criterion, "pass_through": 0.4}}
+    families["gaussian"] = {"criterion": 0.0, "pass_through": 0.02, "perturbation_over_error": 2.0}
+    return LevelRecord(
+        level=level,
+        run_dir=f"runs/level{level}",
+        steps=10,
+        val_loss=1.0,
+        clean_error=12.5,
+        perturbation_over_error=2.0,
+        criterion=criterion,
+        criterion_ci=(criterion - 0.1, criterion + 0.1),
+        criterion_literal=0.0,
+        pass_through=0.4,
+        pass_through_ci=(0.3, 0.5),
+        perturbation="principal" if level else "lowfreq",
+        records=20,
+        decision={"stop": bool(level), "rule": STOP_MAX if level else CONTINUE, "reason": "r"},
+        families=families,
+    )
+
+
+def test_carve_files_show_the_calibrated_reading(tmp_path: Path) -> None:
+    """carve.json holds the calibrated reading's keys per level; carve.md tabulates them, the other families
+    below; a level written before the calibrated criterion is not reused (it is measured again)."""
+    from ecgpos.pretrain.carve_checks import level_record
+    from ecgpos.pretrain.carve_plan import read_carve, write_carve
+
+    settings = {"stop_below": 0.05, "min_drop": 0.01, "max_levels": 2}
+    write_carve(tmp_path, settings, [_record(0, 0.6), _record(1, 0.3)])
+    _, levels = read_carve(tmp_path)
+    assert all(set(CARVE_KEYS) <= set(r) for r in levels) and levels[1]["perturbation"] == "principal"
+    assert level_record(levels[1]) == _record(1, 0.3)  # a round trip, intervals as tuples
+    text = (tmp_path / "carve.md").read_text()
+    head = next(line for line in text.splitlines() if line.startswith("| level | run"))
+    for column in ("clean error", "delta / eps", "criterion", "pass-through", "literal", "perturbation", "map"):
+        assert f" {column} |" in head
+    assert "| 1 | `runs/level1` | 10 | 1.0000 | 12.500 | 2.00 | 0.3000 | [0.2000, 0.4000] | 0.4000 |" in text
+    assert "| 0 | gaussian | 0.0000 | 0.0200 | 2.00 |" in text  # the family that did not decide
+    assert (tmp_path / "carve.png").stat().st_size > 10_000
+    old = {k: v for k, v in levels[0].items() if k not in ("clean_error", "criterion_ci")} | {"interval": [0, 1]}
+    assert level_record(old) is None
+
+
 def test_bad_settings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli("carve", "--shards", tmp_path, "--run-dir", tmp_path / "r", "--max-levels", "0") == 2
     assert "--max-levels must be at least 1" in capsys.readouterr().err
@@ -60,18 +114,26 @@ def test_carve_three_levels_on_the_real_samples(
     assert [r["level"] for r in levels] == [0, 1, 2]
     assert [r["decision"]["rule"] for r in levels] == [CONTINUE, CONTINUE, STOP_MAX]
     val = ShardDataset(validation_index(arrhythmia_shards, 0.1), 2250, train=False)
+    from ecgpos.pretrain.carving import shard_reading
     from ecgpos.runs.run_folder import load_run_model
 
     for r in levels:
         run = runs / f"level{r['level']}"
         logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert r["records"] == len(val) == 22 and r["steps"] == 2
-        assert r["criterion"] == pytest.approx(
-            [x for x in logged if "val_push_violation" in x][-1]["val_push_violation"]
+        assert set(CARVE_KEYS) <= set(r) and r["map"] == "masked"  # no push-pull: the masked map
+        assert r["perturbation"] == ("lowfreq" if r["level"] == 0 else "principal")
+        assert r["criterion_literal"] == pytest.approx(
+            [x for x in logged if "val_push_violation" in x][-1]["val_push_violation"], abs=1e-6
         )
-        again = shard_violations(load_run_model(run)[0], val, 7)
-        assert criterion(again) == pytest.approx(r["criterion"], abs=1e-12)
-        assert r["interval"][0] <= r["criterion"] <= r["interval"][1]
+        model = load_run_model(run)[0]
+        assert criterion(shard_violations(model, val, 7)) == pytest.approx(r["criterion_literal"], abs=1e-12)
+        again = shard_reading(model, val, 7).families[r["perturbation"]]  # another batch size
+        assert criterion(again.violation) == pytest.approx(r["criterion"], abs=1e-12)
+        assert criterion(again.pass_through) == pytest.approx(r["pass_through"], rel=1e-4)
+        assert 0 <= r["criterion"] <= 1 and r["criterion_ci"][0] <= r["criterion"] <= r["criterion_ci"][1]
+        assert 0 < r["pass_through"] < 1 and r["pass_through_ci"][0] < r["pass_through"] < r["pass_through_ci"][1]
+        assert r["perturbation_over_error"] >= (2 - 1e-3 if r["level"] else 0.5)  # level 0's targets are bounded
     text = (runs / "carve.md").read_text()
     assert "| 2 |" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
     assert (runs / "carve.png").stat().st_size > 10_000
@@ -79,6 +141,14 @@ def test_carve_three_levels_on_the_real_samples(
     assert cli(*args) == 0  # resumes: every level is finished, nothing is trained again
     assert (runs / "level2" / "run_info.json").stat().st_mtime_ns == stamp
     assert json.loads((runs / "carve.json").read_text())["levels"] == levels
+    # a carve.json written before the calibrated criterion resumes: its levels are measured again
+    data = json.loads((runs / "carve.json").read_text())
+    for r in data["levels"]:
+        r["interval"] = r.pop("criterion_ci")
+        for key in CARVE_KEYS[:2] + CARVE_KEYS[4:]:
+            r.pop(key, None)
+    (runs / "carve.json").write_text(json.dumps(data))
+    assert cli(*args) == 0 and json.loads((runs / "carve.json").read_text())["levels"] == levels
 
     # score: one column per level of the three-level run
     records = [
@@ -165,5 +235,5 @@ def test_carve_on_two_processes_measures_what_one_process_does(arrhythmia_shards
     val = ShardDataset(validation_index(arrhythmia_shards, 0.1), 2250, train=False)
     one = criterion(shard_violations(load_run_model(run)[0], val, 3))
     assert 0 < one < 1 and level["records"] == len(val)
-    assert level["criterion"] == pytest.approx(one, abs=1e-12)
+    assert level["criterion_literal"] == pytest.approx(one, abs=1e-12)
     assert [r["val_push_violation"] for r in logged if "val_push_violation" in r][-1] == pytest.approx(one, abs=1e-6)

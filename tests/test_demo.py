@@ -47,6 +47,14 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     assert all(0 <= r["criterion"] <= 1 and 0 <= r["probe_auroc"] <= 1 for r in carved)
     assert set(carved[1]["geometry"]) == {"D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC"}
     assert "# Carving to depth" in proc.stdout and "Decision after level 1" in proc.stdout
+    assert all(r["perturbation_over_error"] > 0 and 0 <= r["pass_through"] for r in carved)
+    # the default stop rules decided first (their verdict printed), and the join-anomaly AUROC sits beside the
+    # criterion of every level
+    table = (out / "scores" / "carving.md").read_text()
+    assert "carve's default stop rules stopped after level" in proc.stdout and table in proc.stdout
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith(("| 0 |", "| 1 |"))]
+    assert len(rows) == 2 and all(0 <= float(row[-1].rstrip(" |")) <= 1 for row in rows)
+    assert len(pd.read_csv(out / "scores" / "join.csv")) == QUICK.probe_per_class
 
     # The probe table has all three encoders on the synthetic task, with AUROCs in [0, 1].
     results = pd.read_csv(out / "probes" / "summary" / "results.csv")

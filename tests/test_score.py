@@ -268,6 +268,13 @@ def test_the_criterion_matches_its_definition(runs: dict[str, Path]) -> None:
     t, tt = model.target(tokens), model.target(tilde)
     want = 1.0 * per_sample_distance(tt, t) > per_sample_distance(model.reconstruct(tilde), tt)
     assert torch.equal(got, want)
+    # a margin between the two smallest ratios d(x^, x~) / d(x~, x): exactly one window violates it
+    ratio = sorted((per_sample_distance(model.reconstruct(tilde), tt) / per_sample_distance(tt, t)).tolist())
+    model.push_pull.enabled, model.push_pull.alpha = True, (ratio[0] + ratio[1]) / 2
+    split = window_violations(model, x, names)
+    alpha = model.push_pull.alpha
+    assert torch.equal(split, alpha * per_sample_distance(tt, t) > per_sample_distance(model.reconstruct(tilde), tt))
+    assert 0 < float(split.float().mean()) < 1
     # alpha large enough: every sample violates; alpha 0: none
     model.push_pull.enabled, model.push_pull.alpha = True, 1e6
     assert bool(window_violations(model, x, names).all())

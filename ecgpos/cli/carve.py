@@ -3,6 +3,7 @@ criterion says stop.
 
     ecgpos carve --config stage0 --latent-config stage1 --shards DIR [DIR ...] --run-dir RUNS
                  [--max-levels 4] [--stop-below 0.05] [--min-drop 0.01] [--val-fraction 0.1]
+                 [--criterion-map trained|masked|unmasked]
                  [--set key=value ...] [--latent-set key=value ...]
                  [--probe-task TASK --data-root DIR [--splits DIR] [--probe-args "..."]]
                  [--geometry-task TASK --nominal A,B --anomalous C [--geometry-args "..."]]
@@ -10,8 +11,10 @@ criterion says stop.
 
 Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
 with train.val_fraction set to --val-fraction at every level, so all levels hold out the same records.
-After each level the criterion (ecgpos.objectives.criterion) is measured on those held-out records
-(label-free) and ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
+After each level the calibrated criterion (ecgpos.objectives.calibrated: a structured perturbation at twice
+the level's own clean reconstruction error, read through the map the level trained as; with pass-through and
+the literal push-margin reading beside it) is measured on those held-out records (label-free) and
+ecgpos.pretrain.carve_plan decides: stop below --stop-below, stop when it fell by less
 than --min-drop since the level before, stop at --max-levels, else carve the next level.
 RUNS/carve.json, carve.md and carve.png are rewritten after each level. Run the same command again to
 resume: finished levels are kept (their measurement too), an interrupted level continues from its
@@ -64,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-drop", type=float, default=0.01, help="stop when it fell by less (default 0.01)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="held-out share of the pool (default 0.1)")
     p.add_argument("--batch-size", type=int, default=32, help="windows per forward of the criterion (default 32)")
+    p.add_argument(
+        "--criterion-map",
+        choices=("trained", "masked", "unmasked"),
+        default="trained",
+        help="the map each level is read through: the one it trained (default; unmasked with push-pull on, "
+        "masked without), or the masked / unmasked map at every level",
+    )
     add_set_option(p, "a config key of every level", "optim.steps=200")
     p.add_argument(
         "--latent-set",
@@ -171,11 +181,12 @@ def _run_facts(run: Path) -> tuple[int, float | None]:
     return int(info.get("step", info.get("steps", 0)) or 0), (val[-1] if val else None)
 
 
-def measure(args: argparse.Namespace, level: int) -> tuple[dict[str, float], tuple[int, float | None]]:
-    """Per-record push-margin violation of level `level` on the pool's validation records."""
+def measure(args: argparse.Namespace, level: int) -> tuple[dict, tuple[int, float | None]]:
+    """The calibrated reading (every family) and the literal per-record violation of level `level` on the
+    pool's validation records, as carve.json's fields, and the run's (steps, last validation loss)."""
     import torch
 
-    from ecgpos.pretrain.carving import shard_violations, validation_index
+    from ecgpos.pretrain.carving import shard_reading, shard_violations, validation_index
     from ecgpos.pretrain.data import ShardDataset
     from ecgpos.runs.run_folder import load_run_model
 
@@ -186,10 +197,38 @@ def measure(args: argparse.Namespace, level: int) -> tuple[dict[str, float], tup
     index = validation_index(args.shards, args.val_fraction)
     if index is None:
         raise EcgposError(f"--val-fraction {args.val_fraction} holds out no record of the pool: nothing to measure on")
-    per_record = shard_violations(
-        model, ShardDataset(index, cfg.preprocess.window, train=False), args.batch_size, device
-    )
-    return per_record, _run_facts(run)
+    dataset = ShardDataset(index, cfg.preprocess.window, train=False)
+    literal = shard_violations(model, dataset, args.batch_size, device)
+    reading = shard_reading(model, dataset, args.batch_size, device, args.criterion_map)
+    return reading_fields(reading, literal), _run_facts(run)
+
+
+def reading_fields(reading: object, literal: dict[str, float]) -> dict:
+    """carve.json's measurement fields of a level from its calibrated reading and literal violations."""
+    from ecgpos.objectives.criterion import bootstrap_interval, criterion
+
+    families = {
+        name: {
+            "criterion": criterion(f.violation),
+            "pass_through": criterion(f.pass_through),
+            "perturbation_over_error": f.size_over_error,
+        }
+        for name, f in reading.families.items()
+    }
+    decides = reading.families[reading.deciding]
+    return {
+        "clean_error": reading.clean_error,
+        "perturbation_over_error": decides.size_over_error,
+        "criterion": criterion(decides.violation),
+        "criterion_ci": bootstrap_interval(decides.violation),
+        "criterion_literal": criterion(literal),
+        "pass_through": criterion(decides.pass_through),
+        "pass_through_ci": bootstrap_interval(decides.pass_through),
+        "perturbation": reading.deciding,
+        "records": len(literal),
+        "map": reading.map,
+        "families": families,
+    }
 
 
 def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[float, float] | None]:
@@ -231,21 +270,29 @@ def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
         return {r["metric"]: float(r["delta_pct"]) for r in csv.DictReader(handle) if r["level"] == str(level)}
 
 
-def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) -> LevelRecord:
-    """Measure level `level` (or reuse carve.json's measurement of the same finished run)."""
-    from ecgpos.objectives.criterion import bootstrap_interval, criterion
+def _map_of(run: Path, choice: str) -> str:
+    """The map `--criterion-map choice` reads the finished run `run` through (ecgpos.objectives.calibrated)."""
+    import yaml
 
+    if choice != "trained":
+        return choice
+    cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
+    return "unmasked" if (cfg.get("push_pull") or {}).get("enabled") else "masked"
+
+
+def _level_record(args: argparse.Namespace, level: int, known: dict[int, dict]) -> LevelRecord:
+    """Measure level `level` (or reuse carve.json's measurement of the same finished run, when it holds the
+    calibrated reading through the same map)."""
     run = _level_run(args, level)
-    old = level_record(known.get(level))  # None: not measured, or an entry that does not read as a LevelRecord
+    # None: not measured, measured before the calibrated criterion, or an entry that does not read as a LevelRecord
+    old = level_record(known.get(level))
     if old is not None and old.run_dir == str(run) and old.steps == _run_facts(run)[0]:
         probed = args.probe_task is None or old.probe_auroc is not None
         measured = args.geometry_task is None or level == 0 or old.geometry
-        if probed and measured:
+        if probed and measured and old.map == _map_of(run, args.criterion_map):
             return old
-    per_record, (steps, val_loss) = measure(args, level)
-    record = LevelRecord(
-        level, str(run), steps, val_loss, criterion(per_record), bootstrap_interval(per_record), len(per_record), {}
-    )
+    fields, (steps, val_loss) = measure(args, level)
+    record = LevelRecord(level=level, run_dir=str(run), steps=steps, val_loss=val_loss, decision={}, **fields)
     if args.probe_task and is_main_process():  # the other processes go on to the next level's training
         record.probe_auroc, record.probe_interval = _probe(args, level)
     if args.geometry_task and level >= 1 and is_main_process():
@@ -266,8 +313,12 @@ def _carve_level(
         # decide job of a resumed Slurm chain reuses them; a stop drops them with the levels they belong to
         above = [] if decision.stop else [known[k] for k in sorted(known) if k > level]
         write_carve(args.run_dir, settings, done, above)
-        lo, hi = record.interval
-        print(f"ecgpos carve: level {level}: criterion {record.criterion:.4f} [{lo:.4f}, {hi:.4f}]; {decision.reason}")
+        lo, hi = record.criterion_ci
+        print(
+            f"ecgpos carve: level {level}: criterion {record.criterion:.4f} [{lo:.4f}, {hi:.4f}] "
+            f"({record.perturbation}, {record.map} map), pass-through {record.pass_through:.4f}, "
+            f"literal {record.criterion_literal:.4f}; {decision.reason}"
+        )
     return decision.stop
 
 

@@ -3,10 +3,12 @@
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
 tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> `ecgpos carve` to three
 levels (two with --quick): level 0, then each level on the frozen ones below, and after each the
-push-margin criterion on held-out records, a linear probe (the real protocol) and PoS geometry between
+calibrated carving criterion on held-out records (carve's default stop rules decide; where they stop early the
+demo carves on to its depth to show every level), a linear probe (the real protocol) and PoS geometry between
 it and the level below (rhythm classes nominal, noisy recordings anomalous) -> a random-init probe for
-comparison -> per-level reconstruction anomaly scores -> export + verify. It prints the per-level table
-(carve.md): criterion, probe AUROC with its interval, geometry deltas.
+comparison -> per-level reconstruction anomaly scores, of noisy records and of join records (mixes of two
+rhythm classes) -> export + verify. It prints the per-level table (carve.md): criterion, probe AUROC with its
+interval, geometry deltas, and the criterion beside the join-anomaly AUROC per level.
 """
 
 from __future__ import annotations
@@ -87,14 +89,27 @@ def _run(name: str, *argv: object) -> None:
         raise EcgposError(f"demo step `ecgpos {name}` failed with exit code {code}")
 
 
-def _carve(runs: Path, levels: int, *argv: object) -> None:
-    """The carving step: `ecgpos carve` to `levels` levels into `runs`. A level stopped by SIGUSR1/SIGTERM
-    checkpoints and exits 0 (a scheduler requeues it), so the demo checks that every level was measured
-    before it builds on them."""
+def _carve(runs: Path, levels: int, *argv: object) -> str:
+    """The carving step: `ecgpos carve` with its default stop rules into `runs`; when they stop before
+    `levels` levels, carving goes on to `levels` with the rules off so that the demo shows every level.
+    Returns the default rules' verdict. A level stopped by SIGUSR1/SIGTERM checkpoints and exits 0 (a
+    scheduler requeues it), so the demo checks that every level was measured before it builds on them."""
+
+    def carved() -> list[dict]:
+        return json.loads((runs / "carve.json").read_text())["levels"] if (runs / "carve.json").is_file() else []
+
     _run("carve", *argv, "--run-dir", runs, "--max-levels", levels)
-    carved = json.loads((runs / "carve.json").read_text())["levels"] if (runs / "carve.json").is_file() else []
-    if len(carved) < levels:
-        raise Interrupted(f"carving stopped at level {len(carved)}; the same `ecgpos demo` command continues it")
+    done = carved()
+    if not done or not done[-1]["decision"]["stop"]:
+        raise Interrupted(f"carving stopped at level {len(done)}; the same `ecgpos demo` command continues it")
+    last = done[-1]
+    verdict = f"carve's default stop rules stopped after level {last['level']}: {last['decision']['reason']}."
+    if len(done) < levels:
+        verdict += f" The demo carves on to level {levels - 1} (--stop-below 0 --min-drop -1) to show every level."
+        _run("carve", *argv, "--run-dir", runs, "--max-levels", levels, "--stop-below", 0, "--min-drop", -1)
+        if len(carved()) < levels:
+            raise Interrupted(f"carving stopped at level {len(carved())}; the same `ecgpos demo` command continues it")
+    return verdict
 
 
 def build_corpora(out: Path, size: DemoSize, seed: int) -> None:
@@ -180,7 +195,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         f"({size.stage1_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
         "(brady/normal/tachy + noisy) and PoS geometry (rhythm classes nominal, noisy anomalous)"
     )
-    _carve(
+    verdict = _carve(
         runs,
         size.levels,
         "--config",
@@ -189,11 +204,6 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         config_path("tiny/stage1"),
         "--shards",
         *pool,
-        # a fixed depth, to show every level's row: the default stop rules are the decision column
-        "--stop-below",
-        0,
-        "--min-drop",
-        -1,
         "--set",
         "train.num_workers=0",
         "--set",
@@ -243,7 +253,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     else:
         print("--quick: fine-tuning skipped (`ecgpos demo` without --quick adds the fine-tuned row)")
     _run("probe", "--compare", *rows, "--out", out / "probes" / "summary")
-    step("reconstruction anomaly scores per level, AUROC of noisy vs clean")
+    step("reconstruction anomaly scores per level: AUROC of noisy (off the union) and of join records vs clean")
     _run(
         "score",
         "--run",
@@ -260,6 +270,14 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         "noisy",
         "--no-progress",
     )
+    from ecgpos.demo.joins import carving_table, join_aurocs, write_join_records
+
+    joins = write_join_records(out / "raw" / PROBE_TASK, out / "raw" / "join", size.probe_per_class)
+    _run("score", "--run", top, "--input", joins, "--out", out / "scores" / "join.csv", "--no-progress")
+    aurocs = join_aurocs(
+        out / "scores" / "scores.csv", geometry_task / "labels.csv", out / "scores" / "join.csv", list(RHYTHM_CLASSES)
+    )
+    (out / "scores" / "carving.md").write_text(carving_table(runs / "carve.json", aurocs, verdict))
     step(f"exporting the nested encoder (levels 0..{size.levels - 1})")
     export = out / "export" / "nested-encoder"
     _run("export", "--run-dir", top, "--out", export, "--probe-results", levels[-1])
@@ -294,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     print((args.out / "runs" / "geometry" / f"level{size.levels - 1}" / "summary.md").read_text())
     print((args.out / "scores" / "scores.summary.md").read_text())
     print(table)
+    print((args.out / "scores" / "carving.md").read_text())
     figures = sorted((args.out / "runs").glob("level*/figures/*.png"))
     print("Figures:")
     carved = [args.out / "runs" / "carve.png", *sorted((args.out / "runs" / "geometry").glob("level*/depth.png"))]

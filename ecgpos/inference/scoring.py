@@ -41,7 +41,7 @@ from ecgpos.inference.flags import (
 )
 from ecgpos.inference.inputs import Source, finite_outputs, source_windows
 from ecgpos.models.features import record_means
-from ecgpos.models.masking import expand_masking, fixed_masking
+from ecgpos.models.masking import expand_masking, score_maskings
 from ecgpos.models.nested import level_name, level_names
 
 # Every mask is built up front and run on every window: far more than the default 8 only multiplies the
@@ -156,7 +156,7 @@ def window_scores(
     for level, model in models.levels.items():
         model.to(device)
         enc = _encoder_of(model)
-        fixed = [fixed_masking(enc.num_leads, enc.num_patches, model.mask_ratio, seed) for seed in range(masks)]
+        fixed = score_maskings(enc.num_leads, enc.num_patches, model.mask_ratio, masks)
         parts = []
         for start in range(0, len(windows), batch_size):
             x = torch.from_numpy(np.ascontiguousarray(windows[start : start + batch_size], dtype=np.float32)).to(device)

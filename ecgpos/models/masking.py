@@ -104,6 +104,14 @@ def fixed_masking(
     return random_masking(1, num_leads, num_patches, mask_ratio, generator=torch.Generator().manual_seed(seed))
 
 
+def score_maskings(
+    num_leads: int, num_patches: int, mask_ratio: float, masks: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The fixed masks `ecgpos score` averages over, mask m drawn from seed m (0..masks-1); the carving
+    criterion's masked map averages over the same ones."""
+    return [fixed_masking(num_leads, num_patches, mask_ratio, seed) for seed in range(masks)]
+
+
 def expand_masking(
     masking: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

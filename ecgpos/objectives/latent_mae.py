@@ -160,11 +160,19 @@ class LatentMaskedAutoencoder(nn.Module):
         tokens = self.latent_tokens(x)
         target = self.target(tokens)
         return torch.stack(
-            [
-                masked_mse_per_sample(self.decoder(latent, ids_restore), target, mask)
-                for latent, mask, ids_restore in self.encoder.forward_masked_each(tokens, self.mask_ratio, maskings)
-            ]
+            [masked_mse_per_sample(p, target, mask) for p, mask in self.masked_predictions(tokens, maskings)]
         )
+
+    @torch.no_grad()
+    def masked_predictions(
+        self, tokens: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(prediction of every patch token (B, L, N, W), mask (B, L, N)) under each given mask, from the
+        tokens of the levels below (B, L*(N+2), W): what `ecgpos score` and the criterion's masked map read."""
+        return [
+            (self.decoder(latent, ids_restore), mask)
+            for latent, mask, ids_restore in self.encoder.forward_masked_each(tokens, self.mask_ratio, maskings)
+        ]
 
     def nested_encoder(self) -> NestedEncoder:
         """Levels 0..l (the base, then this level's encoder; no masking), sharing this model's modules."""

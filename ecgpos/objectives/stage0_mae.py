@@ -160,12 +160,18 @@ class MaskedECGAutoencoder(nn.Module):
         """Per-sample masked reconstruction error (M, B) under each of M given masks, in the loss's
         target space; x's embedding and target are computed once for all masks."""
         target = self.target(x)
-        return torch.stack(
-            [
-                masked_mse_per_sample(self.forward_decoder(latent, ids_restore), target, mask)
-                for latent, mask, ids_restore in self.encoder.forward_masked_each(x, self.mask_ratio, maskings)
-            ]
-        )
+        return torch.stack([masked_mse_per_sample(p, target, mask) for p, mask in self.masked_predictions(x, maskings)])
+
+    @torch.no_grad()
+    def masked_predictions(
+        self, x: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(prediction of every patch (B, L, N, P), mask (B, L, N)) under each given mask, x (B, L, T)
+        embedded once: what `ecgpos score` and the criterion's masked map read."""
+        return [
+            (self.forward_decoder(latent, ids_restore), mask)
+            for latent, mask, ids_restore in self.encoder.forward_masked_each(x, self.mask_ratio, maskings)
+        ]
 
     @torch.no_grad()
     def to_signal_units(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:

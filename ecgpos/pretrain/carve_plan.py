@@ -1,7 +1,8 @@
 """`ecgpos carve`'s decision and its record: whether to carve another level, and carve.json / carve.md / carve.png.
 
-The decision after level l (0-based), with c_l the carving criterion measured on the pool's
-validation records (ecgpos.objectives.criterion), checked in this order:
+The decision after level l (0-based), with c_l the calibrated carving criterion of the level's deciding
+perturbation family, measured on the pool's validation records (ecgpos.objectives.calibrated), checked in
+this order:
     c_l < stop_below                          -> stop: the level already holds its range (criterion low)
     l >= 1 and c_{l-1} - c_l < min_drop       -> stop: the last level did not lower the criterion enough
     l + 1 >= max_levels                       -> stop: the depth budget is spent
@@ -54,16 +55,26 @@ def decide(criteria: list[float], max_levels: int, stop_below: float, min_drop: 
 
 @dataclass
 class LevelRecord:
-    """One carved level in carve.json."""
+    """One carved level in carve.json. `criterion` is the calibrated criterion of the deciding family
+    `perturbation` (ecgpos.objectives.calibrated), the stop rules' input; `criterion_literal` the fixed-size
+    reading of ecgpos.objectives.criterion (the trainer's val_push_violation)."""
 
     level: int
     run_dir: str
     steps: int
     val_loss: float | None
+    clean_error: float
+    perturbation_over_error: float
     criterion: float
-    interval: tuple[float, float]
+    criterion_ci: tuple[float, float]
+    criterion_literal: float
+    pass_through: float
+    pass_through_ci: tuple[float, float]
+    perturbation: str
     records: int
     decision: dict
+    map: str = "masked"
+    families: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> its criterion, pass_through
     probe_auroc: float | None = None
     probe_interval: tuple[float, float] | None = None
     geometry: dict[str, float] = field(default_factory=dict)  # metric -> Delta % against level l-1
@@ -84,36 +95,54 @@ def _fmt(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ci(interval: Sequence[float] | None) -> str:
+    return f"[{interval[0]:.4f}, {interval[1]:.4f}]" if interval else "-"
+
+
 def carve_markdown(settings: dict, levels: list[LevelRecord]) -> str:
     """The per-level table and the decision, as carve.md."""
     probe = settings.get("probe_task")
     task = str(probe).removeprefix("custom:").rstrip("/").rsplit("/", 1)[-1] if probe else None
     metrics = list(dict.fromkeys(m for r in levels for m in r.geometry))  # in geometry's order
-    head = ["level", "run", "steps", "val loss", "criterion", "95 % CI", "records"]
+    head = ["level", "run", "steps", "val loss", "clean error", "delta / eps", "criterion", "95 % CI"]
+    head += ["pass-through", "95 % CI", "literal", "perturbation", "map", "records"]
     head += [f"probe AUROC ({task})", "95 % CI"] if probe else []
     head += [f"Delta {m} %" for m in metrics]
     head += ["decision"]
     lines = [
         "# Carving to depth",
         "",
-        "Criterion: the fraction of the pool's validation records whose perturbed input's reconstruction at "
-        "that level still violates the Push margin, alpha d(x~, x) > d(x^, x~) (configs/README.md, "
-        '"The carving criterion"); 95 % percentile bootstrap interval over records. '
-        f"Stop rules: below {settings['stop_below']:g}, a drop of less than {settings['min_drop']:g}, "
-        f"or {settings['max_levels']} levels.",
+        "Criterion (calibrated): the fraction of the pool's validation records whose perturbed input x~, at "
+        "kappa times the level's clean reconstruction error eps from the clean x, is reconstructed nearer x~ "
+        "than x is, d(x^, x~) < d(x~, x), through the map the level trained as; pass-through: "
+        "d(P(x~), P(x)) / d(x~, x), 0 when the level removes the perturbation, 1 when it reproduces it; "
+        "95 % percentile bootstrap intervals over records; literal: the push margin at the fixed push-pull "
+        'size (configs/README.md, "The carving criterion"). The decisions use the calibrated criterion of '
+        f"the named perturbation. Stop rules: below {settings['stop_below']:g}, a drop of less than "
+        f"{settings['min_drop']:g}, or {settings['max_levels']} levels.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
     for r in levels:
-        row = [str(r.level), f"`{r.run_dir}`", str(r.steps), _fmt(r.val_loss), _fmt(r.criterion)]
-        row += [f"[{r.interval[0]:.4f}, {r.interval[1]:.4f}]", str(r.records)]
+        row = [str(r.level), f"`{r.run_dir}`", str(r.steps), _fmt(r.val_loss), _fmt(r.clean_error, 3)]
+        row += [_fmt(r.perturbation_over_error, 2), _fmt(r.criterion), _ci(r.criterion_ci)]
+        row += [_fmt(r.pass_through), _ci(r.pass_through_ci), _fmt(r.criterion_literal), r.perturbation, r.map]
+        row += [str(r.records)]
         if probe:
-            ci = r.probe_interval
-            row += [_fmt(r.probe_auroc), f"[{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "-"]
+            row += [_fmt(r.probe_auroc), _ci(r.probe_interval)]
         row += [f"{r.geometry[m]:+.2f}" if m in r.geometry else "-" for m in metrics]
         row += [r.decision["rule"]]
         lines.append("| " + " | ".join(row) + " |")
+    others = [(r.level, f, v) for r in levels for f, v in r.families.items() if f != r.perturbation]
+    if others:
+        lines += ["", "The other perturbation families (not deciding):", ""]
+        lines += ["| level | perturbation | criterion | pass-through | delta / eps |", "|---|---|---|---|---|"]
+        for level, family, v in others:
+            lines.append(
+                f"| {level} | {family} | {_fmt(v.get('criterion'))} | {_fmt(v.get('pass_through'))} | "
+                f"{_fmt(v.get('perturbation_over_error'), 2)} |"
+            )
     if levels:
         last = levels[-1]
         verdict = "stopped" if last.decision["stop"] else "carving on"
@@ -128,7 +157,8 @@ def carve_markdown(settings: dict, levels: list[LevelRecord]) -> str:
 
 
 def plot_carve(levels: list[LevelRecord], path: Path) -> None:
-    """The criterion (with its interval) and, when measured, the probe AUROC against depth."""
+    """The calibrated criterion and pass-through (with their intervals), the literal criterion and, when
+    measured, the probe AUROC against depth."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,12 +166,19 @@ def plot_carve(levels: list[LevelRecord], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     depth = [r.level for r in levels]
-    crit = [r.criterion for r in levels]
-    err = [[c - r.interval[0] for c, r in zip(crit, levels)], [r.interval[1] - c for c, r in zip(crit, levels)]]
-    ax.errorbar(depth, crit, yerr=err, marker="o", capsize=4, color="tab:red", label="push-margin violation")
+    for name, ci, color, label in (
+        ("criterion", "criterion_ci", "tab:red", "criterion (calibrated)"),
+        ("pass_through", "pass_through_ci", "tab:orange", "pass-through rho"),
+    ):
+        values = [getattr(r, name) for r in levels]
+        bounds = [getattr(r, ci) for r in levels]
+        err = [[max(v - b[0], 0) for v, b in zip(values, bounds)], [max(b[1] - v, 0) for v, b in zip(values, bounds)]]
+        ax.errorbar(depth, values, yerr=err, marker="o", capsize=4, color=color, label=label)
+    ax.plot(depth, [r.criterion_literal for r in levels], "x--", color="tab:gray", label="criterion (literal)")
     ax.set_xlabel("level")
-    ax.set_ylabel("criterion (fraction of records)", color="tab:red")
+    ax.set_ylabel("fraction of records / rho")
     ax.set_xticks(depth)
+    ax.legend(fontsize=7, loc="upper right")
     probed = [r for r in levels if r.probe_auroc is not None]
     if probed:
         twin = ax.twinx()

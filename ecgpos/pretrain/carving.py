@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ecgpos.objectives.calibrated import CalibratedReading, level_reading
 from ecgpos.objectives.criterion import CRITERION_SEED, record_violations
 from ecgpos.pretrain.data import ShardDataset, eval_loader, model_input
 from ecgpos.pretrain.records import RecordIndex, read_index, split_index
@@ -46,5 +47,24 @@ def shard_violations(
     model.eval()
     try:
         return record_violations(model, _batches(dataset, rows, max(1, batch_size), device), seed)
+    finally:
+        model.train(was_training)
+
+
+def shard_reading(
+    model: nn.Module,
+    dataset: ShardDataset,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    choice: str = "trained",
+    seed: int = CRITERION_SEED,
+) -> CalibratedReading:
+    """The calibrated criterion and pass-through of every family (ecgpos.objectives.calibrated) on all
+    of `dataset`'s records, read through the level's map `choice`."""
+    rows = list(range(len(dataset)))
+    was_training = model.training
+    model.eval()
+    try:
+        return level_reading(model, lambda: _batches(dataset, rows, max(1, batch_size), device), choice, seed)
     finally:
         model.train(was_training)

@@ -1,0 +1,254 @@
+"""The calibrated carving criterion and its continuous companion, pass-through, of one level.
+
+The literal criterion (ecgpos.objectives.criterion) perturbs at a fixed size, so a level whose clean
+reconstruction error is large compared with that size reads 0 whatever it does to a perturbation. Here
+the size follows the level:
+
+1. eps = the median over the held-out windows of d(P(x), x): the level's clean reconstruction error in
+   its target space, through the map P it is read as (below).
+2. Each window gets a perturbation of a family (ecgpos.objectives.perturbations) scaled so that
+   d(x~, x) = delta = kappa * eps in the target space (KAPPA = 2; a few multiplicative steps find the
+   scale where the target is not linear in the input, e.g. per-patch normalised patches).
+3. The window violates the margin when d(P(x~), x~) < alpha * d(x~, x) with alpha = 1: the reconstruction
+   of x~ lies nearer x~ than x does. A map that passes the perturbation through (P(x~) = P(x) + e) has
+   d(P(x~), x~) = d(P(x), x), below delta for every window whose error is under kappa times the median:
+   it reads 1. A map that removes it (P(x~) = P(x)) has d(P(x~), x~) ~ sqrt(d(P(x), x)^2 + delta^2) >= delta:
+   it reads 0. At alpha > 1 a removing map would violate too, hence alpha 1 whatever the level trained with.
+   Per-patch normalised targets (norm_target) put every window on a sphere of radius |x|: there a map that
+   removes the perturbation and predicts little (d(P(x~), x~) ~ |x~| = |x|) would violate at any delta
+   above |x|, so delta is capped at the median |x| and carve.json's `perturbation_over_error` says the
+   ratio delta / eps actually used (below kappa for a level whose error approaches its targets' size).
+4. Pass-through rho = d(P(x~), P(x)) / d(x~, x) per window: 0 when the level removes the perturbation,
+   1 when it reproduces it.
+
+Records weigh equally: a record's value is the mean over its windows, the criterion the mean over records.
+
+The map P: `unmasked` is the encoder with every token visible, then the decoder (the map a push term
+trains); `masked` predicts each patch while it is hidden, averaged over the fixed masks `ecgpos score`
+uses (ecgpos.models.masking.score_maskings; a patch hidden under none of them keeps the mean of its
+visible predictions). `trained` (the default) is the one the level's loss trained: unmasked with
+push-pull on, masked without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ecgpos.models.masking import expand_masking, score_maskings
+from ecgpos.models.st_mem import patchify, unpatchify
+from ecgpos.objectives.criterion import CRITERION_SEED, window_generator
+from ecgpos.objectives.perturbations import TokenMoments, deciding_family, direction, is_latent, level_families
+from ecgpos.objectives.push_pull import per_sample_distance
+
+KAPPA = 2.0
+MAPS = ("trained", "masked", "unmasked")
+MASKS = 8  # `ecgpos score`'s default --masks
+SCALE_STEPS = 6
+EPS_FLOOR = 1e-3  # eps is at least this fraction of the median target size
+
+Batches = Callable[[], Iterable[tuple[Sequence[tuple[str, int]], torch.Tensor]]]
+
+
+@dataclass
+class LevelView:
+    """One level as the criterion reads it, as functions of the level's inputs (signal or tokens)."""
+
+    inputs: Callable[[torch.Tensor], torch.Tensor]  # raw windows (B, leads, T) -> the level's inputs
+    patches: Callable[[torch.Tensor], torch.Tensor]  # inputs -> perturbable patches (B, L, N, D)
+    with_patches: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # inputs, new patches -> inputs
+    target: Callable[[torch.Tensor], torch.Tensor]  # inputs -> target space
+    map: Callable[[torch.Tensor], torch.Tensor]  # inputs -> reconstruction in the target space
+    bounded: bool = False  # per-patch normalised targets: every window lies on a sphere of radius |x|
+
+
+def map_kind(model: nn.Module, choice: str = "trained") -> str:
+    """`masked` or `unmasked`: the map `choice` reads this level through."""
+    if choice not in MAPS:
+        raise ValueError(f"unknown map {choice!r} (expected one of {', '.join(MAPS)})")
+    if choice != "trained":
+        return choice
+    pp = getattr(model, "push_pull", None)
+    return "unmasked" if pp is not None and pp.enabled else "masked"
+
+
+@torch.no_grad()
+def masked_map(model: nn.Module, inputs: torch.Tensor, masks: int = MASKS) -> torch.Tensor:
+    """Each patch predicted while hidden, averaged over `ecgpos score`'s fixed masks: (B, L, N, D)."""
+    e = model.encoder
+    fixed = score_maskings(e.num_leads, e.num_patches, model.mask_ratio, masks)
+    preds = model.masked_predictions(inputs, [expand_masking(m, len(inputs), inputs.device) for m in fixed])
+    hidden = torch.stack([m.float() for _, m in preds])[..., None]  # (M, B, L, N, 1)
+    values = torch.stack([p.float() for p, _ in preds])
+    count = hidden.sum(0)
+    return torch.where(count > 0, (values * hidden).sum(0) / count.clamp_min(1), values.mean(0))
+
+
+def model_view(model: nn.Module, choice: str = "trained") -> LevelView:
+    """The view of a level objective (MaskedECGAutoencoder or LatentMaskedAutoencoder) through its map."""
+    kind = map_kind(model, choice)
+    recon = model.reconstruct if kind == "unmasked" else (lambda inputs: masked_map(model, inputs))
+    e = model.encoder
+    if is_latent(model):
+
+        def by_lead(tokens: torch.Tensor) -> torch.Tensor:
+            return tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
+
+        def with_patches(tokens: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+            t = by_lead(tokens)
+            return torch.cat([t[:, :, :1], patches.to(t.dtype), t[:, :, -1:]], dim=2).flatten(1, 2)
+
+        patches = lambda t: by_lead(t)[:, :, 1:-1]  # noqa: E731
+        return LevelView(model.latent_tokens, patches, with_patches, model.target, recon, model.norm_target)
+    return LevelView(
+        lambda x: x.float(),
+        lambda x: patchify(x, e.patch_size),
+        lambda x, p: unpatchify(p),
+        model.target,
+        recon,
+        model.norm_target,
+    )
+
+
+def scaled_perturbation(view: LevelView, inputs: torch.Tensor, e: torch.Tensor, delta: float) -> torch.Tensor:
+    """The perturbed inputs x~ = x + s e, s per window so that d(x~, x) = delta in the target space
+    (exact where the target is linear in the patches, a few multiplicative steps elsewhere)."""
+    patches, clean = view.patches(inputs), view.target(inputs)
+    norm = per_sample_distance(e, torch.zeros_like(e)).clamp_min(1e-12)
+    scale = (delta / norm).reshape(-1, *[1] * (e.dim() - 1))
+    for _ in range(SCALE_STEPS):
+        tilde = view.with_patches(inputs, patches + scale * e)
+        size = per_sample_distance(view.target(tilde), clean)
+        ratio = torch.where(size > 0, delta / size.clamp_min(1e-30), torch.ones_like(size))
+        if bool(((ratio - 1).abs() < 1e-4).all()):
+            break
+        scale = (scale * ratio.clamp(0.1, 10.0).reshape(scale.shape)).clamp(max=1e6)
+    return view.with_patches(inputs, patches + scale * e)
+
+
+@torch.no_grad()
+def window_readings(
+    view: LevelView,
+    inputs: torch.Tensor,
+    e: torch.Tensor,
+    delta: float,
+    alpha: float = 1.0,
+    clean: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(violated (B,) bool, pass-through rho (B,), perturbation size d(x~, x) (B,)) for inputs perturbed
+    along directions e (B, L, N, D) at the calibrated size `delta`; `clean`: (target, map) of the inputs
+    when already computed."""
+    clean_t, clean_p = clean if clean is not None else (view.target(inputs), view.map(inputs))
+    tilde = scaled_perturbation(view, inputs, e, delta)
+    tilde_t, tilde_p = view.target(tilde), view.map(tilde)
+    size = per_sample_distance(tilde_t, clean_t)
+    violated = alpha * size > per_sample_distance(tilde_p, tilde_t)
+    rho = per_sample_distance(tilde_p, clean_p) / size
+    return violated, rho, size
+
+
+@dataclass
+class FamilyReading:
+    """One family's answer on a set of records: per record the violated fraction and the mean rho."""
+
+    violation: dict[str, float] = field(default_factory=dict)
+    pass_through: dict[str, float] = field(default_factory=dict)
+    size_over_error: float = float("nan")  # median d(x~, x) / eps: the calibration actually reached
+
+
+@dataclass
+class CalibratedReading:
+    map: str
+    clean_error: float  # eps: median per-window d(P(x), x)
+    kappa: float
+    deciding: str
+    families: dict[str, FamilyReading]
+
+
+def clean_errors(
+    view: LevelView, batches: Batches, moments: TokenMoments | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(d(P(x), x), |x|) of every window of `batches`, in order; the patches' moments into `moments`."""
+    errors, norms = [], []
+    with torch.no_grad():
+        for _, x in batches():
+            inputs = view.inputs(x)
+            target = view.target(inputs)
+            errors.append(per_sample_distance(view.map(inputs), target).cpu().numpy())
+            norms.append(per_sample_distance(target, torch.zeros_like(target)).cpu().numpy())
+            if moments is not None:
+                moments.add(view.patches(inputs))
+    if not errors:
+        return np.zeros(0), np.zeros(0)
+    return np.concatenate(errors), np.concatenate(norms)
+
+
+def calibrated_reading(
+    view: LevelView,
+    batches: Batches,
+    families: Sequence[str],
+    deciding: str,
+    map_name: str = "",
+    kappa: float = KAPPA,
+    seed: int = CRITERION_SEED,
+    directions: Callable[..., torch.Tensor] = direction,
+) -> CalibratedReading:
+    """The calibrated criterion of each family over `batches` (a callable: the records are read twice,
+    once for eps and the principal directions, once perturbed). Each window's direction comes from a
+    generator seeded by (seed, family, record id, window number): batching changes nothing."""
+    moments = TokenMoments()
+    errors, norms = clean_errors(view, batches, moments)
+    if errors.size == 0:
+        return CalibratedReading(map_name, float("nan"), kappa, deciding, {f: FamilyReading() for f in families})
+    eps = float(np.median(errors))
+    # a level that reconstructs (almost) exactly is perturbed at a small fraction of its targets' size
+    used = max(eps, EPS_FLOOR * float(np.median(norms)))
+    basis = moments.principal()
+    delta = kappa * used
+    if view.bounded:  # on the sphere, beyond its radius a map that removes the perturbation would violate
+        delta = min(delta, float(np.median(norms)))
+    hits: dict[str, dict[str, list[tuple[float, float]]]] = {f: {} for f in families}
+    sizes: dict[str, list[float]] = {f: [] for f in families}
+    with torch.no_grad():
+        for names, x in batches():
+            inputs = view.inputs(x)
+            patches = view.patches(inputs)
+            clean = (view.target(inputs), view.map(inputs))
+            for family in families:
+                e = torch.cat(
+                    [
+                        directions(family, patches[i : i + 1], window_generator(seed, f"{family}\x00{r}", k), basis)
+                        for i, (r, k) in enumerate(names)
+                    ]
+                )
+                violated, rho, size = window_readings(view, inputs, e, delta, clean=clean)
+                sizes[family] += size.tolist()
+                for (record, _), v, p in zip(names, violated.tolist(), rho.tolist()):
+                    hits[family].setdefault(record, []).append((float(v), float(p)))
+    out = {
+        f: FamilyReading(
+            {r: float(np.mean([v for v, _ in h])) for r, h in hits[f].items()},
+            {r: float(np.mean([p for _, p in h])) for r, h in hits[f].items()},
+            float(np.median(sizes[f])) / used if sizes[f] and used > 0 else float("nan"),
+        )
+        for f in families
+    }
+    return CalibratedReading(map_name, eps, kappa, deciding, out)
+
+
+def level_reading(
+    model: nn.Module, batches: Batches, choice: str = "trained", seed: int = CRITERION_SEED
+) -> CalibratedReading:
+    """The calibrated reading of a level objective on `batches`, every family of the level measured."""
+    return calibrated_reading(
+        model_view(model, choice),
+        batches,
+        level_families(model),
+        deciding_family(model),
+        map_kind(model, choice),
+        seed=seed,
+    )
