@@ -87,6 +87,20 @@ def test_train_step_bench_compiles_the_step_as_one_graph() -> None:
 
 
 @pytest.mark.slow
+def test_train_step_bench_compiles_latent_levels_1_and_2() -> None:
+    """`--level 2 --compile` compiles a level-2 step (the frozen levels 0 and 1 inside its graph) and
+    the level-1 step it is timed beside; both print, with their ratio."""
+    lines = run_bench(
+        "train_step.py", "--config", str(ROOT / "configs/tiny/stage1.yaml"), "--level", "2", "--compile",
+        "--batch", "4", "--steps", "1", "--warmup", "1", "--threads", "1", timeout=600,
+    )  # fmt: skip
+    assert re.search(r"compile True \(1 graph\)", lines[0]), lines[0]
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    assert fields["stage"] == "2" and fields["compile"] == "True" and float(fields["step_ms"]) > 0
+    assert float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
+
+
+@pytest.mark.slow
 def test_predict_bench_prints_records_per_s_last(shared_data: Path) -> None:  # it predicts the sample records
     lines = run_bench(
         "predict.py", "--config", str(ROOT / "configs/tiny/stage0.yaml"), "--records", "4", "--batch", "2",
