@@ -148,3 +148,35 @@ def test_the_checker_finds_drifted_words(docs: tuple[dict, list[Mention]]) -> No
     for text in ("train.num_worker", "configs/stage9.yaml", "ecgpos.ecg.screening.screen_recordz"):
         mention = Mention("example", text, False)
         assert check_config_words(mention) + check_paths(mention, ROOT) + check_module_names(mention), text
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading ids of a Markdown page, as the site's table of contents makes them."""
+    ids = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().replace("`", "")
+            ids.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower()))
+    return ids
+
+
+def test_readme_links_reach_pages_and_sections() -> None:
+    """README.md and the folder READMEs link into docs/, which the site build does not check."""
+    readmes = [
+        ROOT / "README.md",
+        *(ROOT / folder / "README.md" for folder in ("configs", "slurm", "bench", "preprocessing")),
+    ]
+    problems, links = [], 0
+    for readme in readmes:
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)#?([^)\s]*)\)", readme.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            links += 1
+            page = (readme.parent / target).resolve()
+            if not page.is_file():
+                problems.append(f"{readme.relative_to(ROOT)}: no file {target}")
+            elif anchor and anchor not in _anchors(page):
+                problems.append(f"{readme.relative_to(ROOT)}: {target} has no section #{anchor}")
+    assert links >= 15, links  # the README's documentation table and command table link every page
+    assert not problems, _report(problems)
+    assert "the-demo" in _anchors(ROOT / "docs" / "index.md")
