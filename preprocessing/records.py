@@ -4,7 +4,7 @@ A reader lists `RecordRef`s (cheap, picklable, sorted: the order fixes shard con
 one into a `LoadedRecord` (raw mV, source rate, lead names as written, index metadata). `validate`
 screens a loaded record or raises `SignalError(reason)` (the reason becomes the `skipped.csv` row),
 and `prepare_many` turns validated records into the stored signals. Skip reasons (one word each,
-documented in preprocessing/README.md):
+documented in docs/data.md):
 
 unreadable, truncated_signal, corrupt_signal, header_mismatch, missing_lead, duplicate_lead,
 unknown_lead, units, sampling_rate, unexpected_fs, empty, non_finite, all_zero, flat, dead_leads,

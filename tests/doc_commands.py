@@ -1,8 +1,9 @@
 """The documentation read back: every command line, `--flag`, config key and file path it shows.
 
-Sources: the Markdown files outside tests/, the usage comments of the Slurm and bench shell scripts,
-the module docstrings and `--help` texts of every command and benchmark, and the model card that
-`ecgpos export` writes. Nothing here runs a command: `doc_parsers` builds the real argparse parsers.
+Sources: the Markdown files outside tests/ (README.md, the pages under docs/, the folder READMEs), the
+usage comments of the Slurm and bench shell scripts, the module docstrings and `--help` texts of every
+command and benchmark, and the model card that `ecgpos export` writes. Nothing here runs a command:
+`doc_parsers` builds the real argparse parsers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-SKIP_DIRS = {"tests", "node_modules", "build", "demo-out", "gpu_data", "gpu_out"}
+SKIP_DIRS = {"tests", "node_modules", "build", "site", "demo-out", "gpu_data", "gpu_out"}
 # prog -> the module whose build_parser() it is (`ecgpos <command>` and the benchmarks)
 CLI_MODULES = {
     "preprocess": "preprocessing.cli",

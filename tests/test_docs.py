@@ -42,8 +42,9 @@ def _report(problems: list[str]) -> str:
 def test_documented_commands_parse(docs: tuple[dict, list[Mention]]) -> None:
     parsers, found = docs
     commands = [m for m in found if m.block and m.text.startswith("ecgpos ")]
-    # the extraction itself still finds what the README shows (a broken reader would check nothing)
-    assert sum(m.where.startswith("README.md:") for m in commands) >= 8, commands
+    # the extraction itself finds what the pages show (a broken reader would check nothing)
+    assert sum(m.where.startswith("docs/") for m in commands) >= 8, commands
+    assert any(m.where.startswith("README.md:") and m.text.startswith("make test ") for m in found if m.block)
     assert any("-m ecgpos.pretrain" in m.text for m in found if m.block)
     assert any(m.text.startswith("python bench/") for m in found if m.block)
     assert any(m.text.startswith("sbatch ") for m in found if m.block)
@@ -68,11 +69,11 @@ def test_documented_config_keys_paths_and_names_exist(docs: tuple[dict, list[Men
 
 
 def _readme_key_tables() -> dict[str, list[tuple[list[str], str]]]:
-    """configs/README.md's key tables: section ('' = top level) -> [(keys of a row, its default)]."""
+    """docs/configs.md's key tables: section ('' = top level) -> [(keys of a row, its default)]."""
     tables: dict[str, list[tuple[list[str], str]]] = {}
     sections = {f.name for f in dataclasses.fields(RunConfig)}
     section = None
-    for line in (ROOT / "configs" / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "configs.md").read_text().splitlines():
         heading = re.match(r"`(\w+)`", line)
         if heading and heading.group(1) not in sections or line.startswith("## "):
             section = None
@@ -98,7 +99,7 @@ def _same(documented: str, default: object) -> bool:
     return str(value) == str(default)
 
 
-def test_configs_readme_lists_every_key_with_its_default() -> None:
+def test_configs_page_lists_every_key_with_its_default() -> None:
     tables = _readme_key_tables()
     defaults = RunConfig()
     problems = []
@@ -147,3 +148,35 @@ def test_the_checker_finds_drifted_words(docs: tuple[dict, list[Mention]]) -> No
     for text in ("train.num_worker", "configs/stage9.yaml", "ecgpos.ecg.screening.screen_recordz"):
         mention = Mention("example", text, False)
         assert check_config_words(mention) + check_paths(mention, ROOT) + check_module_names(mention), text
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading ids of a Markdown page, as the site's table of contents makes them."""
+    ids = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            text = line.lstrip("#").strip().replace("`", "")
+            ids.add(re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower()))
+    return ids
+
+
+def test_readme_links_reach_pages_and_sections() -> None:
+    """README.md and the folder READMEs link into docs/, which the site build does not check."""
+    readmes = [
+        ROOT / "README.md",
+        *(ROOT / folder / "README.md" for folder in ("configs", "slurm", "bench", "preprocessing")),
+    ]
+    problems, links = [], 0
+    for readme in readmes:
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)#?([^)\s]*)\)", readme.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            links += 1
+            page = (readme.parent / target).resolve()
+            if not page.is_file():
+                problems.append(f"{readme.relative_to(ROOT)}: no file {target}")
+            elif anchor and anchor not in _anchors(page):
+                problems.append(f"{readme.relative_to(ROOT)}: {target} has no section #{anchor}")
+    assert links >= 15, links  # the README's documentation table and command table link every page
+    assert not problems, _report(problems)
+    assert "the-demo" in _anchors(ROOT / "docs" / "index.md")

@@ -206,7 +206,7 @@ def test_npy_input_with_fs_and_leads(
 
 
 def test_embed_ptbxl_folder_to_csv(export0: Path, shared_data: Path, tmp_path: Path) -> None:
-    """`ecgpos embed` of the PTB-XL sample folder to CSV, as the README shows it."""
+    """`ecgpos embed` of the PTB-XL sample folder to CSV, as docs/export.md shows it."""
     out = tmp_path / "feats.csv"
     assert (
         cli(

@@ -249,8 +249,8 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
     assert {r["record_id"]: r["reason"] for r in read_rows(tmp_path / "out" / "skipped.csv")} == {"JS00002": "empty"}
     assert json.loads((tmp_path / "out" / "preprocess.json").read_text())["counts"]["not_a_record"] == 2
     assert "2 .hea/.mat names" in err
-    # every reason a reader or the screening can give is in the README's table
-    table = (ROOT / "preprocessing" / "README.md").read_text()
+    # every reason a reader or the screening can give is in the skip-reason table of docs/data.md
+    table = (ROOT / "docs" / "data.md").read_text()
     documented = set(re.findall(r"^\| `([a-z_]+)`", table, re.M)) | set(re.findall(r" / `([a-z_]+)`", table))
     files = [*(ROOT / "ecgpos" / "ecg").glob("*.py"), *(ROOT / "preprocessing").glob("*.py")]
     code = "".join(p.read_text() for p in files)
@@ -258,7 +258,7 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
     raised |= set(re.findall(r'problem\s*=\s*\("([a-z_]+)"', code))
     assert {"unreadable_part", "duplicate_record", "too_short", "units"} <= raised  # the patterns find them
     assert {"units", "empty", "sampling_rate"} <= documented
-    assert raised - documented <= {"shape"} and "shape" in (ROOT / "README.md").read_text()
+    assert raised - documented <= {"shape"} and "shape" in (ROOT / "docs" / "refusals.md").read_text()
 
 
 def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_record, export):

@@ -2,7 +2,7 @@
 
 Preprocessing (shards), `embed` and probes all call `screen_record` before `preprocess_batch`,
 so a recording that preprocessing skips is never embedded or probed with a made-up feature
-vector: each refusal is a SignalError whose reason is the skip reason of preprocessing/README.md.
+vector: each refusal is a SignalError whose reason is the skip reason of docs/data.md ("Skip reasons").
 
 A record longer than `ecgpos.ecg.signal.MAX_WHOLE_SECONDS` (300 s) at its own rate is cut to its
 centre span (`record_span`) before any check: the checks, the dead leads and the standardisation

@@ -117,7 +117,7 @@ def carve_markdown(settings: dict, levels: list[LevelRecord]) -> str:
         "than x is, d(x^, x~) < d(x~, x), through the map the level trained as; pass-through: "
         "d(P(x~), P(x)) / d(x~, x), 0 when the level removes the perturbation, 1 when it reproduces it; "
         "95 % percentile bootstrap intervals over records; literal: the push margin at the fixed push-pull "
-        'size (configs/README.md, "The carving criterion"). The decisions use the calibrated criterion of '
+        'size (docs/configs.md, "The carving criterion"). The decisions use the calibrated criterion of '
         f"the named perturbation. Stop rules: below {settings['stop_below']:g}, a drop of less than "
         f"{settings['min_drop']:g}, or {settings['max_levels']} levels.",
         "",

@@ -40,7 +40,7 @@ MAX_OPEN_FILES = 512  # per reading process; the paper pool at 1000 records/shar
 def open_files_note(num_shards: int, num_records: int) -> str:
     """'' when a loader process can keep every shard open; otherwise the warning to print. Beyond
     MAX_OPEN_FILES shards, a window from a shard that is not open pays an open and a close: with a fifth
-    of the shards open, the loader's CPU per window was 2.5-2.8x (bench/README.md, bench/scale.py)."""
+    of the shards open, the loader's CPU per window was 2.5-2.8x (docs/benchmarks/data-loading.md, bench/scale.py)."""
     if num_shards <= MAX_OPEN_FILES:
         return ""
     per_shard = -(-num_records // MAX_OPEN_FILES)
