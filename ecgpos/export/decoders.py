@@ -52,7 +52,7 @@ def decoder_settings(model: nn.Module) -> dict[str, Any]:
         "mask_ratio": model.mask_ratio,
         "norm_target": model.norm_target,
     }
-    if isinstance(model, LatentMaskedAutoencoder) or model.push_pull.enabled:  # a Stage-0 entry without
+    if model.is_latent or model.push_pull.enabled:  # a Stage-0 entry without
         out["push_pull"] = dataclasses.asdict(model.push_pull)  # push-pull stays as two-level exports wrote it
     return out
 
