@@ -11,6 +11,9 @@ import pytest
 import torch
 from pretrain_helpers import TINY0, TINY1
 
+from ecgpos.errors import EcgposError
+from ecgpos.export.load import ExportedEncoder
+from ecgpos.inference.resolve import resolve_encoder
 from ecgpos.models.factory import build_nested
 from ecgpos.models.masking import expand_masking, score_maskings
 from ecgpos.models.nested import NestedEncoder, cut_encoder
@@ -132,3 +135,17 @@ def test_no_model_is_told_apart_by_its_attributes() -> None:
         if sniff.search(line)
     ]
     assert found == []
+
+
+def test_every_source_loads_as_the_one_loaded_encoder_type(x: torch.Tensor) -> None:
+    loaded = resolve_encoder(f"random:{TINY1}")
+    assert isinstance(loaded, ExportedEncoder) and loaded.module is loaded.encoder
+    assert loaded.info["random_init"] and loaded.arch["kind"] == "nested"
+    assert loaded.cut(None) is loaded and loaded.cut(1) is loaded
+    cut = resolve_encoder(f"random:{TINY1}", level=0)
+    assert isinstance(cut, ExportedEncoder) and isinstance(cut.encoder, STMEMEncoder)
+    assert cut.info["level"] == 0 and cut.info["levels_of_source"] == 2 and cut.arch["kind"] == "stage0"
+    with torch.no_grad():
+        assert torch.equal(cut.forward_features(x), loaded.encoder.forward_features(x, level=0))
+    with pytest.raises(EcgposError, match="levels 0..1"):
+        loaded.cut(2)

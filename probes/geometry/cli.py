@@ -169,7 +169,7 @@ def load_levels(path: str, level: int | None = None) -> Levels:
     from ecgpos.models.factory import depth_of
 
     loaded = resolve_encoder(path)
-    module = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
+    module = loaded.encoder
     depth = depth_of(module)
     if depth < 2:
         raise EcgposError(
