@@ -171,13 +171,14 @@ def label_readings(runs: Path, levels: int, groups: dict[str, list[np.ndarray]])
     import torch
 
     from ecgpos.inference.scoring import load_recon_models, window_scores
+    from ecgpos.models.nested import cut_encoder
     from ecgpos.runs.run_folder import load_run_model
 
     models = load_recon_models(runs / f"level{levels - 1}")
     names = ["nominal", "join", "off"]
     scores = {g: window_scores(models, np.stack(groups[g]), 8) for g in names}
     top = load_run_model(runs / f"level{levels - 1}")[0].eval()
-    nested = top.nested_encoder() if hasattr(top, "nested_encoder") else None
+    encoder = top.nested_encoder()
     x = torch.from_numpy(np.stack(groups["nominal"]))
     out = []
     for level in range(levels):
@@ -186,7 +187,7 @@ def label_readings(runs: Path, levels: int, groups: dict[str, list[np.ndarray]])
         for kind in ("join", "off"):
             row[f"auroc_{kind}"] = auroc_ci(scores["nominal"][key], scores[kind][key])
         with torch.no_grad():
-            feats = nested.forward_features(x, level) if nested is not None else top.encoder.forward_features(x)
+            feats = cut_encoder(encoder, level).forward_features(x)
         row["rankme"] = rankme(feats.float().numpy())
         out.append(row)
     return out

@@ -105,7 +105,7 @@ def test_export_fraction_is_in_percent_as_finetune_fractions(
 def test_export_test_auroc_ranks_the_logits_as_results_csv_does(finetuned: dict, tmp_path: Path) -> None:
     """A confident model: its float32 probabilities saturate at 1 and tie, its logits do not. The export's
     per-label and macro test AUROC are finetune's (probes.finetune.train.class_aurocs on the logits)."""
-    from probes.finetune.outputs import _scores
+    from ecgpos.export.finetuned_format import write_scores
     from probes.finetune.train import class_aurocs
 
     out = tmp_path / "finetune"
@@ -118,7 +118,7 @@ def test_export_test_auroc_ranks_the_logits_as_results_csv_does(finetuned: dict,
             y_true, records = data["y_true"], [str(r) for r in data["records"]]
         # logits of a confident model: most lie beyond +-17, where float32 sigmoid rounds to 1
         logits = rng.normal(0, 30, y_true.shape) + 20 * (2 * y_true - 1)
-        _scores(path, y_true, logits, records, labels)  # as `ecgpos finetune` writes them
+        write_scores(path, y_true, logits, records, labels)  # as `ecgpos finetune` writes them
     with np.load(out / SEED0 / "test_scores.npz") as data:
         y_true, logits, y_score = data["y_true"], data["logits"], data["y_score"]
     assert (y_score == 1).sum() > 1  # the probabilities tie

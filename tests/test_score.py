@@ -115,7 +115,7 @@ def test_masked_errors_of_several_masks_equal_one_mask_at_a_time(runs: dict[str,
         enc = model.encoder
         maskings = [expand_masking(fixed_masking(12, enc.num_patches, model.mask_ratio, s), 3, "cpu") for s in range(3)]
         together = model.masked_errors(x, maskings)
-        inputs = model.latent_tokens(x) if hasattr(model, "latent_tokens") else x
+        inputs = model.level_inputs(x)
         for m, masking in enumerate(maskings):
             latent, mask, restore = enc.forward_masked(inputs, model.mask_ratio, masking=masking)
             alone = masked_mse_per_sample(model.decoder(latent, restore), model.target(inputs), mask)

@@ -50,7 +50,7 @@ from ecgpos.export.hub_card import DEFAULT_LICENSE
 from ecgpos.export.load import read_export_config
 from ecgpos.export.writer import check_reload, write_export
 from ecgpos.files import make_output_folder, make_public, recover_replaced, replace_folder, user_path
-from ecgpos.inference.resolve import artifact_above, cut_loaded, load_run_encoder, unfinished_note
+from ecgpos.inference.resolve import artifact_above, load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.models.factory import depth_of
 from ecgpos.models.nested import level_names
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     replacing = _prepare_out(args.out)
     loaded = load_run_encoder(args.run_dir)
     if args.level is not None:
-        loaded = cut_loaded(loaded, args.level)
+        loaded = loaded.cut(args.level)
     module = loaded.module.to("cpu").float().eval()
     if args.probe_results is not None:
         checkpoint = loaded.info.get("checkpoint") if isinstance(loaded.info, dict) else None

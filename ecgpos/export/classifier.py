@@ -145,7 +145,7 @@ def load_classifier(path: str | Path, device: str | torch.device = "cpu") -> Exp
     encoder_state, head_state = split_state(state, str(weights_path))
     module = build_from_state(config["arch"], encoder_state, str(weights_path))
     check_config_binding(folder, config)
-    head = head_module(head_state, len(labels), int(getattr(module, "width", 0)), str(weights_path))
+    head = head_module(head_state, len(labels), int(module.width), str(weights_path))
     encoder = ExportedEncoder(module.float(), spec, config["arch"], config, source=str(folder.resolve()))
     return ExportedClassifier(encoder, head, labels, thresholds, config).to(device)
 

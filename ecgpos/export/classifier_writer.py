@@ -1,7 +1,7 @@
 """Writing a classifier export from one model of an `ecgpos finetune` output folder.
 
 FINETUNE_OUT/models/<task>/<fraction>/seed<S>/ holds model.safetensors (`encoder.*` + `head.*`),
-model.json, val_scores.npz and test_scores.npz (y_true, y_score = probabilities, logits, records, labels);
+model.json, val_scores.npz and test_scores.npz, as ecgpos.export.finetuned_format defines them;
 <fraction> is the share of training labels (0.01 for `finetune --fractions 1`), --fraction selects it in
 percent, as --fractions gives it. Per-label thresholds are chosen on the validation probabilities only
 (THRESHOLD_RULE); the test logits give the card's per-label AUROC and its bootstrap interval (the logits, as
@@ -12,7 +12,6 @@ used to choose anything.
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,15 @@ from ecgpos.export.classifier import (
     split_state,
 )
 from ecgpos.export.classifier_card import render_classifier_card
+from ecgpos.export.finetuned_format import (
+    MODEL_FILE,
+    MODEL_INFO,
+    TEST_SCORES,
+    VAL_SCORES,
+    model_folders,
+    read_json,
+    read_scores,
+)
 from ecgpos.export.format import (
     CARD_FILE,
     CLASSIFIER_FORMAT,
@@ -48,7 +56,6 @@ from ecgpos.export.writer import EXACT_TOL
 from ecgpos.files import read_safetensors
 from ecgpos.metrics import auroc_columns
 
-MODELS = "models"
 THRESHOLD_RULE = "max F1 on the validation split (flag when probability >= threshold)"
 BOOTSTRAP = 1000
 BOOTSTRAP_SEED = 20240101
@@ -65,11 +72,6 @@ class FinetunedModel:
     state: dict[str, torch.Tensor]
     val: dict[str, np.ndarray]
     test: dict[str, np.ndarray]
-
-
-def model_folders(out: Path) -> list[Path]:
-    """Every OUT/models/<task>/<fraction>/seed<S> folder holding a model.json."""
-    return sorted(p.parent for p in (out / MODELS).glob("*/*/seed*/model.json"))
 
 
 def fraction_percent(name: str) -> str:
@@ -124,71 +126,36 @@ def _same_fraction(name: str, wanted: float) -> bool:
 
 
 def _val_auroc(folder: Path) -> float:
-    value = _json(folder / "model.json").get("val_macro_auroc")
+    value = read_json(folder / MODEL_INFO).get("val_macro_auroc")
     return float(value) if isinstance(value, (int, float)) and np.isfinite(value) else float("-inf")
-
-
-def _json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise EcgposError(f"{path} is not readable JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise EcgposError(f"{path} is not a JSON object")
-    return data
-
-
-def read_scores(path: Path, labels: list[str]) -> dict[str, np.ndarray]:
-    """y_true (N, C) 0/1, y_score (N, C) probabilities and `ranked` (N, C), the scores AUROC ranks (the logits
-    where the file holds them, else the probabilities) of a val/test_scores.npz, checked against `labels`."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            scores = {key: data[key] for key in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
-        raise EcgposError(f"{path} is not a readable score file: {err}") from None
-    if "y_true" not in scores or "y_score" not in scores:
-        raise EcgposError(f"{path} lacks y_true or y_score")
-    y_true, y_score = np.asarray(scores["y_true"]), np.asarray(scores["y_score"], dtype=np.float64)
-    if y_true.shape != y_score.shape or y_true.ndim != 2 or y_true.shape[1] != len(labels):
-        raise EcgposError(f"{path}: y_true {y_true.shape} and y_score {y_score.shape} must be (N, {len(labels)})")
-    if "labels" in scores and [str(x) for x in scores["labels"]] != labels:
-        raise EcgposError(f"{path}: its labels differ from model.json's")
-    if not np.isfinite(y_score).all() or y_score.min() < 0 or y_score.max() > 1:
-        raise EcgposError(f"{path}: y_score must hold probabilities in [0, 1]")
-    ranked = y_score
-    if "logits" in scores:
-        ranked = np.asarray(scores["logits"], dtype=np.float64)
-        if ranked.shape != y_score.shape or not np.isfinite(ranked).all():
-            raise EcgposError(f"{path}: logits must be finite and shaped as y_score {y_score.shape}")
-    return {"y_true": (y_true > 0).astype(np.uint8), "y_score": y_score, "ranked": ranked}
 
 
 def read_finetuned(folder: Path) -> FinetunedModel:
     """The model of one seed folder, rebuilt strictly (the encoder by its arch, the head by the labels)."""
-    info = _json(folder / "model.json")
+    info = read_json(folder / MODEL_INFO)
     labels = info.get("labels")
     if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
-        raise EcgposError(f"{folder / 'model.json'}: labels must be a list of label names")
+        raise EcgposError(f"{folder / MODEL_INFO}: labels must be a list of label names")
     for key in ("encoder_arch", "preprocess"):
         if not isinstance(info.get(key), dict):
-            raise EcgposError(f"{folder / 'model.json'} lacks {key}")
+            raise EcgposError(f"{folder / MODEL_INFO} lacks {key}")
     windows = info.get("windows", 1)
     if isinstance(windows, bool) or not isinstance(windows, int) or windows < 1:
-        raise EcgposError(f"{folder / 'model.json'}: windows must be a whole number >= 1, got {windows!r:.40}")
+        raise EcgposError(f"{folder / MODEL_INFO}: windows must be a whole number >= 1, got {windows!r:.40}")
     try:
         spec = PreprocessSpec.from_dict(info["preprocess"])
     except (EcgposError, TypeError) as err:
-        raise EcgposError(f"{folder / 'model.json'}: invalid preprocess spec: {err}") from None
-    what = str(folder / WEIGHTS_FILE)
-    state = read_safetensors(folder / WEIGHTS_FILE, "fine-tuned weights")
+        raise EcgposError(f"{folder / MODEL_INFO}: invalid preprocess spec: {err}") from None
+    what = str(folder / MODEL_FILE)
+    state = read_safetensors(folder / MODEL_FILE, "fine-tuned weights")
     encoder_state, head_state = split_state(state, what)
     module = build_from_state(info["encoder_arch"], encoder_state, what).float().eval()
     head = head_module(head_state, len(labels), int(module.width), what)
     encoder = ExportedEncoder(module, spec, info["encoder_arch"], {"training": {}}, source=str(folder))
     thresholds = np.full(len(labels), 0.5)  # replaced by the validation choice before anything is written
     classifier = ExportedClassifier(encoder, head, labels, thresholds, {})
-    val = read_scores(folder / "val_scores.npz", labels)
-    test = read_scores(folder / "test_scores.npz", labels)
+    val = read_scores(folder / VAL_SCORES, labels)
+    test = read_scores(folder / TEST_SCORES, labels)
     state = {key: value.float().contiguous() for key, value in state.items()}
     return FinetunedModel(folder, info, classifier, state, val, test)
 

@@ -34,6 +34,7 @@ from ecgpos.models.decoder import DecoderConfig
 from ecgpos.models.factory import cut_encoder, levels_of, state_mismatch
 from ecgpos.models.nested import level_names
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
+from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.push_pull import PushPullConfig
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 
@@ -45,19 +46,19 @@ class NoDecoders(EcgposError):
     """An encoder-only export: nothing to reconstruct with (not a damaged one: that is a plain EcgposError)."""
 
 
-def decoder_settings(model: nn.Module) -> dict[str, Any]:
+def decoder_settings(model: LevelObjective) -> dict[str, Any]:
     """JSON-able settings that rebuild a level's objective around its encoder."""
     out: dict[str, Any] = {
         "decoder": dataclasses.asdict(model.decoder_cfg),
         "mask_ratio": model.mask_ratio,
         "norm_target": model.norm_target,
     }
-    if isinstance(model, LatentMaskedAutoencoder) or model.push_pull.enabled:  # a Stage-0 entry without
+    if model.is_latent or model.push_pull.enabled:  # a Stage-0 entry without
         out["push_pull"] = dataclasses.asdict(model.push_pull)  # push-pull stays as two-level exports wrote it
     return out
 
 
-def write_decoders(out: Path, models: Mapping[str, nn.Module], encoder_sha256: str) -> dict[str, Any]:
+def write_decoders(out: Path, models: Mapping[str, LevelObjective], encoder_sha256: str) -> dict[str, Any]:
     """Write the decoders of `models` (level -> objective module) to out/DECODERS_FILE; the config entry,
     bound to the encoder weights they decode (`encoder_sha256`, the export's weights_sha256)."""
     from safetensors.torch import save_file
@@ -138,7 +139,7 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     unknown = [k for k in entry if k.startswith("stage") and k not in level_names(len(levels))]
     if unknown:
         raise EcgposError(f"{what}: decoders of {', '.join(unknown)} in an export of levels 0..{len(levels) - 1}")
-    models: dict[str, nn.Module] = {}
+    models: dict[str, LevelObjective] = {}
     try:
         for level, name in enumerate(level_names(len(levels))):
             if name not in entry:

@@ -141,40 +141,60 @@ def check_raw_record(
 
 
 class ExportedEncoder(nn.Module):
-    """A frozen, eval-mode encoder plus the preprocessing it was trained with.
+    """A frozen, eval-mode encoder plus the preprocessing it was trained with and where it came from:
+    the one loaded-encoder type, whether read from an export folder (`load_encoder`), a training run or
+    a random init (ecgpos.inference.resolve).
 
     forward(x) = forward_features(x): (B, 12, window) float32 preprocessed windows -> (B, width);
     forward_tokens(x) -> (B, 12 * tokens_per_lead, width); embed(raw, fs, leads) -> (width,) numpy.
+    `encoder` (also read as `module`) is the bare STMEMEncoder or NestedEncoder, without the input
+    checks; `arch` its ecgpos.models.factory arch; `info` the training summary (an export's
+    config.json `training`, a run's step and checkpoint, a random init's seed); `source` where it was read.
     """
 
     def __init__(
-        self, encoder: nn.Module, spec: PreprocessSpec, arch: dict[str, Any], config: dict[str, Any], source: str = ""
+        self,
+        encoder: nn.Module,
+        spec: PreprocessSpec,
+        arch: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
+        source: str = "",
+        info: dict[str, Any] | None = None,
     ) -> None:
+        from ecgpos.models.factory import encoder_arch
+
         super().__init__()
         self.encoder = encoder
         self.spec = spec
-        self.arch = arch
-        self.config = config
+        self.arch = dict(arch) if arch is not None else encoder_arch(encoder)
+        self.config = config if config is not None else {}
         self.source = source
-        self.info = dict(config.get("training", {}))
-        self.width = int(getattr(encoder, "width", 0) or config.get("io", {}).get("features", 0))
+        self.info = dict(info) if info is not None else dict(self.config.get("training", {}))
+        self.width = int(encoder.width)
         self.requires_grad_(False)
         self.eval()
+
+    @property
+    def module(self) -> nn.Module:
+        """The bare encoder (STMEMEncoder or NestedEncoder): `encoder`."""
+        return self.encoder
 
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
 
     def cut(self, level: int | None) -> ExportedEncoder:
-        """This export's levels 0..level (sharing the weights; None or the top level: itself), with the
-        same preprocessing and input checks; a level the export does not have is an EcgposError."""
-        from ecgpos.models.factory import cut_encoder, depth_of, encoder_arch
+        """Levels 0..level (sharing the weights; None or the top level: itself), with the same
+        preprocessing, input checks and source; `info` gains the level and the source's depth. A level
+        the encoder does not have is an EcgposError (ecgpos.models.nested.cut_encoder)."""
+        from ecgpos.models.factory import depth_of, encoder_arch
+        from ecgpos.models.nested import cut_encoder
 
-        if level is None or level == depth_of(self.encoder) - 1:
-            cut_encoder(self.encoder, level)  # still refuses a level beyond the depth
-            return self
         encoder = cut_encoder(self.encoder, level)
-        return ExportedEncoder(encoder, self.spec, encoder_arch(encoder), self.config, self.source)
+        if encoder is self.encoder:
+            return self
+        info = {**self.info, "level": level, "levels_of_source": depth_of(self.encoder)}
+        return ExportedEncoder(encoder, self.spec, encoder_arch(encoder), self.config, self.source, info)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_features(x)

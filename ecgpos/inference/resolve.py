@@ -2,38 +2,27 @@
 
 `resolve_encoder(x, level=None)` is the one entry point probes use: a training run folder (its newest
 complete checkpoint), an export folder (ecgpos.export.load) or `hf://ORG/NAME[@REVISION]`
-(ecgpos.export.hub), or 'random:<config.yaml>' (the random-init baseline); `level` cuts a nested encoder
-to its levels 0..level. Anything unloadable raises EcgposError with one line.
+(ecgpos.export.hub), or 'random:<config.yaml>' (the random-init baseline), each as the one loaded-encoder
+type ecgpos.export.load.ExportedEncoder; `level` cuts a nested encoder to its levels 0..level. Anything
+unloadable raises EcgposError with one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch import nn
 
-from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.export.format import is_export_dir
 from ecgpos.export.hub import is_hub_ref
-from ecgpos.models.factory import cut_encoder, depth_of, random_init
+from ecgpos.export.load import ExportedEncoder, load_encoder
+from ecgpos.models.factory import random_init
 from ecgpos.models.nested import SHARED_LAYOUT
 from ecgpos.resources import config_path as config_path_of
 from ecgpos.runs.run_config import RunConfig, load_run_config
 from ecgpos.runs.run_folder import base_source, is_run_dir, load_run_model, read_trainer_state
-
-
-@dataclass
-class LoadedEncoder:
-    """An eval-mode, frozen encoder (forward_features / forward_tokens / .width) and its provenance."""
-
-    module: nn.Module
-    spec: PreprocessSpec
-    arch: dict
-    source: str
-    info: dict = field(default_factory=dict)
 
 
 def _freeze(module: nn.Module) -> nn.Module:
@@ -41,13 +30,7 @@ def _freeze(module: nn.Module) -> nn.Module:
     return module.eval()
 
 
-def _arch(module: nn.Module) -> dict:
-    from ecgpos.models.factory import encoder_arch
-
-    return encoder_arch(module)
-
-
-def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
+def load_run_encoder(run_dir: str | Path) -> ExportedEncoder:
     """Encoder of a run's newest complete checkpoint: STMEMEncoder (level 0) or NestedEncoder (levels 0..N)."""
     from ecgpos.runs.stages import trainable_encoder
 
@@ -64,7 +47,7 @@ def load_run_encoder(run_dir: str | Path) -> LoadedEncoder:
     }
     if cfg.stage >= 1:
         details["base"] = base_source(info)
-    return LoadedEncoder(module, cfg.preprocess, _arch(module), str(Path(run_dir)), details)
+    return ExportedEncoder(module, cfg.preprocess, source=str(Path(run_dir)), info=details)
 
 
 def unfinished_note(info: dict) -> str | None:
@@ -79,7 +62,7 @@ def unfinished_note(info: dict) -> str | None:
     )
 
 
-def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
+def random_encoder(config_path: str | Path, seed: int = 0) -> ExportedEncoder:
     """Randomly initialised encoder of a run config (the random-init baseline).
 
     A level-0 config gives an STMEMEncoder; a level-N config a NestedEncoder of N + 1 levels, each at
@@ -95,12 +78,12 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> LoadedEncoder:
         else {"kind": "nested", "levels": [level0_config(config_path, cfg), *[encoder] * cfg.stage]}
     )
     module = random_init(arch, seed)
-    return LoadedEncoder(
+    return ExportedEncoder(
         module,
         cfg.preprocess,
         arch,
-        f"random:{config_path}",
-        {"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder},
+        source=f"random:{config_path}",
+        info={"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder},
     )
 
 
@@ -115,39 +98,21 @@ def level0_config(config_path: str | Path, cfg: RunConfig) -> dict:
     return dataclasses.asdict(cfg.encoder)
 
 
-def load_export(path: str | Path) -> LoadedEncoder:
-    from ecgpos.export.load import load_encoder
-
+def load_export(path: str | Path) -> ExportedEncoder:
+    """An export folder or hf://ORG/NAME[@REVISION] as `load_encoder` loads it, its source the path as given."""
     exported = load_encoder(path)
-    source = str(path) if is_hub_ref(path) else str(Path(path))
-    return LoadedEncoder(_freeze(exported), exported.spec, dict(exported.arch), source, dict(exported.info))
+    exported.source = str(path) if is_hub_ref(path) else str(Path(path))
+    return exported
 
 
-def resolve_encoder(path_or_random: str | Path, level: int | None = None) -> LoadedEncoder:
+def resolve_encoder(path_or_random: str | Path, level: int | None = None) -> ExportedEncoder:
     """'random:<config.yaml>', a training run folder, an export folder or hf://ORG/NAME[@REVISION] ->
-    LoadedEncoder; with
-    `level`, its levels 0..level only (a level the encoder does not have: EcgposError, one line)."""
-    loaded = _resolve(path_or_random)
-    return loaded if level is None else cut_loaded(loaded, level)
+    ExportedEncoder; with `level`, its levels 0..level only (`ExportedEncoder.cut`: a level the encoder
+    does not have is an EcgposError, one line)."""
+    return _resolve(path_or_random).cut(level)
 
 
-def cut_loaded(loaded: LoadedEncoder, level: int) -> LoadedEncoder:
-    """`loaded` cut to its levels 0..level (module, arch and info say so); an export keeps its
-    preprocessing and input checks around the cut encoder."""
-    inner = getattr(loaded.module, "encoder", loaded.module)
-    depth = depth_of(inner)
-    if inner is loaded.module:
-        module = _freeze(cut_encoder(inner, level))
-    else:
-        module = loaded.module.cut(level)
-    if level == depth - 1:
-        return loaded
-    arch = _arch(getattr(module, "encoder", module))
-    info = {**loaded.info, "level": level, "levels_of_source": depth}
-    return LoadedEncoder(module, loaded.spec, arch, loaded.source, info)
-
-
-def _resolve(path_or_random: str | Path) -> LoadedEncoder:
+def _resolve(path_or_random: str | Path) -> ExportedEncoder:
     text = str(path_or_random)
     if text.startswith("random:"):
         return random_encoder(text.split(":", 1)[1])

@@ -21,6 +21,9 @@ from ecgpos.config import from_dict
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.nested import NestedEncoder, legacy_state
+from ecgpos.models.nested import cut_encoder as cut_encoder  # the one cut, also read from here
+from ecgpos.models.nested import levels_of as levels_of
+from ecgpos.models.nested import nested_of as nested_of
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 
 ENCODER_KINDS = ("stage0", "stage1")
@@ -51,40 +54,14 @@ def build_level(level: int, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEnco
     return build_encoder("stage0" if level == 0 else "stage1", cfg)
 
 
-def nested_of(levels: Sequence[nn.Module]) -> STMEMEncoder | NestedEncoder:
-    """The encoder made of `levels` (sharing them): one level is that STMEMEncoder itself."""
-    levels = list(levels)
-    return levels[0] if len(levels) == 1 else NestedEncoder(levels)
-
-
 def build_nested(levels: Sequence[EncoderConfig | Mapping[str, Any]]) -> STMEMEncoder | NestedEncoder:
     """Freshly initialised encoder over the level configs (level 0 first), drawn in level order."""
     return nested_of([build_level(level, cfg) for level, cfg in enumerate(levels)])
 
 
-def levels_of(module: nn.Module) -> list[nn.Module]:
-    """The levels of an STMEMEncoder (itself) or NestedEncoder, level 0 first."""
-    if isinstance(module, NestedEncoder):
-        return list(module.levels)
-    if isinstance(module, STMEMEncoder):
-        return [module]
-    raise EcgposError(f"{type(module).__name__} is not an encoder with levels (STMEMEncoder or NestedEncoder)")
-
-
 def depth_of(module: nn.Module) -> int:
     """Number of levels of an STMEMEncoder (1) or NestedEncoder."""
     return len(levels_of(module))
-
-
-def cut_encoder(module: nn.Module, level: int | None) -> STMEMEncoder | NestedEncoder:
-    """Levels 0..level of an encoder (sharing its modules); None: the encoder itself. A level beyond
-    the encoder's depth is an EcgposError (one line)."""
-    levels = levels_of(module)
-    if level is None:
-        return module
-    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < len(levels):
-        raise EcgposError(f"--level {level} does not exist: the encoder has levels 0..{len(levels) - 1}")
-    return nested_of(levels[: level + 1])
 
 
 def encoder_arch(module: nn.Module) -> dict[str, Any]:

@@ -89,10 +89,9 @@ class NestedEncoder(nn.Module):
             raise EcgposError(f"level {level!r} does not exist: this encoder has levels 0..{self.depth - 1}")
         return level
 
-    def cut(self, level: int) -> nn.Module:
-        """Levels 0..level (sharing these modules): an STMEMEncoder for level 0, else a NestedEncoder."""
-        level = self.check_level(level)
-        return self.levels[0] if level == 0 else NestedEncoder(list(self.levels[: level + 1]))
+    def cut(self, level: int | None) -> STMEMEncoder | NestedEncoder:
+        """Levels 0..level (sharing these modules): `cut_encoder(self, level)`."""
+        return cut_encoder(self, level)
 
     def forward_tokens(self, x: torch.Tensor, level: int | None = None) -> torch.Tensor:
         """x (B, L, T) -> tokens of `level` (B, L * (N + 2), W)."""
@@ -112,6 +111,34 @@ class NestedEncoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Same as `forward_features` (B, W) of the top level."""
         return self.forward_features(x)
+
+
+def levels_of(module: nn.Module) -> list[nn.Module]:
+    """The levels of an STMEMEncoder (itself) or NestedEncoder, level 0 first."""
+    if isinstance(module, NestedEncoder):
+        return list(module.levels)
+    if isinstance(module, STMEMEncoder):
+        return [module]
+    raise EcgposError(f"{type(module).__name__} is not an encoder with levels (STMEMEncoder or NestedEncoder)")
+
+
+def nested_of(levels: Sequence[nn.Module]) -> STMEMEncoder | NestedEncoder:
+    """The encoder made of `levels` (sharing them): one level is that STMEMEncoder itself."""
+    levels = list(levels)
+    return levels[0] if len(levels) == 1 else NestedEncoder(levels)
+
+
+def cut_encoder(module: nn.Module, level: int | None) -> STMEMEncoder | NestedEncoder:
+    """Levels 0..level of an STMEMEncoder or NestedEncoder, sharing its modules: an STMEMEncoder for
+    level 0, else a NestedEncoder; None or the top level: the encoder itself. The one cut of an encoder
+    to its lower levels (exports, loaded encoders and probes cut through it). A level the encoder does
+    not have is an EcgposError (one line)."""
+    levels = levels_of(module)
+    if level is None:
+        return module
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < len(levels):
+        raise EcgposError(f"level {level!r} does not exist: the encoder has levels 0..{len(levels) - 1}")
+    return module if level == len(levels) - 1 else nested_of(levels[: level + 1])
 
 
 def _rename_legacy_keys(module: nn.Module, state: dict, prefix: str, *args: object) -> None:

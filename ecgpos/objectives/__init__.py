@@ -1,5 +1,6 @@
 """What pretraining minimises, each objective wrapped around an encoder from ecgpos.models.
 
+LevelObjective (level.py): the declared interface of one level's objective, which both below fill in.
 MaskedECGAutoencoder (Stage 0): masked reconstruction of signal patches.
 LatentMaskedAutoencoder (Stage 1): masked reconstruction of frozen Stage-0 tokens, optionally with
 Dynamic Push and Pull (push_pull.py). Each returns a dict with "loss" (what is minimised) and "log"
@@ -7,11 +8,13 @@ Dynamic Push and Pull (push_pull.py). Each returns a dict with "loss" (what is m
 """
 
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
+from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder, masked_mse, normalise_tokens
 
 __all__ = [
     "LatentMaskedAutoencoder",
+    "LevelObjective",
     "MaskedECGAutoencoder",
     "PushPullConfig",
     "masked_mse",

@@ -37,17 +37,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import nn
 
-from ecgpos.models.masking import expand_masking, score_maskings
-from ecgpos.models.st_mem import patchify, unpatchify
 from ecgpos.objectives.criterion import CRITERION_SEED, window_generator
-from ecgpos.objectives.perturbations import TokenMoments, deciding_family, direction, is_latent, level_families
+from ecgpos.objectives.level import SCORE_MASKS, LevelObjective
+from ecgpos.objectives.perturbations import TokenMoments, deciding_family, direction, level_families
 from ecgpos.objectives.push_pull import per_sample_distance
 
 KAPPA = 2.0
 MAPS = ("trained", "masked", "unmasked")
-MASKS = 8  # `ecgpos score`'s default --masks
+MASKS = SCORE_MASKS  # `ecgpos score`'s default --masks
 SCALE_STEPS = 6
 EPS_FLOOR = 1e-3  # eps is at least this fraction of the median target size
 
@@ -66,50 +64,28 @@ class LevelView:
     bounded: bool = False  # per-patch normalised targets: every window lies on a sphere of radius |x|
 
 
-def map_kind(model: nn.Module, choice: str = "trained") -> str:
+def map_kind(model: LevelObjective, choice: str = "trained") -> str:
     """`masked` or `unmasked`: the map `choice` reads this level through."""
     if choice not in MAPS:
         raise ValueError(f"unknown map {choice!r} (expected one of {', '.join(MAPS)})")
-    if choice != "trained":
-        return choice
-    pp = getattr(model, "push_pull", None)
-    return "unmasked" if pp is not None and pp.enabled else "masked"
+    return model.trained_map if choice == "trained" else choice
 
 
 @torch.no_grad()
-def masked_map(model: nn.Module, inputs: torch.Tensor, masks: int = MASKS) -> torch.Tensor:
+def masked_map(model: LevelObjective, inputs: torch.Tensor, masks: int = MASKS) -> torch.Tensor:
     """Each patch predicted while hidden, averaged over `ecgpos score`'s fixed masks: (B, L, N, D)."""
-    e = model.encoder
-    fixed = score_maskings(e.num_leads, e.num_patches, model.mask_ratio, masks)
-    preds = model.masked_predictions(inputs, [expand_masking(m, len(inputs), inputs.device) for m in fixed])
-    hidden = torch.stack([m.float() for _, m in preds])[..., None]  # (M, B, L, N, 1)
-    values = torch.stack([p.float() for p, _ in preds])
-    count = hidden.sum(0)
-    return torch.where(count > 0, (values * hidden).sum(0) / count.clamp_min(1), values.mean(0))
+    return model.reconstruct_masked(inputs, masks)
 
 
-def model_view(model: nn.Module, choice: str = "trained") -> LevelView:
-    """The view of a level objective (MaskedECGAutoencoder or LatentMaskedAutoencoder) through its map."""
+def model_view(model: LevelObjective, choice: str = "trained") -> LevelView:
+    """The view of a level objective through its map: the objective's own declared members."""
     kind = map_kind(model, choice)
-    recon = model.reconstruct if kind == "unmasked" else (lambda inputs: masked_map(model, inputs))
-    e = model.encoder
-    if is_latent(model):
-
-        def by_lead(tokens: torch.Tensor) -> torch.Tensor:
-            return tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
-
-        def with_patches(tokens: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
-            t = by_lead(tokens)
-            return torch.cat([t[:, :, :1], patches.to(t.dtype), t[:, :, -1:]], dim=2).flatten(1, 2)
-
-        patches = lambda t: by_lead(t)[:, :, 1:-1]  # noqa: E731
-        return LevelView(model.latent_tokens, patches, with_patches, model.target, recon, model.norm_target)
     return LevelView(
-        lambda x: x.float(),
-        lambda x: patchify(x, e.patch_size),
-        lambda x, p: unpatchify(p),
+        model.level_inputs,
+        model.patches,
+        model.with_patches,
         model.target,
-        recon,
+        lambda inputs: model.reconstruct_through(inputs, kind, MASKS),
         model.norm_target,
     )
 
@@ -241,7 +217,7 @@ def calibrated_reading(
 
 
 def level_reading(
-    model: nn.Module, batches: Batches, choice: str = "trained", seed: int = CRITERION_SEED
+    model: LevelObjective, batches: Batches, choice: str = "trained", seed: int = CRITERION_SEED
 ) -> CalibratedReading:
     """The calibrated reading of a level objective on `batches`, every family of the level measured."""
     return calibrated_reading(

@@ -29,18 +29,17 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
+from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.push_pull import PushPullConfig, perturbation_noise, push_margin_violated
 
 CRITERION_SEED = 0
 
 
-def criterion_settings(model: nn.Module) -> PushPullConfig:
+def criterion_settings(model: LevelObjective) -> PushPullConfig:
     """The push-pull settings the criterion uses for a level: its own when it trains with push-pull,
     PushPullConfig's defaults otherwise."""
-    pp = getattr(model, "push_pull", None)
-    return pp if pp is not None and pp.enabled else PushPullConfig()
+    return model.push_pull if model.push_pull.enabled else PushPullConfig()
 
 
 def window_generator(seed: int, record_id: str, window: int) -> torch.Generator:
@@ -51,16 +50,15 @@ def window_generator(seed: int, record_id: str, window: int) -> torch.Generator:
 
 @torch.no_grad()
 def push_triplet(
-    model: nn.Module, x: torch.Tensor, generators: Sequence[torch.Generator]
+    model: LevelObjective, x: torch.Tensor, generators: Sequence[torch.Generator]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(clean, perturbed, reconstruction of perturbed) of one level's objective on raw windows
     x (B, leads, T), in that level's target space (see the module docstring). The level's own
     `perturb_patches` and `reconstruct` do the work: the perturbation and the map its push term uses."""
     pp, e = criterion_settings(model), model.encoder
-    latent = hasattr(model, "latent_tokens")
     # level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
-    inputs = model.latent_tokens(x) if latent else x.float()
-    shape = (1, e.num_leads, e.num_patches, e.width if latent else e.patch_size)
+    inputs = model.level_inputs(x)
+    shape = (1, e.num_leads, e.num_patches, model.patch_dim)
     tilde = torch.cat(
         [
             model.perturb_patches(one, noise=perturbation_noise(shape, pp.perturbation, g, x.device))
@@ -72,7 +70,7 @@ def push_triplet(
 
 @torch.no_grad()
 def window_violations(
-    model: nn.Module, x: torch.Tensor, windows: Sequence[tuple[str, int]], seed: int = CRITERION_SEED
+    model: LevelObjective, x: torch.Tensor, windows: Sequence[tuple[str, int]], seed: int = CRITERION_SEED
 ) -> torch.Tensor:
     """(B,) bool: the Push margin violated for each window of x (B, leads, T); `windows` names each
     as (record id, window number), which fixes its perturbation."""
@@ -82,7 +80,7 @@ def window_violations(
 
 
 def record_violations(
-    model: nn.Module,
+    model: LevelObjective,
     batches: Iterable[tuple[Sequence[tuple[str, int]], torch.Tensor]],
     seed: int = CRITERION_SEED,
 ) -> dict[str, float]:

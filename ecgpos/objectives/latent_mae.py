@@ -9,6 +9,12 @@ encodes the visible tokens, and the per-lead decoder reconstructs the masked lat
 (MSE on masked tokens; targets optionally normalised per token). "Stage 0" / "Stage 1" below read
 as "the base" / "this level" for any l.
 
+Three stages, as in MAE (the members of `LevelObjective`, level.py), on the base's tokens
+tokens = level_inputs(x) (B, L * (N + 2), W):
+    forward_encoder(tokens, noise)        -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
+    forward_decoder(latent, ids_restore)  -> pred (B, L, N, W)
+    forward_loss(tokens, pred, mask)      -> loss (scalar), target (B, L, N, W)
+
 Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
 x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
 loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
@@ -26,19 +32,14 @@ from torch import nn
 
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.masking import check_mask_ratio, masking_from_noise
-from ecgpos.models.nested import NestedEncoder, check_stages_fit
+from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.nested import NestedEncoder, check_stages_fit, nested_of
 from ecgpos.models.st_mem import STMEMEncoder
-from ecgpos.objectives.push_pull import (
-    PushPullConfig,
-    forward_noise,
-    perturb,
-    push_pull_loss,
-)
-from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
+from ecgpos.objectives.level import LevelObjective
+from ecgpos.objectives.push_pull import PushPullConfig, push_pull_loss
 
 
-class LatentMaskedAutoencoder(nn.Module):
+class LatentMaskedAutoencoder(LevelObjective):
     """Stage-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
     log = {recon_loss [, pp_loss, push_active] [, sp_loss]} (scalars the trainer records),
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
@@ -86,38 +87,24 @@ class LatentMaskedAutoencoder(nn.Module):
         with torch.no_grad():
             return self.base.forward_tokens(x).float()
 
-    def _patch_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(B, L * (N + 2), W) -> latent patch tokens (B, L, N, W) (SEP outputs dropped)."""
+    def level_inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """A latent level reads the frozen base's tokens: x (B, L, T) -> (B, L * (N + 2), W) float32."""
+        return self.latent_tokens(x)
+
+    def _by_lead(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, L * (N + 2), W) -> (B, L, N + 2, W): per lead, its SEP output, N patch tokens, SEP output."""
         e = self.encoder
-        return tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)[:, :, 1:-1]
+        return tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
 
-    def target(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Reconstruction target (B, L, N, W): latent patch tokens, normalised per token if norm_target."""
-        patches = self._patch_tokens(tokens)
-        return normalise_tokens(patches) if self.norm_target else patches
+    def patches(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, L * (N + 2), W) -> the patch tokens (B, L, N, W) (SEP outputs dropped)."""
+        return self._by_lead(inputs)[:, :, 1:-1]
 
-    def draw_noise(
-        self, batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-    ) -> dict[str, torch.Tensor]:
-        """The random numbers of one forward over `batch` samples: {"mask": (B, L, N) uniform} and,
-        with push-pull on, {"perturb": the perturbation's noise for the (B, L, N, W) patch tokens}."""
-        return forward_noise(self.encoder, self.push_pull, batch, self.encoder.width, generator, device)
-
-    def perturb_patches(
-        self, tokens: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Stage-0 tokens (B, L*(N+2), W) with the push-pull perturbation (`noise`, or drawn from
-        `generator`) on the patch tokens only; the SEP outputs stay as they are (see the module docstring)."""
-        pp, e = self.push_pull if self.push_pull.enabled else PushPullConfig(), self.encoder
-        t = tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
-        noisy = perturb(t[:, :, 1:-1], pp.perturbation, pp.scale, generator, noise)
-        return torch.cat([t[:, :, :1], noisy, t[:, :, -1:]], dim=2).flatten(1, 2)
-
-    def reconstruct(self, tokens: torch.Tensor) -> torch.Tensor:
-        """P(tokens) without masking: (B, L*(N+2), W) -> prediction of all patch tokens (B, L, N, W)."""
-        latent = self.encoder.forward_tokens(tokens)
-        latent = latent.reshape(-1, self.encoder.num_leads, self.encoder.tokens_per_lead, self.encoder.width)
-        return self.decoder(latent, None)
+    def with_patches(self, inputs: torch.Tensor, patches: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, L * (N + 2), W) with their patch tokens replaced by `patches` (B, L, N, W); the
+        SEP outputs stay as they are (see the module docstring)."""
+        t = self._by_lead(inputs)
+        return torch.cat([t[:, :, :1], patches.to(t.dtype), t[:, :, -1:]], dim=2).flatten(1, 2)
 
     def forward(
         self,
@@ -130,11 +117,9 @@ class LatentMaskedAutoencoder(nn.Module):
         if noise is None:
             noise = self.draw_noise(x.shape[0], generator, x.device)
         tokens = self.latent_tokens(x)
-        masking = masking_from_noise(noise["mask"], self.mask_ratio)
-        latent, mask, ids_restore = self.encoder.forward_masked(tokens, self.mask_ratio, masking=masking)
-        pred = self.decoder(latent, ids_restore)
-        target = self.target(tokens)
-        recon = masked_mse(pred, target, mask)
+        latent, mask, ids_restore = self.forward_encoder(tokens, noise)
+        pred = self.forward_decoder(latent, ids_restore)
+        recon, target = self.forward_loss(tokens, pred, mask)
         log = {"recon_loss": recon}
         loss = recon
         pp = self.push_pull
@@ -151,33 +136,10 @@ class LatentMaskedAutoencoder(nn.Module):
             log["sp_loss"] = sp_loss
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
 
-    @torch.no_grad()
-    def masked_errors(
-        self, x: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    ) -> torch.Tensor:
-        """Per-sample masked reconstruction error (M, B) of the Stage-0 latent tokens under each of M
-        given masks, in the loss's target space. The frozen levels below run once for all masks."""
-        tokens = self.latent_tokens(x)
-        target = self.target(tokens)
-        return torch.stack(
-            [masked_mse_per_sample(p, target, mask) for p, mask in self.masked_predictions(tokens, maskings)]
-        )
-
-    @torch.no_grad()
-    def masked_predictions(
-        self, tokens: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(prediction of every patch token (B, L, N, W), mask (B, L, N)) under each given mask, from the
-        tokens of the levels below (B, L*(N+2), W): what `ecgpos score` and the criterion's masked map read."""
-        return [
-            (self.decoder(latent, ids_restore), mask)
-            for latent, mask, ids_restore in self.encoder.forward_masked_each(tokens, self.mask_ratio, maskings)
-        ]
-
     def nested_encoder(self) -> NestedEncoder:
         """Levels 0..l (the base, then this level's encoder; no masking), sharing this model's modules."""
         below = list(self.base.levels) if isinstance(self.base, NestedEncoder) else [self.base]
-        return NestedEncoder([*below, self.encoder])
+        return nested_of([*below, self.encoder])
 
 
 def _rename_stage0_to_base(module: nn.Module, state: dict, prefix: str, *args: object) -> None:

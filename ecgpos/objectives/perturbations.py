@@ -24,6 +24,8 @@ import math
 
 import torch
 
+from ecgpos.objectives.level import LevelObjective
+
 GAUSSIAN = "gaussian"
 LOWFREQ = "lowfreq"
 GAIN = "gain"
@@ -32,19 +34,16 @@ PRINCIPAL_DIRECTIONS = 4  # k: the leading directions a `principal` shift moves 
 DECIDING = {"signal": LOWFREQ, "latent": PRINCIPAL}
 
 
-def is_latent(model: torch.nn.Module) -> bool:
-    return hasattr(model, "latent_tokens")
-
-
-def level_families(model: torch.nn.Module) -> tuple[str, ...]:
+def level_families(model: LevelObjective) -> tuple[str, ...]:
     """The families measured at this level, the deciding one first."""
-    if is_latent(model):
+    if model.is_latent:
         return (PRINCIPAL, GAUSSIAN)
-    return (LOWFREQ, GAUSSIAN) if getattr(model, "norm_target", False) else (LOWFREQ, GAIN, GAUSSIAN)
+    return (LOWFREQ, GAUSSIAN) if model.norm_target else (LOWFREQ, GAIN, GAUSSIAN)
 
 
-def deciding_family(model: torch.nn.Module) -> str:
-    return DECIDING["latent" if is_latent(model) else "signal"]
+def deciding_family(model: LevelObjective) -> str:
+    """The family whose reading decides `ecgpos carve` at this level."""
+    return DECIDING["latent" if model.is_latent else "signal"]
 
 
 def direction(

@@ -154,7 +154,7 @@ def load_base(path: Path | str, cfg: RunConfig, flag: str = "--base") -> tuple[A
     else:
         recorded = dict(loaded.info)
         info = {"kind": "export", "shards": loaded.info.get("shards")}
-    encoder = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
+    encoder = loaded.encoder
     cfg.preprocess.check_compatible(loaded.spec, f"the base encoder {path}")
     check_base_fits(encoder, cfg, f"the base encoder {path}")
     encoder.requires_grad_(False)

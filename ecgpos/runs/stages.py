@@ -14,6 +14,7 @@ from ecgpos.errors import ConfigError
 from ecgpos.models.factory import depth_of
 from ecgpos.models.nested import check_stages_fit
 from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 from ecgpos.runs.run_config import RunConfig
 
@@ -41,7 +42,7 @@ def check_base_fits(base: nn.Module, cfg: RunConfig, what: str) -> None:
     check_stages_fit(base.cfg, cfg.encoder, what)
 
 
-def build_latent_model(cfg: RunConfig, base: nn.Module) -> nn.Module:
+def build_latent_model(cfg: RunConfig, base: nn.Module) -> LevelObjective:
     """Level-N latent masked autoencoder around a (frozen inside) base of levels 0..N-1."""
     from ecgpos.models.latent_encoder import LatentEncoder
     from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
@@ -57,7 +58,7 @@ def build_latent_model(cfg: RunConfig, base: nn.Module) -> nn.Module:
     )
 
 
-def build_model(cfg: RunConfig, base: nn.Module | None = None) -> nn.Module:
+def build_model(cfg: RunConfig, base: nn.Module | None = None) -> LevelObjective:
     """The training model of level cfg.stage; levels >= 1 need their frozen `base`."""
     if cfg.stage == 0:
         return build_stage0_model(cfg)
@@ -66,16 +67,14 @@ def build_model(cfg: RunConfig, base: nn.Module | None = None) -> nn.Module:
     return build_latent_model(cfg, base)
 
 
-def base_of(model: nn.Module) -> nn.Module | None:
+def base_of(model: LevelObjective) -> nn.Module | None:
     """The frozen base inside a latent level's model (None at level 0)."""
-    return getattr(model, "base", None)
+    return model.base
 
 
-def trainable_encoder(model: nn.Module) -> nn.Module:
+def trainable_encoder(model: LevelObjective) -> nn.Module:
     """What a run produces for downstream use: the Stage-0 encoder, or the nested encoder."""
-    if hasattr(model, "nested_encoder"):
-        return model.nested_encoder()
-    return model.encoder
+    return model.nested_encoder()
 
 
 def encoder_config_dict(encoder: nn.Module) -> dict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
-from probes.finetune.outputs import MODELS_DIR
+from ecgpos.export.finetuned_format import MODELS_DIR, model_folders
 from probes.shared.out_folder import check_out_folder as check_shared
 from probes.shared.provenance import RUN_FILES
 
@@ -24,5 +24,4 @@ def earlier_models(out: Path, listed: Iterable[Path]) -> list[str]:
     """The model folders (models/<task>/<fraction>/seed<S> with a model.json) of an earlier run that `listed`,
     this run's, does not hold: kept, and still selectable by `export --classifier`."""
     ours = {Path(p).resolve() for p in listed}
-    found = sorted(p.parent for p in (out / MODELS_DIR).glob("*/*/seed*/model.json"))
-    return [str(p.relative_to(out)) for p in found if p.resolve() not in ours]
+    return [str(p.relative_to(out)) for p in model_folders(out) if p.resolve() not in ours]

@@ -169,7 +169,7 @@ def load_levels(path: str, level: int | None = None) -> Levels:
     from ecgpos.models.factory import depth_of
 
     loaded = resolve_encoder(path)
-    module = getattr(loaded.module, "encoder", loaded.module)  # an export wraps its encoder
+    module = loaded.encoder
     depth = depth_of(module)
     if depth < 2:
         raise EcgposError(
@@ -202,7 +202,7 @@ def _level_outputs(levels: Levels, w: torch.Tensor, space: str) -> dict[str, np.
                     out[f"f{k}"] = cut_encoder(levels.encoder, k).forward_features(w).float().cpu().numpy()
         else:
             model = levels.objectives[level]
-            tokens = model.latent_tokens(w)
+            tokens = model.level_inputs(w)
             out[f"x{level}"] = model.target(tokens).mean(dim=(1, 2)).float().cpu().numpy()
             out[f"h{level}"] = model.reconstruct(tokens).float().mean(dim=(1, 2)).cpu().numpy()
     return out
