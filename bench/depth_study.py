@@ -233,7 +233,7 @@ def run_setting(out: Path, pool: Path, size: Size, setting: str, seed: int, grou
     from ecgpos.cli import main as ecgpos
 
     runs = out / f"{setting}-seed{seed}"
-    argv = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", str(pool)]
+    argv = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--shards", str(pool)]
     argv += ["--run-dir", str(runs), "--max-levels", str(size.levels), "--stop-below", "0", "--min-drop", "-1"]
     argv += ["--val-fraction", "0.2"]
     sets = ["train.num_workers=0", f"train.seed={seed}", "train.log_every=1000", "train.figure_every=100000"]

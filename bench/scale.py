@@ -4,7 +4,7 @@ For each N of --sizes, writes a synthetic corpus of N records in the shard forma
 leaves (shards, index.csv with fingerprints, preprocess.json; through the preprocessing's own shard
 and manifest writers, generated 10 s 250 Hz signals instead of read and filtered ones) and measures:
 
-- `ecgpos pretrain` (tiny Stage 0, fresh process) from launch to its first step's log line, and a
+- `ecgpos pretrain` (tiny level 0, fresh process) from launch to its first step's log line, and a
   resume from its checkpoint to the first step after it;
 - the trainer's and each loader worker's peak RSS over --steps steps at 6 workers;
 - the loader at 6 workers (bench/loader.py's measurement): its workers' start-up to the first batch, and
@@ -53,7 +53,7 @@ from preprocessing import ecg_arrhythmia, manifest  # noqa: E402
 from preprocessing.build import BuildRequest  # noqa: E402
 from preprocessing.records import RecordRef  # noqa: E402
 
-CONFIG = ROOT / "configs" / "tiny" / "stage0.yaml"
+CONFIG = ROOT / "configs" / "tiny" / "level0.yaml"
 LENGTH = 2500  # samples: a 10 s record at the spec's 250 Hz
 WORKERS = 6
 
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--records", type=int, help="only write a corpus of this many records to --work and exit")
     parser.add_argument("--work", type=Path, help="folder for corpora and runs (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the corpora (and runs)")
-    parser.add_argument("--steps", type=int, default=200, help="tiny Stage-0 steps before memory is read")
+    parser.add_argument("--steps", type=int, default=200, help="tiny level-0 steps before memory is read")
     parser.add_argument("--probe-set-records", type=int, default=45_000, help="leakage guard probe set (CSN)")
     parser.add_argument("--loader-batches", type=int, default=100, help="loader batches timed after its warm-up")
     parser.add_argument(
@@ -398,7 +398,7 @@ def main() -> None:
     lines, worst, worst_name = table(results, args.probe_set_records)
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
-        f"tiny Stage 0, {args.steps} steps"
+        f"tiny level 0, {args.steps} steps"
     )
     print("\n".join(lines))
     for n in sizes:

@@ -74,7 +74,7 @@ def tiny_shards(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_shards, tmp_path_factory) -> Path:
-    """A 4-step Stage-0 run with checkpoints at steps 2 and 4."""
+    """A 4-step level-0 run with checkpoints at steps 2 and 4."""
     from tiny_runs import pretrain_tiny
 
     out = tmp_path_factory.mktemp("refusal-run") / "run"
@@ -92,7 +92,7 @@ def export(tiny_run, tmp_path_factory) -> Path:
 
 
 # Pretraining tests (test_train_runs.py, test_train_stops.py, test_pretrain_refusals.py): 48 tiny records
-# and a 40-step Stage-0 run.
+# and a 40-step level-0 run.
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from shard_fixtures import write_tiny_shards
@@ -109,7 +109,7 @@ def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return run
 
 
-# Export and embed tests (test_export.py, test_embed.py): tiny runs of both stages on the real
+# Export and embed tests (test_export.py, test_embed.py): tiny runs of every level on the real
 # ecg-arrhythmia samples and their exports, built once per session.
 EXPORT_FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 
@@ -126,7 +126,7 @@ def stage1_run(stage0_run: Path, arrhythmia_shards: Path, tmp_path_factory: pyte
     from tiny_runs import pretrain_tiny
 
     run = tmp_path_factory.mktemp("export-stage1") / "run"
-    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, stage0=stage0_run)
+    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, base=stage0_run)
 
 
 @pytest.fixture(scope="session")

@@ -49,8 +49,8 @@ def trainer(
     shards = work / ("smooth-shards" if smooth else "shards")
     if not shards.is_dir():
         write_tiny_shards(shards, n_records=48, records_per_shard=24, signal=smooth_like if smooth else ecg_like)
-    config = config_path("tiny/stage0" if level == 0 else "tiny/stage1")
-    args = ["--stage", str(level), "--config", str(config), "--shards", str(shards), "--run-dir", str(work / name)]
+    config = config_path("tiny/level0" if level == 0 else "tiny/level1")
+    args = ["--level", str(level), "--config", str(config), "--shards", str(shards), "--run-dir", str(work / name)]
     args += ["--base", str(base)] if base is not None else []
     return Trainer(prepare(build_parser().parse_args([*args, *FAST, *extra])))
 
@@ -142,9 +142,9 @@ def stage1_default_compile(work: Path) -> None:
     shards = work / "shards"
     write_tiny_shards(shards, n_records=48, records_per_shard=24)
     quick = ["--set", "optim.steps=20", "--set", "train.num_workers=0"]
-    assert main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", str(shards),
+    assert main(["pretrain", "--level", "0", "--config", "tiny/level0", "--shards", str(shards),
                  "--run-dir", str(work / "level0"), *quick]) == 0  # fmt: skip
-    assert main(["pretrain", "--stage", "1", "--config", "tiny/stage1", "--shards", str(shards),
+    assert main(["pretrain", "--level", "1", "--config", "tiny/level1", "--shards", str(shards),
                  "--run-dir", str(work / "level1"), "--base", str(work / "level0"), *quick]) == 0  # fmt: skip
     info = json.loads((work / "level1" / "run_info.json").read_text())
     assert info["finished"] and info["compile"] == "reduce-overhead" and info["mixed_precision"] == "bf16", info
@@ -182,9 +182,9 @@ def finetune_bf16(work: Path) -> None:  # noqa: ARG001
 
 
 def stage0_precision(work: Path) -> None:  # noqa: ARG001
-    """Stage 1's frozen Stage-0 pass on the GPU: fp32 outside autocast, the caller's bf16 inside."""
+    """Level 1's frozen level-0 pass on the GPU: fp32 outside autocast, the caller's bf16 inside."""
     check_frozen_stage0_precision("cuda")
-    print("ok frozen Stage-0 pass in the caller's precision on the GPU")
+    print("ok frozen level-0 pass in the caller's precision on the GPU")
 
 
 CHECKS = {

@@ -14,7 +14,7 @@ from tiny_runs import cli, pretrain_tiny
 
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
-CARVE = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1"]
+CARVE = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1"]
 RULES = ["--max-levels", "2", "--stop-below", "0", "--min-drop", "-1", "--latent-set", "optim.steps=3"]
 
 
@@ -97,9 +97,9 @@ def test_every_levels_config_is_checked_before_level_0_trains(
     arrhythmia_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     runs = tmp_path / "carve"
-    args = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage0", "--shards", arrhythmia_shards]
+    args = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level0", "--shards", arrhythmia_shards]
     assert cli(*args, "--run-dir", runs, *RULES, *FAST) == 2
-    assert "--latent-config tiny/stage0 cannot train level 1" in _one_line(capsys)
+    assert "--latent-config tiny/level0 cannot train level 1" in _one_line(capsys)
     assert not runs.exists()
 
 

@@ -74,7 +74,7 @@ def test_carve_compiles_every_level(shards: Path, tmp_path: Path) -> None:
     """`ecgpos carve` with compiling on trains level 0 and level 1 compiled, to the end."""
     quick = ["--set", "optim.steps=4", "--set", "train.batch_size=8", "--set", "train.num_workers=0"]
     rc = cli(
-        "carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", shards,
+        "carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--shards", shards,
         "--run-dir", tmp_path, "--max-levels", 2, "--stop-below", 0, "--min-drop", -1,
         *quick, "--set", "train.compile=true",
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Export, load_encoder, ONNX and `ecgpos verify` on tiny real Stage-0/Stage-1 runs."""
+"""Export, load_encoder, ONNX and `ecgpos verify` on tiny real level-0/level-1 runs."""
 
 from __future__ import annotations
 
@@ -203,6 +203,6 @@ def test_export_records_its_pretraining_shards_for_the_leakage_guard(
 
     enc = load_probe_encoder(str(export1))
     assert enc.info["shards"] == [str(arrhythmia_shards.resolve())]
-    for path in (export1, stage1_run):  # the export, and the run it came from (with its Stage-0 run)
+    for path in (export1, stage1_run):  # the export, and the run it came from (with its level-0 run)
         enc = load_probe_encoder(str(path))
         assert recorded_pretraining(enc.source, enc.info) == [arrhythmia_shards.resolve()]

@@ -23,7 +23,7 @@ from test_fuzz_artifacts import FUZZ, _one_line_or_ok, _run
 
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
-CARVE = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--max-levels", "2"]
+CARVE = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--max-levels", "2"]
 CARVE += ["--stop-below", "0", "--min-drop", "-1", *FAST]
 JSON_VALUES = st.one_of(
     st.none(),

@@ -1,4 +1,4 @@
-"""Models: ST-MEM encoder + MAE (Stage 0), latent MAE + nested encoder (Stage 1), push-pull, factory."""
+"""Models: ST-MEM encoder + MAE (level 0), latent MAE + nested encoder (level 1), push-pull, factory."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def small_encoder(seed: int = 0, **kw) -> STMEMEncoder:
     return STMEMEncoder(EncoderConfig(**{**SMALL, **kw}))
 
 
-# -- Stage 0 -----------------------------------------------------------------------------------
+# -- level 0 -----------------------------------------------------------------------------------
 
 
 def test_patchify_round_trip():
@@ -197,7 +197,7 @@ def test_mae_learns_predictable_signal_with_random_masks():
     assert late < 0.35, [round(sum(losses[i : i + 50]) / 50, 3) for i in range(0, 500, 50)]
 
 
-# -- Stage 1 -----------------------------------------------------------------------------------
+# -- level 1 -----------------------------------------------------------------------------------
 
 
 def small_stage1(push_pull: PushPullConfig | None = None, norm_target: bool = False) -> LatentMaskedAutoencoder:
@@ -234,13 +234,13 @@ def test_stage0_frozen_during_stage1_training():
     assert not any(p.requires_grad for p in model.base.parameters())
     trained = {id(p) for group in param_groups(model, 0.05) for p in group["params"]}  # what the trainer optimises
     assert trained and trained.isdisjoint(id(p) for p in model.base.parameters())
-    # Even if someone re-enables gradients on Stage 0, its forward keeps no graph (torch.no_grad).
+    # Even if someone re-enables gradients on level 0, its forward keeps no graph (torch.no_grad).
     model.base.requires_grad_(True)
     assert model.latent_tokens(x).grad_fn is None
 
 
 def check_frozen_stage0_precision(device: str) -> None:
-    """Outside autocast the Stage-0 tokens are Stage 0's fp32 forward exactly (an fp32 run trains on
+    """Outside autocast the level-0 tokens are level 0's fp32 forward exactly (an fp32 run trains on
     fp32 tokens, as probes and exports compute them); inside the caller's bf16 autocast they follow it.
     On a GPU this runs in tests/cuda_checks.py (the suite hides CUDA)."""
     model = small_stage1().to(device)
@@ -297,7 +297,7 @@ def test_nested_encoder_features_shape_and_determinism():
     assert feats.shape == (2, nested.width) == (2, 32)
     assert nested.forward_tokens(x).shape == (2, 384, 32)
     assert torch.equal(feats, nested.forward_features(x))
-    # The Stage-1 encoder really is applied on top of Stage 0.
+    # The level-1 encoder really is applied on top of level 0.
     assert not torch.allclose(feats, nested.levels[0].forward_features(x))
 
 

@@ -19,7 +19,7 @@ from ecgpos.resources import config_dir, config_path, shipped_configs
 from ecgpos.runs.run_config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {"finetune", "stage0", "stage1", "stmem12", "tiny/stage0", "tiny/stage1"}
+SHIPPED = {"finetune", "stage0", "stage1", "stmem12", "tiny/level0", "tiny/level1"}
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,9 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
 
 def test_config_by_name_or_path() -> None:
     assert set(shipped_configs()) == SHIPPED
-    assert config_path("stage0") == config_path("stage0.yaml") == config_dir() / "stage0.yaml"
-    assert load_run_config("tiny/stage1").stage == 1
-    assert load_run_config(config_dir() / "tiny" / "stage0.yaml").stage == 0
+    assert config_path("stage0") == config_path("level0.yaml") == config_dir() / "level0.yaml"
+    assert load_run_config("tiny/level1").level == 1
+    assert load_run_config(config_dir() / "tiny" / "level0.yaml").level == 0
     with pytest.raises(ConfigError, match="neither a file nor a shipped config"):
         config_path("stage7")
 
@@ -136,7 +136,7 @@ def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(
     assert (stored.lowpass_hz, stored.filter_order) == (45.0, 2)
     assert json.loads((out / "preprocess.json").read_text())["settings"]["spec"]["lowpass_hz"] == 45.0
     capsys.readouterr()
-    rc = cli("pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", out, "--run-dir", tmp_path / "run")
+    rc = cli("pretrain", "--level", "0", "--config", "tiny/level0", "--shards", out, "--run-dir", tmp_path / "run")
     assert rc == 2
     err = capsys.readouterr().err
     assert "lowpass_hz: 40.0 != 45.0" in err and not (tmp_path / "run").exists()

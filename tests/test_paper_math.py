@@ -1,5 +1,5 @@
-"""The preprint's definitions against plain hand computations: the push-pull loss, what Stage 1 reads
-from the frozen Stage 0, the push-pull perturbation of that input, and the 12-block nested encoder."""
+"""The preprint's definitions against plain hand computations: the push-pull loss, what level 1 reads
+from the frozen level 0, the push-pull perturbation of that input, and the 12-block nested encoder."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def stage1(push_pull: PushPullConfig | None = None, depth: int = 1) -> LatentMas
 
 
 def stage1_inputs(model: LatentMaskedAutoencoder) -> tuple[list[torch.Tensor], object]:
-    """Every token tensor (B, L, N + 2, W) the Stage-1 encoder embeds, in call order."""
+    """Every token tensor (B, L, N + 2, W) the level-1 encoder embeds, in call order."""
     seen: list[torch.Tensor] = []
     handle = model.encoder.token_embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
     return seen, handle
@@ -65,13 +65,13 @@ def test_stage1_reads_stage0_unmasked_eval_tokens_without_gradient() -> None:
     model.train()
     assert not model.base.training and model.encoder.training
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():  # what Stage 0 gives on its own, unmasked
+    with torch.no_grad():  # what level 0 gives on its own, unmasked
         want = model.base.forward_tokens(x).reshape(2, 12, 32, 32)
     seen, handle = stage1_inputs(model)
     out = model(x, generator=torch.Generator().manual_seed(3))
     handle.remove()
     assert len(seen) == 2  # the masked reconstruction pass and the push-pull pass
-    assert torch.equal(seen[0], want)  # every token of the frozen pass (no masking inside Stage 0)
+    assert torch.equal(seen[0], want)  # every token of the frozen pass (no masking inside level 0)
     out["loss"].backward()
     assert all(p.grad is None for p in model.base.parameters())
 
@@ -107,22 +107,22 @@ def test_nested_features_are_stage0_then_stage1_by_hand() -> None:
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(5))
     s0, s1 = model.base, model.encoder
     with torch.no_grad():
-        # Stage 0: per lead [SEP, 30 embedded patches, SEP], all 384 tokens through the blocks, final norm.
+        # Level 0: per lead [SEP, 30 embedded patches, SEP], all 384 tokens through the blocks, final norm.
         patches = s0.patch_embed(x.reshape(2, 12, 30, 75)) + s0.pos_embed + s0.lead_embed[:, None]
         sep = (s0.sep_token + s0.lead_embed)[None, :, None].expand(2, 12, 1, 32)
         h = torch.cat([sep, patches, sep], dim=2).reshape(2, 384, 32)
         for block in s0.blocks:
             h = block(h)
         tokens = s0.norm(h).reshape(2, 12, 32, 32)
-        # Stage 1: token embedding; positions on the patch tokens, lead embedding on all; blocks.
+        # Level 1: token embedding; positions on the patch tokens, lead embedding on all; blocks.
         e = s1.token_embed(tokens) + s1.lead_embed[:, None]
         e = torch.cat([e[:, :, :1], e[:, :, 1:-1] + s1.pos_embed, e[:, :, -1:]], dim=2).reshape(2, 384, 32)
         for block in s1.blocks:
             e = block(e)
-        # Features: mean over the 360 patch tokens (SEPs left out), then Stage 1's final norm.
+        # Features: mean over the 360 patch tokens (SEPs left out), then level 1's final norm.
         want = s1.norm(e.reshape(2, 12, 32, 32)[:, :, 1:-1].mean(dim=(1, 2)))
         got = nested.forward_features(x)
         assert torch.allclose(got, want, atol=1e-5)
         assert torch.allclose(nested(x), want, atol=1e-5)
-        # and the composition Stage 1 was trained on: its input is exactly Stage 0's output tokens
+        # and the composition level 1 was trained on: its input is exactly level 0's output tokens
         assert torch.equal(got, model.encoder.forward_features(model.latent_tokens(x)))

@@ -17,7 +17,7 @@ from ecgpos.runs.run_config import load_run_config
 
 
 def _stage0_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
-    """A copy of the Stage-0 run made incomplete or inconsistent in one way."""
+    """A copy of the level-0 run made incomplete or inconsistent in one way."""
     copy = tmp_path / f"stage0-{edit}"
     shutil.copytree(run0, copy)
     if edit == "no-checkpoint":
@@ -130,7 +130,7 @@ def test_existing_run_needs_resume_and_same_config(
 
 
 def test_stage1_on_other_shards_than_its_stage0_warns(run0: Path, shards: Path, export: Path, tmp_path: Path, capsys):
-    """Stage 1 on the pool its Stage 0 was pretrained on is silent; on another folder it names both
+    """Level 1 on the pool its level 0 was pretrained on is silent; on another folder it names both
     (a warning, not a refusal: the same shards mounted elsewhere are legitimate)."""
     args = ("--stage0", str(run0), "--set", "optim.steps=1")
     assert main(["pretrain", *pretrain_args(1, shards, tmp_path / "same", *args)]) == 0

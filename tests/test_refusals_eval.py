@@ -24,11 +24,11 @@ QUICK = ["--seeds", "1", "--epochs", "2", "--fractions", "100", "--bootstrap", "
 
 @pytest.fixture(scope="module")
 def runs(tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A Stage-0 run and a 4-step Stage-1 run on it, checkpointed at steps 2 and 4."""
+    """A level-0 run and a 4-step level-1 run on it, checkpointed at steps 2 and 4."""
     root = tmp_path_factory.mktemp("eval-runs")
     pretrain_tiny(0, tiny_shards, root / "s0", *FAST, "--set", "optim.steps=2")
     steps = ["--set", "optim.steps=4", "--set", "train.checkpoint_every=2"]
-    pretrain_tiny(1, tiny_shards, root / "s1", *FAST, *steps, stage0=root / "s0")
+    pretrain_tiny(1, tiny_shards, root / "s1", *FAST, *steps, base=root / "s0")
     return {"stage0": root / "s0", "stage1": root / "s1"}
 
 
@@ -66,7 +66,7 @@ def _geometry(task: Path, encoder: Path, out: Path, *extra: object) -> list[obje
 
 
 def _with_nan_weights(run_dir: Path, dest: Path) -> Path:
-    """A copy of a run whose newest checkpoint's Stage-1 encoder weights are NaN (a diverged run)."""
+    """A copy of a run whose newest checkpoint's level-1 encoder weights are NaN (a diverged run)."""
     shutil.copytree(run_dir, dest)
     weights = dest / "checkpoints" / checkpoint_name(4) / WEIGHTS_FILE
     state = load_file(str(weights))
@@ -203,7 +203,7 @@ def test_geometry_refuses_a_data_root_or_splits_that_is_no_folder(capsys, tmp_pa
 
 
 def test_a_run_still_training_is_named_by_probe_and_geometry(capsys, tmp_path, runs, shared_data):
-    """A Stage-1 run with only its step-2 checkpoint of 4 (still training, or stopped) was probed
+    """A level-1 run with only its step-2 checkpoint of 4 (still training, or stopped) was probed
     and measured as if it were the trained model, with no word about it."""
     partial = tmp_path / "partial"
     shutil.copytree(runs["stage1"], partial)
@@ -265,7 +265,7 @@ def test_encoders_with_equal_weights_but_other_architectures_do_not_share_a_cach
     the second probe silently read the first one's features."""
     from ecgpos.resources import config_dir
 
-    tiny = config_dir() / "tiny" / "stage0.yaml"
+    tiny = config_dir() / "tiny" / "level0.yaml"
     other = tmp_path / "heads8.yaml"
     other.write_text(tiny.read_text().replace("heads: 4", "heads: 8"))
     assert "heads: 8" in other.read_text()

@@ -309,7 +309,7 @@ def test_resume_with_another_grad_accum_on_as_many_processes_is_refused(
 
 
 def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, export):
-    # e.g. Stage 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
+    # e.g. Level 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
     copy = tmp_path / "enc"
     shutil.copytree(export, copy)
     before = sorted(p.name for p in copy.iterdir())

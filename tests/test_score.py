@@ -31,7 +31,7 @@ def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     pretrain_tiny(0, arrhythmia_shards, root / "s0", *FAST)
     for path in _left_by_killed_runs(root / "s1", "run_info.json") + _left_by_killed_runs(
         root / "s1" / "figures", "curves.png", ".png"
-    ):  # a killed start of the Stage-1 run; pretrain removes those of this host (test_pretrain_removes_...)
+    ):  # a killed start of the level-1 run; pretrain removes those of this host (test_pretrain_removes_...)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half a file\n")
     pretrain_tiny(
@@ -45,7 +45,7 @@ def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         "train.val_every=1",
         "--set",
         "train.val_batches=1",
-        stage0=root / "s0",
+        base=root / "s0",
     )
     return {"stage0": root / "s0", "stage1": root / "s1"}
 
@@ -107,7 +107,7 @@ def test_masked_errors_of_several_masks_equal_one_mask_at_a_time(runs: dict[str,
     errors equal a full masked forward under that mask alone."""
     from ecgpos.inference.scoring import load_recon_models
     from ecgpos.models.masking import expand_masking, fixed_masking
-    from ecgpos.objectives.stage0_mae import masked_mse_per_sample
+    from ecgpos.objectives.level0_mae import masked_mse_per_sample
 
     models = load_recon_models(runs["stage1"])
     x = torch.randn(3, 12, models.spec.window, generator=torch.Generator().manual_seed(0))

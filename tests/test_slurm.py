@@ -39,7 +39,7 @@ def _tiny_code15(root: Path, exams: int = 80) -> Path:
 @pytest.mark.slurm
 def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     """The paper's workflow: Ningbo-style ecg-arrhythmia + CODE-15 preprocessed side by side and pooled for
-    both stages, both stages probed, and the merged summary comparing Stage 1 with Stage 0."""
+    every level, every level probed, and the merged summary comparing level 1 with level 0."""
     work = tmp_path / "work"
     probe_tasks = "ptbxl-super cpsc2018"
     steps = 50  # the tiny configs with fewer steps (200 each would add minutes to CI)
@@ -60,7 +60,7 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     started = time.monotonic()
     jobs = submit_pipeline(slurm_cluster, env, tmp_path)
     assert list(jobs) == list(PAPER_CHAIN)
-    # each job waits on the ones it reads from: a corpus's check on its parts, Stage 0 on both checks, each
+    # each job waits on the ones it reads from: a corpus's check on its parts, level 0 on both checks, each
     # encoder's probes on the stage that makes it, the merge on all probes
     for step, before in PAPER_CHAIN.items():
         if not before:
@@ -85,7 +85,7 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
         assert "--part 0 --num-parts 2" in logs and "--part 1 --num-parts 2" in logs, corpus
     pooled = [str((work / "shards" / corpus).resolve()) for corpus in ("ecg-arrhythmia", "code15")]
 
-    # both stages finished at their configured step counts, with checkpoints, on the pool of both corpora
+    # every level finished at their configured step counts, with checkpoints, on the pool of both corpora
     for stage in (0, 1):
         run = work / "runs" / f"stage{stage}"
         info = json.loads((run / "run_info.json").read_text())
@@ -99,7 +99,7 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
         assert (run / "metrics.jsonl").stat().st_size > 0
 
     # probes: each encoder's folder per task, one row per encoder and task in the merged summary, each a real
-    # AUROC, and Stage 1 minus Stage 0 on every task with its paired interval
+    # AUROC, and level 1 minus level 0 on every task with its paired interval
     probes = work / "probes"
     for encoder in ("stage0", "stage1"):
         for task in probe_tasks.split():
@@ -184,7 +184,7 @@ def test_pipeline_cancels_submitted_jobs_when_a_later_submission_fails(
 ) -> None:
     work = tmp_path / "work"
     data = probe_data_stand_ins(tmp_path)
-    # the test node has no GPUs, so sbatch refuses the Stage-0 job's --gres=gpu:1 after preprocess and check
+    # the test node has no GPUs, so sbatch refuses the level-0 job's --gres=gpu:1 after preprocess and check
     env = job_env(
         slurm_cluster,
         work,
@@ -215,7 +215,7 @@ def test_pipeline_refuses_a_second_chain_for_a_work_folder_still_in_the_queue(
 ) -> None:
     work = tmp_path / "work"
     (work / "shards").mkdir(parents=True)
-    # held jobs stay in the queue, like a chain whose Stage 0 is still training
+    # held jobs stay in the queue, like a chain whose level 0 is still training
     env = job_env(slurm_cluster, work, ECGPOS_STEPS="check", ECGPOS_SBATCH_ARGS="--hold")
     first = submit_pipeline(slurm_cluster, env, tmp_path)
     try:

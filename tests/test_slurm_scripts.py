@@ -66,7 +66,7 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
     assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
     assert _flag(train, "--base") == "/scratch/ecg/runs/stage0"
-    assert _flag(train, "--config") == str(REPO / "configs" / "stage1.yaml")
+    assert _flag(train, "--config") == str(REPO / "configs" / "level1.yaml")
 
     # run the string as srun would on each node, with `accelerate` replaced by a program printing its argv
     fake = tmp_path / "accelerate"
@@ -93,7 +93,7 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
     srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
     launch = shlex.split(srun[-1].split("exec ", 1)[1])
     assert "--cpu" in launch and "--multi_gpu" not in launch and _flag(launch, "--num_processes") == "1"
-    assert "--base" not in launch and "--stage0" not in launch
+    assert "--base" not in launch and "--base" not in launch
 
     data = probe_data_stand_ins(tmp_path)
 
@@ -119,13 +119,13 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
         "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in stage_cmds
     )
     assert not any(a.startswith("--gres") for c in cpu for a in c)
-    # each job depends on the one it reads from: both stages are probed, each after its own stage
+    # each job depends on the one it reads from: every level are probed, each after its own stage
     assert [_dependency(c) for c in gpu] == [
         [],
         ["preprocess"],
         ["check"],
         ["stage0"],
-        ["stage0"],  # the Stage-0 probes run while Stage 1 trains
+        ["stage0"],  # the level-0 probes run while level 1 trains
         ["stage1"],
         ["probe-stage0", "probe-stage1"],
         ["merge"],
@@ -141,7 +141,7 @@ def test_pipeline_of_three_levels_chains_each_level_on_the_one_below(tmp_path: P
     launch = shlex.split(train[-1].split("exec ", 1)[1])
     assert _flag(launch, "--stage") == "2" and _flag(launch, "--base") == "/scratch/ecg/runs/stage1"
     assert _flag(launch, "--run-dir") == "/scratch/ecg/runs/stage2"
-    assert _flag(launch, "--config") == str(REPO / "configs" / "stage1.yaml")
+    assert _flag(launch, "--config") == str(REPO / "configs" / "level1.yaml")
     data = probe_data_stand_ins(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
     env.update(ECGPOS_DRY_RUN="1", ECGPOS_SRC=str(data / "raw"), ECGPOS_DATA_ROOT=str(data))
@@ -196,7 +196,7 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_SRC": "{tmp}/no such corpus"}, "ECGPOS_SRC"),
         ({"ECGPOS_DATA_ROOT": "{tmp}/missing"}, "ECGPOS_DATA_ROOT"),
         ({"ECGPOS_SPLITS": "{tmp}/missing"}, "ECGPOS_SPLITS"),
-        ({"ECGPOS_STAGE1_CONFIG": "configs/stage1.yml"}, "ECGPOS_STAGE1_CONFIG"),
+        ({"ECGPOS_STAGE1_CONFIG": "configs/level1.yml"}, "ECGPOS_STAGE1_CONFIG"),
         ({"ECGPOS_STEPS": "stage1 probes merge export"}, "ECGPOS_STEPS"),
         ({"ECGPOS_STEPS": " "}, "ECGPOS_STEPS"),
         ({"ECGPOS_PROBE_TASKS": "ptbxl-super ptbxl-rhytm"}, "ECGPOS_PROBE_TASKS"),
@@ -222,7 +222,7 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_DATASET": "code15", "ECGPOS_SUBSET": "ningbo"}, "ECGPOS_SUBSET"),  # code15 refuses --subset
         # the encoders to probe: one setting or the other, folders that exist or that the chain trains,
         # folder names that keep their probes apart
-        ({"ECGPOS_PROBE_ENCODER": "random:tiny/stage1", "ECGPOS_PROBE_ENCODERS": "{tmp}"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_PROBE_ENCODER": "random:tiny/level1", "ECGPOS_PROBE_ENCODERS": "{tmp}"}, "ECGPOS_PROBE_ENCODERS"),
         ({"ECGPOS_STEPS": "probe merge"}, "ECGPOS_PROBE_ENCODERS"),
         ({"ECGPOS_STEPS": "probe merge", "ECGPOS_PROBE_ENCODER": "{tmp}/run"}, "ECGPOS_PROBE_ENCODER"),
         ({"ECGPOS_PROBE_ENCODERS": "{tmp}/data/raw {tmp}/work/runs/stage0 {tmp}/data/raw/"}, "ECGPOS_PROBE_ENCODERS"),
@@ -253,8 +253,8 @@ def test_pipeline_accepts_shipped_config_names(tmp_path: Path) -> None:
         ECGPOS_DRY_RUN="1",
         ECGPOS_SRC=str(data / "raw"),
         ECGPOS_DATA_ROOT=str(data),
-        ECGPOS_STAGE0_CONFIG="tiny/stage0",
-        ECGPOS_STAGE1_CONFIG="tiny/stage1.yaml",
+        ECGPOS_STAGE0_CONFIG="tiny/level0",
+        ECGPOS_STAGE1_CONFIG="tiny/level1.yaml",
         ECGPOS_PROBE_TASKS=f"ptbxl-super csn custom:{data}",
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
@@ -286,7 +286,7 @@ def test_pipeline_checks_pretrain_overrides_with_the_config_loader(tmp_path: Pat
     from ecgpos.cli import main
 
     assert (
-        main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--set", "optim.steps=7", "--check-config"]) == 0
+        main(["pretrain", "--level", "0", "--config", "tiny/level0", "--set", "optim.steps=7", "--check-config"]) == 0
     )
     assert "  steps: 7\n" in capsys.readouterr().out
     data = probe_data_stand_ins(tmp_path)
@@ -341,13 +341,13 @@ def test_list_settings_keep_quoted_blanks_inside_one_word(tmp_path: Path) -> Non
         ECGPOS_DRY_RUN="1",
         ECGPOS_DATA_ROOT=str(data),
         ECGPOS_STEPS="probe merge",
-        ECGPOS_PROBE_ENCODER="random:tiny/stage1",
+        ECGPOS_PROBE_ENCODER="random:tiny/level1",
         **lists,
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "--array=0-1" in proc.stdout
-    env.update(ECGPOS_STAGE0_CONFIG="tiny/stage0", ECGPOS_PRETRAIN_SET="optim.steps=3 'optim.betas=[0.9, 0.95]'")
+    env.update(ECGPOS_STAGE0_CONFIG="tiny/level0", ECGPOS_PRETRAIN_SET="optim.steps=3 'optim.betas=[0.9, 0.95]'")
     check = f". {shlex.quote(str(SLURM / 'common.sh'))}; ecgpos_check_pretrain_config 0"
     proc = subprocess.run(["bash", "-c", check], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr

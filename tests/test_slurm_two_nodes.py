@@ -55,7 +55,7 @@ def test_pretrain_sbatch_on_two_nodes(two_node_cluster: SlurmCluster, shards: Pa
         ECGPOS_LOG_DIR=str(work / "logs"),
         ECGPOS_GPUS_PER_NODE="0",
         ECGPOS_SHARDS=str(shards),
-        ECGPOS_STAGE0_CONFIG=str(REPO / "configs" / "tiny" / "stage0.yaml"),
+        ECGPOS_STAGE0_CONFIG=str(REPO / "configs" / "tiny" / "level0.yaml"),
         ECGPOS_PRETRAIN_SET="optim.steps=4 train.checkpoint_every=2 train.batch_size=8 train.num_workers=0",
         OMP_NUM_THREADS="1",
     )

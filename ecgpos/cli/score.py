@@ -5,7 +5,7 @@ a run folder of any level, or an export written with `--with-decoders`. RECORDS 
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
 Writes --out (a .csv file) with columns record_id,stage0_score,...,stage<L-1>_score, one per level
-that can reconstruct (a Stage-0 run has Stage-0 scores only; --level l keeps levels 0..l), and FILE's
+that can reconstruct (a level-0 run has level-0 scores only; --level l keeps levels 0..l), and FILE's
 `.skipped.csv` (record_id, reason, detail) as `embed` does; a record
 longer than 300 s is scored on its centre 300 s, counted in the closing line and listed in FILE's
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
@@ -367,7 +367,7 @@ def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str]
         lines += [
             "",
             "Pr(A∧B) = Pr(A) − Pr(A∧¬B). r_latent = Pr(¬A∧B) / Pr(A∨B), the share of flagged records the "
-            "Stage-0 score alone would miss (— for nominal labels and when nothing is flagged).",
+            "level-0 score alone would miss (— for nominal labels and when nothing is flagged).",
             "",
         ]
     head = ["label", "role", "n", *(f"Pr({level} fired)" for level in levels)]
@@ -381,7 +381,7 @@ def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str]
     lines += [
         "",
         "first <level>: the share of the label's records whose first (shallowest) firing channel is that level; "
-        "first below stage0 = the share of flagged records that Stage 0 alone would miss (r_latent with two "
+        "first below stage0 = the share of flagged records that level 0 alone would miss (r_latent with two "
         f"levels). Per-record flags: {flags_file}.",
     ]
     return "\n".join(lines) + "\n"

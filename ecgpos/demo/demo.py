@@ -2,7 +2,7 @@
 
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
 tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> `ecgpos carve` to three
-levels (two with --quick): level 0, then each level on the frozen ones below, and after each the
+levels (two with --quick): Level 0, then each level on the frozen ones below, and after each the
 calibrated carving criterion on held-out records (carve's default stop rules decide; where they stop early the
 demo carves on to its depth to show every level), a linear probe (the real protocol) and PoS geometry between
 it and the level below (rhythm classes nominal, noisy recordings anomalous) -> a random-init probe for
@@ -191,7 +191,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
     geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
     step(
-        f"carving {size.levels} levels: level 0 ({size.stage0_steps} steps), then each level on the frozen ones below "
+        f"carving {size.levels} levels: Level 0 ({size.stage0_steps} steps), then each level on the frozen ones below "
         f"({size.stage1_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
         "(brady/normal/tachy + noisy) and PoS geometry (rhythm classes nominal, noisy anomalous)"
     )
@@ -199,9 +199,9 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
         runs,
         size.levels,
         "--config",
-        config_path("tiny/stage0"),
+        config_path("tiny/level0"),
         "--latent-config",
-        config_path("tiny/stage1"),
+        config_path("tiny/level1"),
         "--shards",
         *pool,
         "--set",
@@ -232,7 +232,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     _run(
         "probe",
         "--encoder",
-        f"random:{config_path('tiny/stage0')}",
+        f"random:{config_path('tiny/level0')}",
         "--name",
         "random-init",
         "--out",

@@ -1,6 +1,6 @@
 """The preprint's two-channel flag decomposition (appendix on the latent score analysis), over L levels.
 
-Each record has two scores: e_rec, the Stage-0 reconstruction error, and e_sub, the Stage-1 latent
+Each record has two scores: e_rec, the level-0 reconstruction error, and e_sub, the level-1 latent
 error. For a percentile q, t_c(q) is the q-th percentile of score c over D_fit, held-out nominal
 records used neither for training nor for evaluation. A record's channels fire when its score is
 strictly greater than the threshold: A = [e_rec > t_rec(q)], B = [e_sub > t_sub(q)]; it is flagged
@@ -39,12 +39,12 @@ class Calibration:
 
     @property
     def t_rec(self) -> float:
-        """The Stage-0 threshold (the appendix's t_rec)."""
+        """The level-0 threshold (the appendix's t_rec)."""
         return self.thresholds[0]
 
     @property
     def t_sub(self) -> float:
-        """The Stage-1 threshold (the appendix's t_sub)."""
+        """The level-1 threshold (the appendix's t_sub)."""
         return self.thresholds[1]
 
 
@@ -69,7 +69,7 @@ class Decomposition:
 
     @property
     def r_latent(self) -> float | None:
-        """Pr(not A and B) / Pr(A or B): the share of detections the Stage-0 score alone would miss;
+        """Pr(not A and B) / Pr(A or B): the share of detections the level-0 score alone would miss;
         None when nothing is flagged."""
         return self.b_only / self.flagged if self.flagged else None
 
@@ -108,9 +108,9 @@ def _scores(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
 def _pair(
     rec: Sequence[float] | np.ndarray, sub: Sequence[float] | np.ndarray, what: str
 ) -> tuple[np.ndarray, np.ndarray]:
-    e_rec, e_sub = _scores(rec, f"{what} (Stage-0 scores)"), _scores(sub, f"{what} (Stage-1 scores)")
+    e_rec, e_sub = _scores(rec, f"{what} (level-0 scores)"), _scores(sub, f"{what} (level-1 scores)")
     if e_rec.shape != e_sub.shape:
-        raise EcgposError(f"{what}: {e_rec.size} Stage-0 but {e_sub.size} Stage-1 scores")
+        raise EcgposError(f"{what}: {e_rec.size} level-0 but {e_sub.size} level-1 scores")
     return e_rec, e_sub
 
 
@@ -198,7 +198,7 @@ class FirstLevel:
 
     @property
     def deeper(self) -> float | None:
-        """The share of flagged records first flagged below level 0: those the Stage-0 score alone would
+        """The share of flagged records first flagged below level 0: those the level-0 score alone would
         miss (r_latent with two levels); None when nothing is flagged."""
         flagged = self.n - self.neither
         return sum(self.first[1:]) / flagged if flagged else None

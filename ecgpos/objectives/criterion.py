@@ -16,7 +16,7 @@ trainer's `val_push_violation`, `ecgpos geometry` and `ecgpos carve` all call `r
   many processes share the records.
 - P_l is the level's unmasked reconstruction map: its encoder with every token visible, then its
   decoder (the map a push term of that level trains). At level 0, x~ goes back to signal form
-  (unpatchify) and through the Stage-0 encoder and decoder; the SEP outputs of a latent level stay
+  (unpatchify) and through the level-0 encoder and decoder; the SEP outputs of a latent level stay
   unperturbed (latent_mae.py says why).
 - A record's value is the mean over its windows; the criterion is the mean over records (each
   record weighs the same).
@@ -58,7 +58,7 @@ def push_triplet(
     `perturb_patches` and `reconstruct` do the work: the perturbation and the map its push term uses."""
     pp, e = criterion_settings(model), model.encoder
     latent = hasattr(model, "latent_tokens")
-    # level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
+    # Level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
     inputs = model.latent_tokens(x) if latent else x.float()
     shape = (1, e.num_leads, e.num_patches, e.width if latent else e.patch_size)
     tilde = torch.cat(

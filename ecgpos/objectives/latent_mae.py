@@ -1,22 +1,22 @@
 """Level l >= 1 (nested manifold carving): a masked autoencoder of the same form on the frozen tokens
-of levels 0..l-1 (the base: Stage 0 alone for Stage 1, a nested encoder above).
+of levels 0..l-1 (the base: Level 0 alone for level 1, a nested encoder above).
 
 The frozen base maps x (B, 12, 2250) to latent tokens (B, 12 * 32, W). Level l treats
-them like Stage 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
+them like level 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
 (keep int(30 * (1 - mask_ratio))), the two SEP outputs of the lead are always kept and
 serve as that lead's SEP tokens, a LatentEncoder (same blocks/embeddings as STMEMEncoder, W wide)
 encodes the visible tokens, and the per-lead decoder reconstructs the masked latent tokens
-(MSE on masked tokens; targets optionally normalised per token). "Stage 0" / "Stage 1" below read
+(MSE on masked tokens; targets optionally normalised per token). "level 0" / "level 1" below read
 as "the base" / "this level" for any l.
 
-Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
-x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
-loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
-P reads the lead's two Stage-0 SEP outputs beside the patch tokens but reconstructs only the patch
+Optional Dynamic Push and Pull on the latent level (push_pull.py): x = level-0 patch tokens,
+x~ = perturb(x), x^ = P(x~) with P the unmasked level-1 encoder + decoder;
+loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |level-1 latent|).
+P reads the lead's two level-0 SEP outputs beside the patch tokens but reconstructs only the patch
 tokens, so x, and hence e, are the patch tokens alone: the SEP outputs go into P unperturbed, and
 delta = d(x~, x) is the whole perturbation P sees, as the paper's delta_e = d(s~, s) requires.
 The paper leaves the sparsity penalty Omega_sp open; here it is the mean |value| of the visible
-Stage-1 latent patch tokens of the masked pass.
+Level-1 latent patch tokens of the masked pass.
 """
 
 from __future__ import annotations
@@ -27,19 +27,19 @@ from torch import nn
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.masking import check_mask_ratio, masking_from_noise
-from ecgpos.models.nested import NestedEncoder, check_stages_fit
+from ecgpos.models.nested import NestedEncoder, check_levels_fit
 from ecgpos.models.st_mem import STMEMEncoder
+from ecgpos.objectives.level0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
 from ecgpos.objectives.push_pull import (
     PushPullConfig,
     forward_noise,
     perturb,
     push_pull_loss,
 )
-from ecgpos.objectives.stage0_mae import masked_mse, masked_mse_per_sample, normalise_tokens
 
 
 class LatentMaskedAutoencoder(nn.Module):
-    """Stage-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
+    """Level-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
     log = {recon_loss [, pp_loss, push_active] [, sp_loss]} (scalars the trainer records),
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
 
@@ -61,7 +61,7 @@ class LatentMaskedAutoencoder(nn.Module):
         push_pull: PushPullConfig | None = None,
     ) -> None:
         super().__init__()
-        check_stages_fit(base.cfg, encoder.cfg, "the base encoder")
+        check_levels_fit(base.cfg, encoder.cfg, "the base encoder")
         check_mask_ratio(mask_ratio, encoder.num_patches)
         self.base = base
         self.base.requires_grad_(False)
@@ -106,7 +106,7 @@ class LatentMaskedAutoencoder(nn.Module):
     def perturb_patches(
         self, tokens: torch.Tensor, generator: torch.Generator | None = None, noise: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Stage-0 tokens (B, L*(N+2), W) with the push-pull perturbation (`noise`, or drawn from
+        """Level-0 tokens (B, L*(N+2), W) with the push-pull perturbation (`noise`, or drawn from
         `generator`) on the patch tokens only; the SEP outputs stay as they are (see the module docstring)."""
         pp, e = self.push_pull if self.push_pull.enabled else PushPullConfig(), self.encoder
         t = tokens.reshape(-1, e.num_leads, e.tokens_per_lead, e.width)
@@ -146,7 +146,7 @@ class LatentMaskedAutoencoder(nn.Module):
             loss = loss + pp.lambda_pp * pp_loss
             log["pp_loss"], log["push_active"] = pp_loss, active
         if pp.lambda_sp > 0:
-            sp_loss = latent[:, :, 1:-1].float().abs().mean()  # L1 on visible Stage-1 latent tokens
+            sp_loss = latent[:, :, 1:-1].float().abs().mean()  # L1 on visible level-1 latent tokens
             loss = loss + pp.lambda_sp * sp_loss
             log["sp_loss"] = sp_loss
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
@@ -155,7 +155,7 @@ class LatentMaskedAutoencoder(nn.Module):
     def masked_errors(
         self, x: torch.Tensor, maskings: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     ) -> torch.Tensor:
-        """Per-sample masked reconstruction error (M, B) of the Stage-0 latent tokens under each of M
+        """Per-sample masked reconstruction error (M, B) of the level-0 latent tokens under each of M
         given masks, in the loss's target space. The frozen levels below run once for all masks."""
         tokens = self.latent_tokens(x)
         target = self.target(tokens)

@@ -12,7 +12,7 @@ from probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\
---encoder is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
+--encoder is a level-0/level-1 run folder, an exported encoder folder, or random:<config.yaml>.
 --data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
 --splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/; chapman/ for csn).
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--level",
         type=int,
         default=None,
-        help="probe levels 0..LEVEL of a nested encoder (0 = Stage 0; default: the top level)",
+        help="probe levels 0..LEVEL of a nested encoder (0 = level 0; default: the top level)",
     )
     p.add_argument(
         "--task",
