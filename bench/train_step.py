@@ -316,7 +316,7 @@ def main() -> None:
         e2e_rate = e2e(args, overrides, base, batch)
         end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
     print(
-        f"train_step stage={cfg.level} device={device.type} batch={batch} compile={compile_mode} "
+        f"train_step level={cfg.level} device={device.type} batch={batch} compile={compile_mode} "
         f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
         f"graphs={compiled if compile_mode else 0} first_step_s={first_step:.1f} "
         f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}"

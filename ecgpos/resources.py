@@ -1,7 +1,7 @@
 """Files ecgpos ships or looks for: the shipped run configs, and the folder of real sample records.
 
 The top-level `configs/` folder is installed as the data-only package `ecgpos.configs`, so a
-shipped config is found by name (`--config stage0`, `--config tiny/level1`) from a checkout, an
+shipped config is found by name (`--config level0`, `--config tiny/level1`) from a checkout, an
 editable install and a wheel alike.
 """
 
@@ -35,7 +35,7 @@ def config_dir() -> Path:
 
 
 def shipped_configs() -> list[str]:
-    """Names of the shipped configs, e.g. ['stage0', 'stage1', 'stmem12', 'tiny/level0', ...]."""
+    """Names of the shipped configs, e.g. ['level0', 'level1', 'stmem12', 'tiny/level0', ...]."""
     root = config_dir()
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 

@@ -45,7 +45,7 @@ def test_probe_bench_prints_its_figure_last(shared_data: Path) -> None:  # the b
 
 
 @pytest.mark.slow
-def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
+def test_train_step_bench_reports_the_frozen_level0_share() -> None:
     lines = run_bench(
         "train_step.py",
         "--config",
@@ -58,8 +58,8 @@ def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
         "1",
     )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "1" and float(fields["samples_per_s"]) > 0
-    assert 0 < float(fields["stage0_forward_share"]) < 1
+    assert fields["level"] == "1" and float(fields["samples_per_s"]) > 0
+    assert 0 < float(fields["level0_forward_share"]) < 1
 
 
 @pytest.mark.slow
@@ -69,7 +69,7 @@ def test_train_step_bench_puts_a_level_2_step_next_to_a_level_1_step() -> None:
         "train_step.py", "--config", config, "--level", "2", "--batch", "4", "--steps", "1", "--warmup", "0"
     )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "2" and float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
+    assert fields["level"] == "2" and float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
     assert 0 < float(fields["base_forward_ms"])
 
 
@@ -96,7 +96,7 @@ def test_train_step_bench_compiles_latent_levels_1_and_2() -> None:
     )  # fmt: skip
     assert re.search(r"compile True \(1 graph\)", lines[0]), lines[0]
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "2" and fields["compile"] == "True" and float(fields["step_ms"]) > 0
+    assert fields["level"] == "2" and fields["compile"] == "True" and float(fields["step_ms"]) > 0
     assert float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
 
 

@@ -160,7 +160,7 @@ def test_carve_three_levels_on_the_real_samples(
         for ext in (".hea", ".mat"):
             (folder / (record.name + ext)).write_bytes(record.with_suffix(ext).read_bytes())
     assert cli("score", "--run", runs / "level2", "--input", folder, "--out", tmp_path / "s.csv", "--no-progress") == 0
-    assert (tmp_path / "s.csv").read_text().splitlines()[0] == "record_id,stage0_score,stage1_score,stage2_score"
+    assert (tmp_path / "s.csv").read_text().splitlines()[0] == "record_id,level0_score,level1_score,level2_score"
     # geometry on the validation records themselves, with alpha between two margin ratios so that answers split
     from ecgpos.objectives import criterion as crit
     from ecgpos.objectives.push_pull import PushPullConfig

@@ -171,10 +171,10 @@ def test_an_export_of_the_lower_levels_describes_them_not_the_run_it_was_cut_fro
     out = tmp_path / "export"
     assert cli("export", "--run-dir", carved / "level1", "--level", "0", "--out", out) == 0
     training = json.loads((out / "config.json").read_text())["training"]
-    assert (training["stage"], training["step"], training["steps"]) == (0, 2, 2)
+    assert (training["level"], training["step"], training["steps"]) == (0, 2, 2)
     assert training["run_dir"] == str((carved / "level0").resolve())
     assert Path(training["checkpoint"]).parent.parent == (carved / "level0").resolve()
     assert training["exported_levels"] == "0..0" and training["cut_from"] == str((carved / "level1").resolve())
     card = (out / "README.md").read_text()
-    assert "- Stage: 0\n" in card and "- Optimiser steps: 2 of 2 (finished)" in card
+    assert "- Level: 0\n" in card and "- Optimiser steps: 2 of 2 (finished)" in card
     assert f"cut from the nest of {(carved / 'level1').resolve()}" in card and "of 3" not in card

@@ -31,9 +31,9 @@ VAL = ["--set", "optim.steps=2", "--set", "train.val_fraction=0.3", "--set", "tr
 
 def _models() -> dict[int, torch.nn.Module]:
     torch.manual_seed(0)
-    stage0 = build_model(load_run_config(TINY0, [], level=0)).eval()
-    stage1 = build_model(load_run_config(TINY1, [], level=1), stage0.encoder).eval()
-    return {0: stage0, 1: stage1}
+    level0 = build_model(load_run_config(TINY0, [], level=0)).eval()
+    level1 = build_model(load_run_config(TINY1, [], level=1), level0.encoder).eval()
+    return {0: level0, 1: level1}
 
 
 @pytest.fixture(scope="module")

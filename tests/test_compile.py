@@ -18,12 +18,12 @@ from ecgpos.runs.run_config import load_run_config
 
 PUSH_PULL = ["push_pull.enabled=true", "push_pull.lambda_sp=0.1"]
 OBJECTIVES = {
-    "stage0": ("tiny/level0", []),
-    "stage1": ("tiny/level1", []),
-    "stage1-push-pull-gaussian": ("tiny/level1", PUSH_PULL),
-    "stage1-push-pull-mask": ("tiny/level1", [*PUSH_PULL, "push_pull.perturbation=mask", "push_pull.scale=0.3"]),
-    "stage0-push-pull-gaussian": ("tiny/level0", ["push_pull.enabled=true"]),
-    "stage2": ("tiny/level1", ["level=2"]),
+    "level0": ("tiny/level0", []),
+    "level1": ("tiny/level1", []),
+    "level1-push-pull-gaussian": ("tiny/level1", PUSH_PULL),
+    "level1-push-pull-mask": ("tiny/level1", [*PUSH_PULL, "push_pull.perturbation=mask", "push_pull.scale=0.3"]),
+    "level0-push-pull-gaussian": ("tiny/level0", ["push_pull.enabled=true"]),
+    "level2": ("tiny/level1", ["level=2"]),
 }
 
 

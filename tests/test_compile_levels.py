@@ -36,7 +36,7 @@ def chain(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def train_level(level: int, base: Path | str, shards: Path, run: Path, *extra: str) -> list[dict]:
-    """`ecgpos pretrain --stage LEVEL --base BASE` with STEPS (+ extra) -> its train records."""
+    """`ecgpos pretrain --level LEVEL --base BASE` with STEPS (+ extra) -> its train records."""
     assert pretrain(level, shards, run, *STEPS, "--base", str(base), *extra) == 0
     return [r for r in metrics(run) if "loss" in r]
 
@@ -60,7 +60,7 @@ def test_a_compiled_latent_level_follows_the_eager_run(
     assert_same_losses(eager, compiled)
     assert all(r["compiled"] for r in compiled) and not any(r["compiled"] for r in eager)
     info = json.loads((tmp_path / "compiled" / "run_info.json").read_text())
-    assert (info["compile"], info["stage"], info["finished"]) == ("default", level, True)
+    assert (info["compile"], info["level"], info["finished"]) == ("default", level, True)
     assert "compile_fallback" not in info
     trained = weights(tmp_path / "compiled")
     below = load_run_encoder(base).module.state_dict()  # the frozen levels, as their own run holds them

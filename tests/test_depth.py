@@ -116,7 +116,7 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
     assert main(["export", "--run-dir", str(straight), "--out", str(cut), "--level", "1"]) == 0
     assert main(["verify", str(export)]) == 0 and main(["verify", str(cut)]) == 0
     decoders = json.loads((export / "config.json").read_text())["decoders"]
-    assert [k for k in decoders if k.startswith("stage")] == ["stage0", "stage1", "stage2"]
+    assert [k for k in decoders if k.startswith("level")] == ["level0", "level1", "level2"]
     whole, part = load_encoder(export), load_encoder(cut)
     assert whole.encoder.depth == 3 and part.encoder.depth == 2
     assert weights_hash(part.encoder) == weights_hash(whole.cut(1).encoder)

@@ -47,7 +47,7 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
     level0 = _finetune(capsys, shared_data, tmp_path / "level0", "full", "--level", "0", *one_epoch, seeds=1)
     assert list(level0["encoder"]) == ["random-init (tiny/level1) level 0 (finetune-full)"]
     meta = json.loads((tmp_path / "level0" / "models" / "ptbxl-super" / "1" / "seed0" / "model.json").read_text())
-    assert meta["encoder_arch"]["kind"] == "stage0"
+    assert meta["encoder_arch"]["kind"] == "level0"
     first = pd.read_csv(tmp_path / "full" / "results.csv")
     rerun = [*_data(shared_data), "--fractions", "100", "--seeds", "1", "--bootstrap", "200", *one_epoch]
     rc, out, err = run(capsys, "finetune", "--encoder", NESTED, *rerun, "--out", tmp_path / "full")

@@ -126,7 +126,7 @@ folder_damage = st.one_of(
     ),
     st.tuples(
         st.sampled_from(["level0", "level1"]),
-        st.sampled_from(["shards", "base", "finished", "step", "stage"]),
+        st.sampled_from(["shards", "base", "finished", "step", "level"]),
         st.just("info"),
         JSON_VALUES,
     ),

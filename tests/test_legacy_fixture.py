@@ -64,15 +64,15 @@ def test_legacy_runs_and_export_load_alike() -> None:
         assert torch.equal(run0.module.forward_features(x), exported.cut(0).forward_features(x))
         assert torch.equal(run0.module.forward_features(x), run1.module.forward_features(x, level=0))
     assert weights_hash(run1.module.levels[0]) == weights_hash(run0.module)
-    assert resolve_encoder(FIXTURE / "export1", level=0).arch["kind"] == "stage0"
+    assert resolve_encoder(FIXTURE / "export1", level=0).arch["kind"] == "level0"
 
 
 def test_legacy_export_verifies_and_its_decoders_load(capsys: pytest.CaptureFixture) -> None:
     assert main(["verify", str(FIXTURE / "export1")]) == 0
     assert "FAIL" not in capsys.readouterr().out
     models = load_decoders(FIXTURE / "export1", read_export_config(FIXTURE / "export1"))
-    assert list(models) == ["stage0", "stage1"]
-    assert weights_hash(models["stage1"].base) == weights_hash(load_encoder(FIXTURE / "export1").encoder.levels[0])
+    assert list(models) == ["level0", "level1"]
+    assert weights_hash(models["level1"].base) == weights_hash(load_encoder(FIXTURE / "export1").encoder.levels[0])
 
 
 def test_legacy_export_embeds_at_each_level(real_record: Path, tmp_path: Path) -> None:
@@ -120,8 +120,8 @@ def test_new_code_repeats_the_legacy_losses_and_builds_on_legacy_bases(fixture_s
     assert (
         main(["pretrain", "--level", "0", "--config", "tiny/level0", "--run-dir", str(tmp_path / "r0"), *common]) == 0
     )
-    stage1 = ["pretrain", "--level", "1", "--config", "tiny/level1", "--stage0", str(FIXTURE / "run0")]
-    assert main([*stage1, "--run-dir", str(tmp_path / "r1"), *common]) == 0
+    level1 = ["pretrain", "--level", "1", "--config", "tiny/level1", "--base", str(FIXTURE / "run0")]
+    assert main([*level1, "--run-dir", str(tmp_path / "r1"), *common]) == 0
     for new, old in (("r0", "run0"), ("r1", "run1")):
         got, want = losses(tmp_path / new), losses(FIXTURE / old)
         assert [g[0] for g in got] == [w[0] for w in want] == list(range(1, 7))

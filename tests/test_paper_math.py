@@ -45,29 +45,29 @@ def test_push_pull_loss_matches_plain_loops(alpha: float) -> None:
         assert 0 < want_active < 1  # the example exercises both sides of the hinge
 
 
-def stage1(push_pull: PushPullConfig | None = None, depth: int = 1) -> LatentMaskedAutoencoder:
+def level1(push_pull: PushPullConfig | None = None, depth: int = 1) -> LatentMaskedAutoencoder:
     torch.manual_seed(1)
-    stage0 = STMEMEncoder(EncoderConfig(depth=depth, **SMALL))
+    level0 = STMEMEncoder(EncoderConfig(depth=depth, **SMALL))
     torch.manual_seed(2)
     encoder = LatentEncoder(EncoderConfig(depth=depth, **SMALL))
-    return LatentMaskedAutoencoder(stage0, encoder, DecoderConfig(width=32, depth=1, heads=4), push_pull=push_pull)
+    return LatentMaskedAutoencoder(level0, encoder, DecoderConfig(width=32, depth=1, heads=4), push_pull=push_pull)
 
 
-def stage1_inputs(model: LatentMaskedAutoencoder) -> tuple[list[torch.Tensor], object]:
+def level1_inputs(model: LatentMaskedAutoencoder) -> tuple[list[torch.Tensor], object]:
     """Every token tensor (B, L, N + 2, W) the level-1 encoder embeds, in call order."""
     seen: list[torch.Tensor] = []
     handle = model.encoder.token_embed.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
     return seen, handle
 
 
-def test_stage1_reads_stage0_unmasked_eval_tokens_without_gradient() -> None:
-    model = stage1(PushPullConfig(enabled=True, perturbation="gaussian", scale=0.3))
+def test_level1_reads_level0_unmasked_eval_tokens_without_gradient() -> None:
+    model = level1(PushPullConfig(enabled=True, perturbation="gaussian", scale=0.3))
     model.train()
     assert not model.base.training and model.encoder.training
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # what level 0 gives on its own, unmasked
         want = model.base.forward_tokens(x).reshape(2, 12, 32, 32)
-    seen, handle = stage1_inputs(model)
+    seen, handle = level1_inputs(model)
     out = model(x, generator=torch.Generator().manual_seed(3))
     handle.remove()
     assert len(seen) == 2  # the masked reconstruction pass and the push-pull pass
@@ -81,10 +81,10 @@ def test_stage1_reads_stage0_unmasked_eval_tokens_without_gradient() -> None:
 def test_push_pull_perturbs_only_what_delta_measures(perturbation: str, scale: float, where: str) -> None:
     """P's input must be x~ = x + e with delta = d(x~, x) = |e|: the SEP outputs, which P reads but does
     not reconstruct, stay clean, so delta measures all of the perturbation P sees."""
-    model = stage1(PushPullConfig(enabled=True, perturbation=perturbation, scale=scale))
+    model = level1(PushPullConfig(enabled=True, perturbation=perturbation, scale=scale))
     x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(1))
     clean = model.latent_tokens(x).reshape(3, 12, 32, 32)
-    seen, handle = stage1_inputs(model)
+    seen, handle = level1_inputs(model)
     g = torch.Generator().manual_seed(4)
     if where == "training":
         model(x, generator=g)
@@ -99,9 +99,9 @@ def test_push_pull_perturbs_only_what_delta_measures(perturbation: str, scale: f
     assert torch.allclose(delta, (tilde - clean).flatten(1).norm(dim=1))
 
 
-def test_nested_features_are_stage0_then_stage1_by_hand() -> None:
-    """The 12-block nested encoder (6 + 6) against the two stages written out step by step."""
-    model = stage1(depth=6)
+def test_nested_features_are_level0_then_level1_by_hand() -> None:
+    """The 12-block nested encoder (6 + 6) against the two levels written out step by step."""
+    model = level1(depth=6)
     nested = model.nested_encoder().eval()
     assert len(nested.levels[0].blocks) + len(nested.levels[1].blocks) == 12
     x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(5))

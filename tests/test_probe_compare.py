@@ -126,7 +126,7 @@ def test_compare_flags_folders_probed_under_different_protocols(capsys, probe_fo
 
 
 def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, probe_folder):
-    # two different encoders both named "stage1", probed on different tasks (so no row clashes)
+    # two different encoders both named "level1", probed on different tasks (so no row clashes)
     first = probe_folder("named-first")
     args = ["probe", "--encoder", "random:tiny/level1", "--name", "named-first", "--task", "cpsc2018"]
     args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]

@@ -28,7 +28,7 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("text", ["1: 2\n", "? null\n: 3\n", "optim:\n  ? [a]\n  : 1\n", "optim:\n  0.5: 1\n"])
 def test_yaml_keys_that_are_not_names_are_one_line(capsys, tmp_path, tiny_shards, text):
-    path = _yaml(tmp_path, "stage: 0\n" + text)
+    path = _yaml(tmp_path, "level: 0\n" + text)
     with pytest.raises(ConfigError, match="is not a name"):
         load_run_config(path)
     run_dir = tmp_path / "run"
@@ -57,7 +57,7 @@ def test_set_of_a_whole_section_changes_only_the_keys_it_names():
 
 
 def test_a_section_whose_keys_are_all_commented_out_takes_its_defaults(tmp_path):
-    path = _yaml(tmp_path, "stage: 0\noptim:\n  # lr: 1.0e-3\ntrain:\n")
+    path = _yaml(tmp_path, "level: 0\noptim:\n  # lr: 1.0e-3\ntrain:\n")
     cfg = load_run_config(path, ["optim.steps=7"])
     defaults = load_run_config(None)
     assert cfg.optim.steps == 7 and cfg.optim.lr == defaults.optim.lr and cfg.train == defaults.train

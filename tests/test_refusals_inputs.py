@@ -240,7 +240,7 @@ def test_score_refuses_labels_that_would_be_silently_miscounted_before_scoring(c
     duplicated.write_text("record_id,label\nx,a\ny,b\nx,a\n")  # the same label twice is one record
     assert read_labels(duplicated) == {"x": "a", "y": "b"}
     with pytest.raises(EcgposError, match="labels both nominal and anomalous: b"):
-        auroc_by_level(["x", "y"], {"stage0": [0.1, 0.2]}, {"x": "a", "y": "b"}, ["a", "b"], ["b"])
+        auroc_by_level(["x", "y"], {"level0": [0.1, 0.2]}, {"x": "a", "y": "b"}, ["a", "b"], ["b"])
 
 
 def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):

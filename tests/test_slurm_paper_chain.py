@@ -54,7 +54,7 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
     assert cmds["check-code15"][-3:] == [str(SLURM / "preprocess.sbatch"), "check", "code15"]
     assert "--array=0-3" in cmds["preprocess-code15"]
     # one array over the probe tasks per encoder, the encoder as the script's argument
-    for stage in ("stage0", "stage1"):
+    for stage in ("level0", "level1"):
         probe = cmds[f"probe-{stage}"]
         assert probe[-2:] == [str(SLURM / "probe.sbatch"), str(work / "runs" / stage)] and "--array=0-1" in probe
 
@@ -66,7 +66,7 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
     assert shards == [str(work / "shards" / "ecg-arrhythmia"), str(work / "shards" / "code15")]
 
     # a chain that starts at level 0 needs every corpus's shards
-    later = {**env, "ECGPOS_STEPS": "stage0 stage1 probe merge export"}
+    later = {**env, "ECGPOS_STEPS": "level0 level1 probe merge export"}
     (work / "shards" / "ecg-arrhythmia").mkdir(parents=True)
     (work / "shards" / "ecg-arrhythmia" / "index.csv").touch()
     proc = _run("pipeline.sh", later, tmp_path)
@@ -115,7 +115,7 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
         argv = [shlex.split(line) for line in stdout.splitlines()]
         return [(_flag(a, "--encoder"), _flag(a, "--task"), _flag(a, "--out")) for a in argv]
 
-    pairs = [(str(work / "runs" / e), t, str(probes / e / t)) for e in ("stage0", "stage1") for t in tasks]
+    pairs = [(str(work / "runs" / e), t, str(probes / e / t)) for e in ("level0", "level1") for t in tasks]
     proc = _run("probe.sbatch", env, tmp_path)  # no array: every encoder x task
     assert proc.returncode == 0 and outs(proc.stdout) == pairs, proc.stderr
     # an array over both encoders: task i = encoder i / T, task i % T
@@ -125,7 +125,7 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
         assert outs(proc.stdout) == [pair], proc.stderr
     # one encoder as the argument: the array runs over the tasks only
     one = {**env, "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"}
-    proc = _run("probe.sbatch", one, tmp_path, str(work / "runs" / "stage1"))
+    proc = _run("probe.sbatch", one, tmp_path, str(work / "runs" / "level1"))
     assert outs(proc.stdout) == [pairs[3]], proc.stderr
     # an array of the old size would leave the level-1 probes undone: refused, naming the size to submit
     proc = _run("probe.sbatch", {**one, "SLURM_ARRAY_TASK_ID": "0"}, tmp_path)

@@ -74,6 +74,6 @@ def test_pretrain_sbatch_on_two_nodes(two_node_cluster: SlurmCluster, shards: Pa
     state = cluster.run("scontrol", "-o", "show", "job", job, check=False).stdout
     assert "JobState=COMPLETED" in state and "NodeList=" in state, text[-3000:] + cluster.log_tail()
     assert f"NodeList={cluster.nodes[0]},{cluster.nodes[1]}" in state or "NumNodes=2" in state, state
-    info = json.loads((work / "runs" / "stage0" / "run_info.json").read_text())
+    info = json.loads((work / "runs" / "level0" / "run_info.json").read_text())
     assert info["finished"] is True and info["num_processes"] == 2, text[-3000:]
     assert "stage 0: 2 node(s) x 0 GPU(s)" in text and "stage 0 finished" in text

@@ -84,7 +84,7 @@ def test_tiny_levels_beat_the_mean_predictor(tmp_path: Path) -> None:
     )
 
 
-def test_tiny_stage0_run_writes_everything(run0: Path) -> None:
+def test_tiny_level0_run_writes_everything(run0: Path) -> None:
     records = [r for r in metrics(run0) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 41))
     assert {"step", "loss", "lr", "grad_norm", "samples_per_s", "epoch"} <= records[0].keys()
@@ -102,7 +102,7 @@ def test_tiny_stage0_run_writes_everything(run0: Path) -> None:
     modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in newest_checkpoint(run0).iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
     info = json.loads((run0 / "run_info.json").read_text())
-    assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["base"] is None
+    assert info["finished"] and info["step"] == 40 and info["level"] == 0 and info["base"] is None
     for name in ("recon-step-0000020.png", "recon-step-0000040.png", "curves.png"):
         png = (run0 / "figures" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -123,25 +123,25 @@ def test_resume_mid_epoch_equals_uninterrupted(run0: Path, shards: Path, tmp_pat
     assert not (crashed / "checkpoints" / "step-0000030.tmp").exists()
 
 
-def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None:
-    stage0_file = newest_checkpoint(run0) / "model.safetensors"
-    before = stage0_file.read_bytes()
-    run1 = tmp_path / "stage1"
-    stage1_args = ("--base", str(run0), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15")
-    assert pretrain(1, shards, run1, *stage1_args) == 0
-    assert stage0_file.read_bytes() == before
-    crashed = tmp_path / "stage1-crashed"  # resume equivalence, as for level 0 (15 = 2 x 6 + 3: mid-epoch)
+def test_level1_on_tiny_level0(run0: Path, shards: Path, tmp_path: Path) -> None:
+    level0_file = newest_checkpoint(run0) / "model.safetensors"
+    before = level0_file.read_bytes()
+    run1 = tmp_path / "level1"
+    level1_args = ("--base", str(run0), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15")
+    assert pretrain(1, shards, run1, *level1_args) == 0
+    assert level0_file.read_bytes() == before
+    crashed = tmp_path / "level1-crashed"  # resume equivalence, as for level 0 (15 = 2 x 6 + 3: mid-epoch)
     shutil.copytree(run1, crashed)
     shutil.rmtree(crashed / "checkpoints" / "step-0000030")
-    assert pretrain(1, shards, crashed, *stage1_args, "--resume", "auto") == 0
+    assert pretrain(1, shards, crashed, *level1_args, "--resume", "auto") == 0
     assert max_diff(weights(crashed), weights(run1)) <= 1e-6
     records = [r for r in metrics(run1) if "loss" in r]
     assert "recon_loss" in records[0]
     # The frozen level-0 inside the level-1 checkpoint is bit-identical to the level-0 run's encoder.
     encoder0 = load_run_encoder(run0).module
-    stage1_state = weights(run1)
+    level1_state = weights(run1)
     for name, tensor in encoder0.state_dict().items():
-        assert torch.equal(stage1_state[f"base.{name}"], tensor), name
+        assert torch.equal(level1_state[f"base.{name}"], tensor), name
     nested = load_run_encoder(run1)
     assert nested.arch["kind"] == "nested" and not nested.module.training
     assert weights_hash(nested.module.levels[0]) == weights_hash(encoder0)

@@ -159,7 +159,7 @@ def write_geometry_task(probe_root: Path, root: Path) -> Path:
 
 
 def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
-    """Run every stage into `out`; returns the path of the probe summary."""
+    """Run every step of the demo into `out`; returns the path of the probe summary."""
     step = Steps(8 if size.finetune_epochs else 7)
     out.mkdir(parents=True, exist_ok=True)
     step(

@@ -31,11 +31,9 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.inference.flags import (
     Calibration,
-    Decomposition,
     FirstLevel,
     calibrate_levels,
     check_fit_size,
-    decompose,
     decompose_levels,
     level_flags,
 )
@@ -244,23 +242,13 @@ def auroc_by_level(
 @dataclass
 class FlagReport:
     """The OR rule over every level, calibrated on D_fit and applied to every scored record (rows in the
-    order of the ids). Two levels also keep the appendix's A/B decomposition (`groups`, `a`, `b`)."""
+    order of the ids)."""
 
     calibration: Calibration
     levels: list[str]
     flags: np.ndarray  # (n, L) bool: level l's channel fired
     first: dict[str, FirstLevel]  # per nominal label, then per anomalous label: the first level that fired
     nominal_first: FirstLevel  # the nominal evaluation records together: their false-positive rate
-    groups: dict[str, Decomposition] = field(default_factory=dict)  # two levels only
-    nominal: Decomposition | None = None  # two levels only
-
-    @property
-    def a(self) -> np.ndarray:
-        return self.flags[:, 0]
-
-    @property
-    def b(self) -> np.ndarray:
-        return self.flags[:, 1]
 
 
 def flags_by_label(
@@ -300,14 +288,10 @@ def flags_by_label(
     flags = level_flags(values, cal)
     labelled = [*nominal, *anomalous]
     is_nominal = rows(nominal)
-    report = FlagReport(
+    return FlagReport(
         cal,
         levels,
         flags,
         {label: decompose_levels(flags[rows([label])]) for label in labelled},
         decompose_levels(flags[is_nominal]),
     )
-    if len(levels) == 2:
-        report.groups = {label: decompose(*flags[rows([label])].T) for label in labelled}
-        report.nominal = decompose(*flags[is_nominal].T)
-    return report

@@ -1,6 +1,6 @@
 """Level 0 objective: ST-MEM masked autoencoder around an `STMEMEncoder`.
 
-Three stages, as in MAE:
+Three steps, as in MAE:
     forward_encoder(x, noise)        -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
     forward_decoder(latent, ids)     -> pred (B, L, N, P)
     forward_loss(x, pred, mask)      -> loss (scalar), target (B, L, N, P)

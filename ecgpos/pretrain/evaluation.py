@@ -73,4 +73,4 @@ def training_figures(
     arrays = {"mask": out["mask"][0].cpu().numpy(), **{k: v.cpu().numpy() for k, v in tensors.items()}}
     x_np = x[0].float().cpu().numpy()
     plot_training_step(cfg.level, x_np, arrays, folder, step, cfg.preprocess.fs, title)
-    plot_training_curves(metrics_path, folder / "curves.png", f"{run_dir.name} (stage {cfg.level})")
+    plot_training_curves(metrics_path, folder / "curves.png", f"{run_dir.name} (level {cfg.level})")

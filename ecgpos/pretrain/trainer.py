@@ -340,7 +340,7 @@ class Trainer:
         if self.step < total:
             held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
             acc.print(
-                f"ecgpos pretrain: stage {cfg.level}, steps {self.step}->{total}, "
+                f"ecgpos pretrain: level {cfg.level}, steps {self.step}->{total}, "
                 f"global batch {cfg.train.batch_size} "
                 f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
                 f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
@@ -356,7 +356,7 @@ class Trainer:
             return 0
         batches = iter(train_loader(self.train_set, self.sampler, cfg.train.num_workers))
         shown = acc.is_main_process and sys.stderr.isatty()
-        bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"stage {cfg.level}")
+        bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"level {cfg.level}")
         self.metrics.restart()
         while self.step < total:
             self._train_step(batches, self.step)

@@ -43,7 +43,7 @@ runs with the guard; --task all adds it only with --include-csn.
 `ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
 one encoder label probed on different tasks in different folders (e.g. one folder per task from an
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
-folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
+folder name added, e.g. `level1 [run2]`. It adds, for every pair of encoders with stored test
 scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
 As a probe run, it deletes an earlier compare's files in --out first and writes probe.json last;
 into one of its input folders it writes only differences.csv and the summary. A --out (probe or
