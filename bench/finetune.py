@@ -68,7 +68,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cfg = load_run_config(args.config)
     if cfg.level != 0:
-        raise EcgposError(f"--config {args.config} is a Stage-{cfg.level} config; the bench compares level 0")
+        raise EcgposError(f"--config {args.config} is a level-{cfg.level} config; the bench compares level 0")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_mixed_precision(cfg.train.mixed_precision)
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")  # noqa: E731

@@ -157,22 +157,22 @@ def probe_costs(work: Path, records: int) -> dict[str, float]:
     of it with a tiny two-level encoder (a few steps of the tiny configs: the bench measures cost, not quality)."""
     write_corpus(work / "encoder-corpus", 256, per_shard=128, prefix="ENC")
     runs = work / "encoder-runs"
-    for stage in (0, 1):
+    for level in (0, 1):
         cmd = [
-            sys.executable, "-m", "ecgpos", "pretrain", "--stage", str(stage), "--config", f"tiny/stage{stage}",
-            "--shards", str(work / "encoder-corpus"), "--run-dir", str(runs / f"stage{stage}"),
+            sys.executable, "-m", "ecgpos", "pretrain", "--level", str(level), "--config", f"tiny/level{level}",
+            "--shards", str(work / "encoder-corpus"), "--run-dir", str(runs / f"level{level}"),
             "--set", "optim.steps=4", "--set", "train.num_workers=0", "--set", "train.figure_every=4",
-        ] + (["--stage0", str(runs / "stage0")] if stage else [])  # fmt: skip
+        ] + (["--base", str(runs / "level0")] if level else [])  # fmt: skip
         _timed(cmd)
     got = {"probe_write": write_probe_layout(work / "probe", records)}
     print(f"probe layout of {records} records written", file=sys.stderr, flush=True)
     got["geometry"] = _timed(
-        [sys.executable, "-m", "ecgpos", "geometry", "--encoder", str(runs / "stage1"), "--task",
+        [sys.executable, "-m", "ecgpos", "geometry", "--encoder", str(runs / "level1"), "--task",
          f"custom:{work / 'probe'}", "--nominal", "normal,brady", "--anomalous", "tachy", "--split", "all",
          "--device", "cpu", "--out", str(work / "geometry")]
     )  # fmt: skip
     got["score"] = _timed(
-        [sys.executable, "-m", "ecgpos", "score", "--run", str(runs / "stage1"), "--input",
+        [sys.executable, "-m", "ecgpos", "score", "--run", str(runs / "level1"), "--input",
          str(work / "probe" / "records"), "--out", str(work / "scores.csv"), "--device", "cpu", "--no-progress"]
     )  # fmt: skip
     with open(work / "scores.csv") as handle:
@@ -211,7 +211,7 @@ def _pretrain(shards: Path, run_dir: Path, steps: int, until: int, resume: bool)
     """Run `ecgpos pretrain`; after the log line of step `until` ask it to checkpoint and stop (USR1).
     Returns (seconds to the first step's log line, seconds to step `until`'s, peak RSS by pid)."""
     cmd = [
-        sys.executable, "-m", "ecgpos", "pretrain", "--stage", "0", "--config", str(CONFIG),
+        sys.executable, "-m", "ecgpos", "pretrain", "--level", "0", "--config", str(CONFIG),
         "--shards", str(shards), "--run-dir", str(run_dir), "--resume", "auto",
         "--set", f"optim.steps={steps}", "--set", "train.log_every=1", "--set", f"train.num_workers={WORKERS}",
         "--set", f"train.checkpoint_every={steps}", "--set", f"train.figure_every={steps}",

@@ -7,10 +7,10 @@ memory (CUDA: max allocated; CPU: process peak RSS) and MFU: FLOPs per sample co
 torch.utils.flop_counter.FlopCounterMode on the model itself (forward + backward), against the
 card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a latent
 config it also times the frozen forward of the levels below and reports its share of the step; the
-base is --stage0 / --base (a run or export folder) or random levels (level 0 from the `level0.yaml`
+base is --base (a run or export folder) or random levels (level 0 from the `level0.yaml`
 beside the config, the latent levels from the config). --level N trains level N of a latent config
-(default: its own stage) and, for N >= 2, also times a level-1 step of the same config on the same
-Level 0, alternating with level N's, and prints both with their ratio (the cost of depth: the frozen levels run under
+(default: its own level) and, for N >= 2, also times a level-1 step of the same config on the same
+level 0, alternating with level N's, and prints both with their ratio (the cost of depth: the frozen levels run under
 torch.no_grad and compile with the trained level, in one graph).
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
 and the first step's time (the compile). --e2e SHARDS runs the real trainer (loader, logging, figure
@@ -20,7 +20,7 @@ time goes (bench/step_profile.py: top kernels, the share outside matmuls and att
 The last line is the figure.
 
     python bench/train_step.py --config configs/level0.yaml [--batch 64] [--steps 10] [--warmup 3]
-    python bench/train_step.py --config configs/level1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
+    python bench/train_step.py --config configs/level1.yaml [--base RUN_OR_EXPORT] [--compile]
     python bench/train_step.py --config configs/level1.yaml --level 2 [--base RUN_OR_EXPORT] [--steps 3]
     python bench/train_step.py --config configs/level0.yaml --e2e SHARDS [--e2e-steps 300]
     python bench/train_step.py --config configs/level0.yaml --compile reduce-overhead --profile 5
@@ -151,10 +151,8 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], base: torch.nn.Modul
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument(
-        "--stage0", "--base", dest="base", type=Path, help="levels below: run or export (default: random)"
-    )
-    parser.add_argument("--level", type=int, help="level to train with a latent config (default: the config's stage)")
+    parser.add_argument("--base", dest="base", type=Path, help="levels below: run or export (default: random)")
+    parser.add_argument("--level", type=int, help="level to train with a latent config (default: the config's level)")
     parser.add_argument("--batch", type=int, help="per-device batch (default: the config's global batch)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -281,7 +279,7 @@ def main() -> None:
     memory = peak_memory_mb(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(
-        f"config {args.config}: stage {cfg.level}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
+        f"config {args.config}: level {cfg.level}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
         f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
         f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
         f"compile {compile_mode}{graphs}, first step {first_step:.1f} s, device {name}, {attention}"
@@ -298,7 +296,7 @@ def main() -> None:
                 model.latent_tokens(x)
 
         s0 = timed(base_forward, args.steps, args.warmup, device)
-        name = "stage0" if cfg.level == 1 else "base"  # the frozen levels below the trained one
+        name = "level0" if cfg.level == 1 else "base"  # the frozen levels below the trained one
         share = f" {name}_forward_ms={s0 * 1e3:.1f} {name}_forward_share={s0 / seconds:.2f}"
         assert not any(p.requires_grad for p in model.base.parameters())
     if cfg.level >= 2:  # both levels again, alternately: the ratio is the figure

@@ -25,7 +25,7 @@ def _sbatch_lines(stdout: str) -> list[list[str]]:
     return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("# sbatch")]
 
 
-def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path) -> None:
+def test_pipeline_preprocesses_each_corpus_and_probes_every_level(tmp_path: Path) -> None:
     data = probe_data_stand_ins(tmp_path)
     code15 = tmp_path / "code 15"  # a blank in a path: quoted in the list
     code15.mkdir()
@@ -37,10 +37,10 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
         ECGPOS_SUBSET="all",
         ECGPOS_DATA_ROOT=str(data),
         ECGPOS_WORK=str(work),
-        ECGPOS_STAGE0_CONFIG="tiny/level0",
-        ECGPOS_STAGE1_CONFIG="tiny/level1",
+        ECGPOS_LEVEL0_CONFIG="tiny/level0",
+        ECGPOS_LATENT_CONFIG="tiny/level1",
         ECGPOS_PROBE_TASKS="ptbxl-super cpsc2018",
-        # no ecgpos after the set-up: the stage configs' check (tested on its own) is left to the jobs
+        # no ecgpos after the set-up: the level configs' check (tested on its own) is left to the jobs
         ECGPOS_SETUP="export PATH=/usr/bin:/bin",
     )
     proc = _run("pipeline.sh", env, tmp_path)
@@ -54,9 +54,9 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
     assert cmds["check-code15"][-3:] == [str(SLURM / "preprocess.sbatch"), "check", "code15"]
     assert "--array=0-3" in cmds["preprocess-code15"]
     # one array over the probe tasks per encoder, the encoder as the script's argument
-    for stage in ("level0", "level1"):
-        probe = cmds[f"probe-{stage}"]
-        assert probe[-2:] == [str(SLURM / "probe.sbatch"), str(work / "runs" / stage)] and "--array=0-1" in probe
+    for level in ("level0", "level1"):
+        probe = cmds[f"probe-{level}"]
+        assert probe[-2:] == [str(SLURM / "probe.sbatch"), str(work / "runs" / level)] and "--array=0-1" in probe
 
     # every level train on the pool of both corpora's shard folders
     pretrain_env = {**env, "ECGPOS_GPUS_PER_NODE": "0"}
@@ -146,8 +146,8 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
     merge = shlex.split(_run("probe.sbatch", {**env, "ECGPOS_PROBE_REFERENCE": ""}, tmp_path, "merge").stdout)
     assert "--reference" not in merge
 
-    # Level 1 trained on another level-0 encoder (ECGPOS_STAGE0_RUN): that one is probed beside it
-    proc = _run("probe.sbatch", {**env, "ECGPOS_STAGE0_RUN": str(tmp_path / "export0")}, tmp_path)
+    # Level 1 trained on another level-0 encoder (ECGPOS_LEVEL0_RUN): that one is probed beside it
+    proc = _run("probe.sbatch", {**env, "ECGPOS_LEVEL0_RUN": str(tmp_path / "export0")}, tmp_path)
     assert [(e, o) for e, _, o in outs(proc.stdout)][:2] == [
         (str(tmp_path / "export0"), str(probes / "export0" / t)) for t in tasks
     ]

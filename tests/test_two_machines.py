@@ -50,7 +50,7 @@ def _launch_line(tmp_path: Path, shards: Path, runs: Path, nodes: int, gpus: int
         ECGPOS_WORK=str(tmp_path),
         ECGPOS_SHARDS=str(shards),
         ECGPOS_RUNS=str(runs),
-        ECGPOS_STAGE0_CONFIG=str(TINY0),
+        ECGPOS_LEVEL0_CONFIG=str(TINY0),
         ECGPOS_PRETRAIN_SET=SETTINGS,
     )
     proc = subprocess.run(
