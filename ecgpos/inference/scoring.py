@@ -4,7 +4,7 @@ Level 0: mean masked-patch reconstruction error in the level-0 loss's target spa
 normalised signal patches when norm_target). Level 1: the same for the level-0 latent tokens through
 the level-1 decoder. Each is averaged over `masks` fixed masks (mask m is drawn from seed m, the same
 for every record and batch) and over the record's windows, so a record always gets the same score.
-The preprint's level-1 score is instead the input-space error of the complete reconstruction, decoded
+The preprint's Stage-1 score (our level 1) is instead the input-space error of the complete reconstruction, decoded
 back through the level-0 decoder; the level-1 score here is the counterpart of its latent error e_sub,
 on masked tokens as in the loss.
 

@@ -43,8 +43,8 @@ def check_transformer_config(cfg: Any, section: str, extra_positive: tuple[str, 
 
 @dataclass
 class EncoderConfig:
-    """Encoder hyper-parameters; paper level 0: depth 6 (ST-MEM: 12); width 768, 12 heads, patch 75 and
-    MLP ratio 4 are ST-MEM's base model, which the paper follows without restating them."""
+    """Encoder hyper-parameters; level 0, the paper's Stage 0: depth 6 (ST-MEM: 12); width 768, 12 heads,
+    patch 75 and MLP ratio 4 are ST-MEM's base model, which the paper follows without restating them."""
 
     num_leads: int = 12
     seq_len: int = 2250

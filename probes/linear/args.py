@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--level",
         type=int,
         default=None,
-        help="probe levels 0..LEVEL of a nested encoder (0 = level 0; default: the top level)",
+        help="probe levels 0..LEVEL of a nested encoder (default: the top level)",
     )
     p.add_argument(
         "--task",
