@@ -61,7 +61,7 @@ ALIAS_SITES = {
     "probes/shared/published.py": ("Stage 0", "Stage 1", '"stage0"'),
     "probes/shared/reference/paper.csv": ("Stage 0", "Stage 1"),
 }
-STAGE_WORD = re.compile(r"\bstage[0-9]*\b", re.IGNORECASE)
+STAGE_WORD = re.compile(r"(?<![a-z])stage(?:[0-9]+|s)?(?![a-z])", re.IGNORECASE)  # stage0_steps too, not "staged"
 PREPRINT_QUOTE = re.compile(r"(?:paper|preprint)'s Stage[ -][01]")  # "level 0 (the preprint's Stage 0)": anywhere
 
 

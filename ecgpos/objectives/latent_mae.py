@@ -73,7 +73,7 @@ class LatentMaskedAutoencoder(nn.Module):
         self.norm_target = bool(norm_target)
         self.push_pull = push_pull if push_pull is not None else PushPullConfig()
         self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.width)
-        self._register_load_state_dict_pre_hook(_rename_stage0_to_base, with_module=True)
+        self._register_load_state_dict_pre_hook(_two_level_base_names, with_module=True)
 
     def train(self, mode: bool = True) -> LatentMaskedAutoencoder:
         """Switch this level to train/eval; the base always stays in eval mode (frozen)."""
@@ -180,7 +180,7 @@ class LatentMaskedAutoencoder(nn.Module):
         return NestedEncoder([*below, self.encoder])
 
 
-def _rename_stage0_to_base(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+def _two_level_base_names(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
     """load_state_dict pre-hook: a two-level run's "stage0.*" weights are the base's."""
     for key in [k for k in state if k.startswith(prefix + "stage0.")]:
         state[prefix + "base." + key[len(prefix + "stage0.") :]] = state.pop(key)
