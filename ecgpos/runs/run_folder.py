@@ -228,8 +228,10 @@ def _shards_summary(shards: Any) -> dict[str, Any]:
 
 
 def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) -> dict[str, Any]:
-    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`."""
-    run_info = {**read_json_object(run_dir / RUN_INFO), **{k: v for k, v in info.items() if _jsonable(v)}}
+    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`; the level
+    trained is the run's own (a cut encoder's `info` names the level it was cut to)."""
+    recorded = read_json_object(run_dir / RUN_INFO)
+    run_info = {**recorded, **{k: v for k, v in info.items() if _jsonable(v)}}
     config = read_yaml(run_dir / RUN_CONFIG) if (run_dir / RUN_CONFIG).is_file() else {}
     optim, train = config.get("optim", {}) or {}, config.get("train", {}) or {}
     push_pull = config.get("push_pull", {}) or {}
@@ -237,7 +239,7 @@ def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) 
         "name": run_dir.resolve().name,
         "run_dir": str(run_dir.resolve()),
         "level": next(
-            (v for v in (recorded_level(run_info), recorded_level(config)) if v is not None), _top_level(arch)
+            (v for v in (recorded_level(recorded), recorded_level(config)) if v is not None), _top_level(arch)
         ),
         "step": run_info.get("step"),
         "steps": optim.get("steps"),
