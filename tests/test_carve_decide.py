@@ -4,6 +4,7 @@ the same measurement, stop rules and carve.* record as the depth loop itself."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -64,10 +65,10 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
     )
 
     # runs in folders named stage<l> are read with --level-prefix stage; the prefix only reads, never trains
-    for level in (0, 1):
-        (runs / f"level{level}").rename(runs / f"stage{level}")
-    assert cli(*decide, *carve_on, "--decide", "1", "--level-prefix", "stage") == 0
-    levels = json.loads((runs / "carve.json").read_text())["levels"]
-    assert [r["run_dir"] for r in levels] == [str(runs / "stage0"), str(runs / "stage1")]
-    assert cli(*decide, *carve_on, "--level-prefix", "stage") == 2
+    other = tmp_path / "other"
+    shutil.copytree(runs / "level0", other / "stage0")
+    old = ["carve", "--shards", arrhythmia_shards, "--run-dir", other, "--level-prefix", "stage"]
+    assert cli(*old, *carve_on, "--decide", "0") == 0
+    assert [r["run_dir"] for r in json.loads((other / "carve.json").read_text())["levels"]] == [str(other / "stage0")]
+    assert cli(*old, *carve_on) == 2
     assert "--level-prefix stage reads finished runs: give it with --decide LEVEL" in capsys.readouterr().err
