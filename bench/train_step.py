@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def random_base(args: argparse.Namespace, cfg) -> torch.nn.Module:
-    """Random frozen levels 0..N-1 for level N: Level 0 as the random-init baseline builds it."""
+    """Random frozen levels 0..N-1 for level N: level 0 as the random-init baseline builds it."""
     from ecgpos.inference.resolve import level0_config
 
     levels = [level0_config(args.config, cfg), *[cfg.encoder] * (cfg.level - 1)]

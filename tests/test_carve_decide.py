@@ -27,7 +27,7 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
     decide = ["carve", "--shards", arrhythmia_shards, "--run-dir", runs]
     carve_on = ["--max-levels", "3", "--stop-below", "0", "--min-drop", "-1"]
 
-    # Level 1 is not trained yet: one line naming its folder
+    # level 1 is not trained yet: one line naming its folder
     assert cli(*decide, *carve_on, "--decide", "1") == 2
     assert f"{runs / 'level1'} is not a finished run" in capsys.readouterr().err
     # the criterion is measured on the records the runs held out: another fraction is refused
@@ -45,7 +45,7 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
     assert all(r["records"] == 22 and r["steps"] == 2 for r in levels)
     assert "Decision after level 1: carving on, criterion" in (runs / "carve.md").read_text()
 
-    # a resumed chain decides level 0 again: Level 1's measurement is kept for its decide job, not shown
+    # a resumed chain decides level 0 again: level 1's measurement is kept for its decide job, not shown
     assert cli(*decide, *carve_on, "--decide", "0") == 0
     data = json.loads((runs / "carve.json").read_text())
     assert [r["level"] for r in data["levels"]] == [0] and data["measured_above"] == [levels[1]]

@@ -137,8 +137,8 @@ def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_su
     slurm_cluster: SlurmCluster, arrhythmia_shards: Path, shared_data: Path, tmp_path: Path
 ) -> None:
     """The default threshold: the tiny level 0's criterion (0) is below 0.05, so the chain is one level deep,
-    Level 0 probed and exported; its decide job requeued submits nothing again. pipeline.sh run again with
-    rules that never stop: Level 0 is not trained again, each decide job submits the next level on the one
+    level 0 probed and exported; its decide job requeued submits nothing again. pipeline.sh run again with
+    rules that never stop: level 0 is not trained again, each decide job submits the next level on the one
     below up to ECGPOS_MAX_LEVELS, the last one the probes of the three levels, the merge and the export."""
     work = tmp_path / "work"
     runs = work / "runs"

@@ -60,7 +60,7 @@ def test_lr_schedule_paper_values() -> None:
 
 
 def test_tiny_levels_beat_the_mean_predictor(tmp_path: Path) -> None:
-    """Learning, stated against what predicting the mean scores, not against the first loss: Level 0
+    """Learning, stated against what predicting the mean scores, not against the first loss: level 0
     with LEARNS on smooth_like shards (tests/pretrain_helpers.py) against 1.0 (per-patch-normalised
     targets), then level 1 on it (its own 75 % masking, 150 steps) against the variance of its
     targets, the latent patch tokens of the training windows (not normalised)."""

@@ -1,4 +1,4 @@
-"""`ecgpos pretrain`: Level 0 (masked ECG transformer) or level N >= 1 (latent MAE on the frozen
+"""`ecgpos pretrain`: level 0 (masked ECG transformer) or level N >= 1 (latent MAE on the frozen
 levels 0..N-1) with Accelerate.
 
     ecgpos pretrain --level N --config FILE --shards DIR --run-dir DIR

@@ -2,7 +2,7 @@
 
 Simulated 12-lead ECGs (neurokit2) are written in the real on-disk layouts (ecg-arrhythmia WFDB
 tree, CODE-15 exams.csv + HDF5), so the real readers run; then preprocess -> `ecgpos carve` to three
-levels (two with --quick): Level 0, then each level on the frozen ones below, and after each the
+levels (two with --quick): level 0, then each level on the frozen ones below, and after each the
 calibrated carving criterion on held-out records (carve's default stop rules decide; where they stop early the
 demo carves on to its depth to show every level), a linear probe (the real protocol) and PoS geometry between
 it and the level below (rhythm classes nominal, noisy recordings anomalous) -> a random-init probe for

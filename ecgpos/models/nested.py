@@ -1,4 +1,4 @@
-"""Nested encoder: Level 0 (STMEMEncoder over raw ECG), then levels 1..L-1 (LatentEncoder), no masking.
+"""Nested encoder: level 0 (STMEMEncoder over raw ECG), then levels 1..L-1 (LatentEncoder), no masking.
 
 Level l reads the tokens of level l-1, so every level shares the width and token layout. Same
 interface as STMEMEncoder, so probes and export treat both alike, plus `level=` to read any level:

@@ -58,7 +58,7 @@ def push_triplet(
     `perturb_patches` and `reconstruct` do the work: the perturbation and the map its push term uses."""
     pp, e = criterion_settings(model), model.encoder
     latent = hasattr(model, "latent_tokens")
-    # Level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
+    # level 0 perturbs signal patches (P samples each), a latent level the patch tokens below it (W wide)
     inputs = model.latent_tokens(x) if latent else x.float()
     shape = (1, e.num_leads, e.num_patches, e.width if latent else e.patch_size)
     tilde = torch.cat(
