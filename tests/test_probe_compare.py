@@ -142,8 +142,8 @@ def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, p
 def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_data, probe_folder):
     """The published numbers are over MERL's whole test split; the sample data holds 29 of its 2158
     super-class records, so `ours − published` compares different test sets and says so. A label that
-    names no published row is compared with the row of its architecture (a level-0 encoder: Level 0),
-    also after a --compare of a --compare."""
+    names no published row is compared with the row of its architecture (a level-0 encoder: the paper's
+    Stage 0), also after a --compare of a --compare."""
     from probes.shared.published import PUBLISHED_TEST_RECORDS, read_reference
     from probes.shared.tasks import SPLITS, read_splits, resolve_task
 
@@ -155,7 +155,7 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     capsys.readouterr()
     assert cli("probe", "--compare", folder, "--reference", "paper") == 0
     out = capsys.readouterr().out
-    assert "| against-paper − level 0 (published) | " in out and " †" in out
+    assert "| against-paper − Stage 0 (published) | " in out and " †" in out
     assert "prints the largest test AUROC over its epochs" in out  # how the published numbers were chosen
     assert "**† Our test set is smaller than the published one**" in out
     assert "against-paper, Super: 29 of 2158" in out
@@ -163,7 +163,7 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     assert cli("probe", "--compare", folder, "--out", merged) == 0
     capsys.readouterr()
     assert cli("probe", "--compare", merged, "--reference", "paper") == 0
-    assert "| against-paper − level 0 (published) | " in capsys.readouterr().out
+    assert "| against-paper − Stage 0 (published) | " in capsys.readouterr().out
 
 
 def _edited_copy(folder: Path, dest: Path, edit) -> Path:
