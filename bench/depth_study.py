@@ -51,12 +51,12 @@ class Size:
     anomalies: int  # records per anomaly sub-kind
     levels: int
     seeds: int
-    stage0_steps: int
+    level0_steps: int
     latent_steps: int
 
 
-DEFAULT = Size(pool_per_class=24, eval_per_class=8, anomalies=8, levels=5, seeds=3, stage0_steps=120, latent_steps=80)
-QUICK = Size(pool_per_class=8, eval_per_class=3, anomalies=3, levels=2, seeds=1, stage0_steps=10, latent_steps=10)
+DEFAULT = Size(pool_per_class=24, eval_per_class=8, anomalies=8, levels=5, seeds=3, level0_steps=120, latent_steps=80)
+QUICK = Size(pool_per_class=8, eval_per_class=3, anomalies=3, levels=2, seeds=1, level0_steps=10, latent_steps=10)
 
 
 def morphology(c: int) -> np.ndarray:
@@ -182,7 +182,7 @@ def label_readings(runs: Path, levels: int, groups: dict[str, list[np.ndarray]])
     x = torch.from_numpy(np.stack(groups["nominal"]))
     out = []
     for level in range(levels):
-        key = f"stage{level}"
+        key = f"level{level}"
         row: dict = {}
         for kind in ("join", "off"):
             row[f"auroc_{kind}"] = auroc_ci(scores["nominal"][key], scores[kind][key])
@@ -234,11 +234,11 @@ def run_setting(out: Path, pool: Path, size: Size, setting: str, seed: int, grou
     from ecgpos.cli import main as ecgpos
 
     runs = out / f"{setting}-seed{seed}"
-    argv = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", str(pool)]
+    argv = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--shards", str(pool)]
     argv += ["--run-dir", str(runs), "--max-levels", str(size.levels), "--stop-below", "0", "--min-drop", "-1"]
     argv += ["--val-fraction", "0.2"]
     sets = ["train.num_workers=0", f"train.seed={seed}", "train.log_every=1000", "train.figure_every=100000"]
-    sets += _steps(size.stage0_steps)
+    sets += _steps(size.level0_steps)
     if setting == "push-pull":
         sets += ["push_pull.enabled=true", "push_pull.alpha=1.0", "push_pull.scale=0.1"]
     for s in sets:
@@ -275,7 +275,7 @@ def _mean(values: list[float]) -> str:
 def report(results: list[dict], size: Size, machine: str, seconds: float) -> str:
     """The table (mean over seeds per setting and level) and the depths per setting and seed, as Markdown."""
     lines = [
-        f"Depth study: {size.levels} levels, {size.seeds} seed(s), level 0 {size.stage0_steps} steps, "
+        f"Depth study: {size.levels} levels, {size.seeds} seed(s), level 0 {size.level0_steps} steps, "
         f"latent levels {size.latent_steps} steps, tiny configs; {machine}; {seconds / 60:.1f} min.",
         "",
         "| setting | level | criterion | literal | rho | delta / eps | AUROC join | AUROC off | RankMe "

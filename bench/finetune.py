@@ -1,4 +1,4 @@
-"""Benchmark: one fine-tuning step beside one Stage-0 pretraining step, same encoder, batch and window.
+"""Benchmark: one fine-tuning step beside one level-0 pretraining step, same encoder, batch and window.
 
 The fine-tuning step is `ecgpos finetune --mode full`'s (ECG augmentations on the batch, the encoder and a
 linear head, binary cross-entropy, AdamW over the layer-decay groups, clipping); the pretraining step is
@@ -11,7 +11,7 @@ and of FLOP/s (how well each step uses the device). Both steps compile as their 
 GPU, eager on the CPU), so compiled is compared with compiled; the warm-up steps take the compiles.
 The last line is the figure.
 
-    python bench/finetune.py [--config configs/stage0.yaml] [--batch 64] [--steps 10] [--warmup 3] [--compile auto]
+    python bench/finetune.py [--config configs/level0.yaml] [--batch 64] [--steps 10] [--warmup 3] [--compile auto]
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from ecgpos.pretrain.optim import (  # noqa: E402
     resolve_mixed_precision,
 )
 from ecgpos.pretrain.schedule import step_generator  # noqa: E402
+from ecgpos.runs.levels import build_model  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
-from ecgpos.runs.stages import build_model  # noqa: E402
 from probes.finetune.augment import augment  # noqa: E402
 from probes.finetune.config import AugmentConfig, Mode, OptimConfig  # noqa: E402
 from probes.finetune.model import Classifier, param_groups, prepare_mode  # noqa: E402
@@ -54,7 +54,7 @@ def _flops(fn) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, default=Path("configs/stage0.yaml"), help="a Stage-0 run config")
+    parser.add_argument("--config", type=Path, default=Path("configs/level0.yaml"), help="a level-0 run config")
     parser.add_argument("--batch", type=int, default=0, help="batch size (default: the config's)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -67,8 +67,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_run_config(args.config)
-    if cfg.stage != 0:
-        raise EcgposError(f"--config {args.config} is a Stage-{cfg.stage} config; the bench compares Stage 0")
+    if cfg.level != 0:
+        raise EcgposError(f"--config {args.config} is a level-{cfg.level} config; the bench compares level 0")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_mixed_precision(cfg.train.mixed_precision)
     autocast = lambda: torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")  # noqa: E731

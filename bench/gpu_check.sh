@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 LOG=$OUT/gpu_check.log
 SUMMARY=$OUT/summary.txt
 PY=${PYTHON:-python3}
-CONFIGS=${CONFIGS:-configs/stage0.yaml configs/stage1.yaml}
+CONFIGS=${CONFIGS:-configs/level0.yaml configs/level1.yaml}
 BATCH=${BATCH:-64}
 STEPS=${STEPS:-30}
 WARMUP=${WARMUP:-5}
@@ -101,13 +101,13 @@ if [ -z "${SKIP_PYTEST:-}" ]; then
         --ignore=tests/test_train_cuda.py $PYTEST_EXTRA $PYTEST_PATHS
 fi
 # train.compile=auto, the default: CUDA graphs (reduce-overhead) on one GPU; bare step and end to end. A cold
-# compile of a paper config takes minutes (over 150 s for Stage 0 on an H100), hence the caps.
+# compile of a paper config takes minutes (over 150 s for level 0 on an H100), hence the caps.
 run_config() {  # run_config CONFIG: the auto row
     step "$(basename "$1" .yaml) auto b$BATCH +e2e" 300 "^train_step" "$PY" bench/train_step.py \
         --config "$1" --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" "${e2e[@]}"
 }
 run_config "${configs[0]}"
-bare0=$(grep -E "^train_step stage=0 .*compile=reduce-overhead" "$LOG" | tail -1 |
+bare0=$(grep -E "^train_step level=0 .*compile=reduce-overhead" "$LOG" | tail -1 |
     sed -E 's/.* step_ms=[0-9.]+ samples_per_s=([0-9.]+).*/\1/')
 if [ -d "$SHARDS" ]; then
     step "loader workers 4 6 8 12" 60 "^loader" "$PY" bench/loader.py --shards "$SHARDS" --workers 4 6 8 12 \

@@ -11,7 +11,7 @@ the figure: the configured worker count's (train.num_workers of --config), or th
 count was not run.
 
     python bench/loader.py --shards DIR [--workers 0 1 2] [--batch 64] [--batches 30]
-                           [--train-samples-per-s X] [--config stage0]
+                           [--train-samples-per-s X] [--config level0]
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="training consumption to compare with (bench/train_step.py, paper config)",
     )
     parser.add_argument(
-        "--config", default="stage0", help="run config whose train.num_workers is the figure (default: stage0)"
+        "--config", default="level0", help="run config whose train.num_workers is the figure (default: level0)"
     )
     return parser
 

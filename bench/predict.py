@@ -10,7 +10,7 @@ thresholds and AUROCs mean nothing. Then, on the CPU with --threads threads:
    (`ecgpos.load_classifier`) and classifier.onnx in an onnxruntime session, the faster of two runs each.
 The last line is the figure.
 
-    python bench/predict.py [--config configs/stage0.yaml] [--records 64] [--batch 32] [--threads 2]
+    python bench/predict.py [--config configs/level0.yaml] [--records 64] [--batch 32] [--threads 2]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def best_of_two(run) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--config", type=Path, default=ROOT / "configs" / "stage0.yaml", help="run config of the encoder"
+        "--config", type=Path, default=ROOT / "configs" / "level0.yaml", help="run config of the encoder"
     )
     parser.add_argument("--records", type=int, default=64, help="ecg-arrhythmia sample records (at most 200)")
     parser.add_argument("--batch", type=int, default=32, help="windows per forward pass")

@@ -4,7 +4,7 @@ For each N of --sizes, writes a synthetic corpus of N records in the shard forma
 leaves (shards, index.csv with fingerprints, preprocess.json; through the preprocessing's own shard
 and manifest writers, generated 10 s 250 Hz signals instead of read and filtered ones) and measures:
 
-- `ecgpos pretrain` (tiny Stage 0, fresh process) from launch to its first step's log line, and a
+- `ecgpos pretrain` (tiny level 0, fresh process) from launch to its first step's log line, and a
   resume from its checkpoint to the first step after it;
 - the trainer's and each loader worker's peak RSS over --steps steps at 6 workers;
 - the loader at 6 workers (bench/loader.py's measurement): its workers' start-up to the first batch, and
@@ -53,7 +53,7 @@ from preprocessing import ecg_arrhythmia, manifest  # noqa: E402
 from preprocessing.build import BuildRequest  # noqa: E402
 from preprocessing.records import RecordRef  # noqa: E402
 
-CONFIG = ROOT / "configs" / "tiny" / "stage0.yaml"
+CONFIG = ROOT / "configs" / "tiny" / "level0.yaml"
 LENGTH = 2500  # samples: a 10 s record at the spec's 250 Hz
 WORKERS = 6
 
@@ -157,22 +157,22 @@ def probe_costs(work: Path, records: int) -> dict[str, float]:
     of it with a tiny two-level encoder (a few steps of the tiny configs: the bench measures cost, not quality)."""
     write_corpus(work / "encoder-corpus", 256, per_shard=128, prefix="ENC")
     runs = work / "encoder-runs"
-    for stage in (0, 1):
+    for level in (0, 1):
         cmd = [
-            sys.executable, "-m", "ecgpos", "pretrain", "--stage", str(stage), "--config", f"tiny/stage{stage}",
-            "--shards", str(work / "encoder-corpus"), "--run-dir", str(runs / f"stage{stage}"),
+            sys.executable, "-m", "ecgpos", "pretrain", "--level", str(level), "--config", f"tiny/level{level}",
+            "--shards", str(work / "encoder-corpus"), "--run-dir", str(runs / f"level{level}"),
             "--set", "optim.steps=4", "--set", "train.num_workers=0", "--set", "train.figure_every=4",
-        ] + (["--stage0", str(runs / "stage0")] if stage else [])  # fmt: skip
+        ] + (["--base", str(runs / "level0")] if level else [])  # fmt: skip
         _timed(cmd)
     got = {"probe_write": write_probe_layout(work / "probe", records)}
     print(f"probe layout of {records} records written", file=sys.stderr, flush=True)
     got["geometry"] = _timed(
-        [sys.executable, "-m", "ecgpos", "geometry", "--encoder", str(runs / "stage1"), "--task",
+        [sys.executable, "-m", "ecgpos", "geometry", "--encoder", str(runs / "level1"), "--task",
          f"custom:{work / 'probe'}", "--nominal", "normal,brady", "--anomalous", "tachy", "--split", "all",
          "--device", "cpu", "--out", str(work / "geometry")]
     )  # fmt: skip
     got["score"] = _timed(
-        [sys.executable, "-m", "ecgpos", "score", "--run", str(runs / "stage1"), "--input",
+        [sys.executable, "-m", "ecgpos", "score", "--run", str(runs / "level1"), "--input",
          str(work / "probe" / "records"), "--out", str(work / "scores.csv"), "--device", "cpu", "--no-progress"]
     )  # fmt: skip
     with open(work / "scores.csv") as handle:
@@ -211,7 +211,7 @@ def _pretrain(shards: Path, run_dir: Path, steps: int, until: int, resume: bool)
     """Run `ecgpos pretrain`; after the log line of step `until` ask it to checkpoint and stop (USR1).
     Returns (seconds to the first step's log line, seconds to step `until`'s, peak RSS by pid)."""
     cmd = [
-        sys.executable, "-m", "ecgpos", "pretrain", "--stage", "0", "--config", str(CONFIG),
+        sys.executable, "-m", "ecgpos", "pretrain", "--level", "0", "--config", str(CONFIG),
         "--shards", str(shards), "--run-dir", str(run_dir), "--resume", "auto",
         "--set", f"optim.steps={steps}", "--set", "train.log_every=1", "--set", f"train.num_workers={WORKERS}",
         "--set", f"train.checkpoint_every={steps}", "--set", f"train.figure_every={steps}",
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--records", type=int, help="only write a corpus of this many records to --work and exit")
     parser.add_argument("--work", type=Path, help="folder for corpora and runs (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the corpora (and runs)")
-    parser.add_argument("--steps", type=int, default=200, help="tiny Stage-0 steps before memory is read")
+    parser.add_argument("--steps", type=int, default=200, help="tiny level-0 steps before memory is read")
     parser.add_argument("--probe-set-records", type=int, default=45_000, help="leakage guard probe set (CSN)")
     parser.add_argument("--loader-batches", type=int, default=100, help="loader batches timed after its warm-up")
     parser.add_argument(
@@ -398,7 +398,7 @@ def main() -> None:
     lines, worst, worst_name = table(results, args.probe_set_records)
     print(
         f"machine: {os.cpu_count()} CPUs, load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
-        f"tiny Stage 0, {args.steps} steps"
+        f"tiny level 0, {args.steps} steps"
     )
     print("\n".join(lines))
     for n in sizes:

@@ -7,9 +7,9 @@ memory (CUDA: max allocated; CPU: process peak RSS) and MFU: FLOPs per sample co
 torch.utils.flop_counter.FlopCounterMode on the model itself (forward + backward), against the
 card's peak measured in the same run by a short bf16 matmul (CPU: an fp32 matmul). For a latent
 config it also times the frozen forward of the levels below and reports its share of the step; the
-base is --stage0 / --base (a run or export folder) or random levels (level 0 from the `stage0.yaml`
+base is --base (a run or export folder) or random levels (level 0 from the `level0.yaml`
 beside the config, the latent levels from the config). --level N trains level N of a latent config
-(default: its own stage) and, for N >= 2, also times a level-1 step of the same config on the same
+(default: its own level) and, for N >= 2, also times a level-1 step of the same config on the same
 level 0, alternating with level N's, and prints both with their ratio (the cost of depth: the frozen levels run under
 torch.no_grad and compile with the trained level, in one graph).
 --compile times the whole model compiled (train.compile); the first line gives the number of graphs
@@ -19,11 +19,11 @@ metrics.jsonl, first record excluded) and the ratio to the bare step. --profile 
 time goes (bench/step_profile.py: top kernels, the share outside matmuls and attention).
 The last line is the figure.
 
-    python bench/train_step.py --config configs/stage0.yaml [--batch 64] [--steps 10] [--warmup 3]
-    python bench/train_step.py --config configs/stage1.yaml [--stage0 RUN_OR_EXPORT] [--compile]
-    python bench/train_step.py --config configs/stage1.yaml --level 2 [--base RUN_OR_EXPORT] [--steps 3]
-    python bench/train_step.py --config configs/stage0.yaml --e2e SHARDS [--e2e-steps 300]
-    python bench/train_step.py --config configs/stage0.yaml --compile reduce-overhead --profile 5
+    python bench/train_step.py --config configs/level0.yaml [--batch 64] [--steps 10] [--warmup 3]
+    python bench/train_step.py --config configs/level1.yaml [--base RUN_OR_EXPORT] [--compile]
+    python bench/train_step.py --config configs/level1.yaml --level 2 [--base RUN_OR_EXPORT] [--steps 3]
+    python bench/train_step.py --config configs/level0.yaml --e2e SHARDS [--e2e-steps 300]
+    python bench/train_step.py --config configs/level0.yaml --compile reduce-overhead --profile 5
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ from ecgpos.pretrain.optim import (  # noqa: E402
     resolve_mixed_precision,
 )
 from ecgpos.pretrain.schedule import step_generator  # noqa: E402
+from ecgpos.runs.levels import build_model  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
-from ecgpos.runs.stages import build_model  # noqa: E402
 
 
 def sync(device: torch.device) -> None:
@@ -122,7 +122,7 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], base: torch.nn.Modul
         f"train.figure_every={args.e2e_steps}",
         "train.grad_accum=1",
     ]
-    cfg = load_run_config(args.config, overrides, stage=args.level)
+    cfg = load_run_config(args.config, overrides, level=args.level)
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
         plan = RunPlan(
@@ -151,10 +151,8 @@ def e2e(args: argparse.Namespace, cfg_overrides: list[str], base: torch.nn.Modul
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument(
-        "--stage0", "--base", dest="base", type=Path, help="levels below: run or export (default: random)"
-    )
-    parser.add_argument("--level", type=int, help="level to train with a latent config (default: the config's stage)")
+    parser.add_argument("--base", dest="base", type=Path, help="levels below: run or export (default: random)")
+    parser.add_argument("--level", type=int, help="level to train with a latent config (default: the config's level)")
     parser.add_argument("--batch", type=int, help="per-device batch (default: the config's global batch)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
@@ -179,7 +177,7 @@ def random_base(args: argparse.Namespace, cfg) -> torch.nn.Module:
     """Random frozen levels 0..N-1 for level N: level 0 as the random-init baseline builds it."""
     from ecgpos.inference.resolve import level0_config
 
-    levels = [level0_config(args.config, cfg), *[cfg.encoder] * (cfg.stage - 1)]
+    levels = [level0_config(args.config, cfg), *[cfg.encoder] * (cfg.level - 1)]
     return build_nested(levels).requires_grad_(False).eval()
 
 
@@ -210,7 +208,7 @@ def level1_step(cfg, base: torch.nn.Module, x, autocast, device, mode):
     """A level-1 training step of the same latent config on level 0 of `base` (step(i), as make_step)."""
     import dataclasses
 
-    cfg1 = dataclasses.replace(cfg, stage=1)
+    cfg1 = dataclasses.replace(cfg, level=1)
     torch.manual_seed(0)
     model = build_model(cfg1, cut_encoder(base, 0)).to(device).train()
     compile_model(model, mode)
@@ -240,13 +238,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = [*args.overrides, *([f"train.compile={args.compile}"] if args.compile else [])]
-    cfg = load_run_config(args.config, overrides, stage=args.level)
+    cfg = load_run_config(args.config, overrides, level=args.level)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_mixed_precision(cfg.train.mixed_precision)
     batch = args.batch or cfg.train.batch_size
     torch.manual_seed(0)
     base = None
-    if cfg.stage >= 1:
+    if cfg.level >= 1:
         if args.base is not None:
             from ecgpos.pretrain.plan import load_base
 
@@ -281,7 +279,7 @@ def main() -> None:
     memory = peak_memory_mb(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({torch.get_num_threads()} threads)"
     print(
-        f"config {args.config}: stage {cfg.stage}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
+        f"config {args.config}: level {cfg.level}, encoder {cfg.encoder.width}x{cfg.encoder.depth}, decoder "
         f"{cfg.decoder.width}x{cfg.decoder.depth}, {sum(p.numel() for p in trainable) / 1e6:.2f}M trainable of "
         f"{param_count(model) / 1e6:.2f}M params, batch {batch}, precision {precision}, "
         f"compile {compile_mode}{graphs}, first step {first_step:.1f} s, device {name}, {attention}"
@@ -291,21 +289,21 @@ def main() -> None:
         f"peak {peak / 1e12:.3g} TFLOP/s ({peak_what}, measured)"
     )
     share = ""
-    if cfg.stage >= 1:
+    if cfg.level >= 1:
 
         def base_forward(i: int) -> None:  # noqa: ARG001
             with autocast if device.type == "cuda" else contextlib.nullcontext():
                 model.latent_tokens(x)
 
         s0 = timed(base_forward, args.steps, args.warmup, device)
-        name = "stage0" if cfg.stage == 1 else "base"  # the frozen levels below the trained one
+        name = "level0" if cfg.level == 1 else "base"  # the frozen levels below the trained one
         share = f" {name}_forward_ms={s0 * 1e3:.1f} {name}_forward_share={s0 / seconds:.2f}"
         assert not any(p.requires_grad for p in model.base.parameters())
-    if cfg.stage >= 2:  # both levels again, alternately: the ratio is the figure
+    if cfg.level >= 2:  # both levels again, alternately: the ratio is the figure
         one_step = level1_step(cfg, base, x, autocast, device, compile_mode)
         mine, one = paired(step, one_step, args.steps, args.warmup, device)
         share += f" paired_step_ms={mine * 1e3:.1f} level1_step_ms={one * 1e3:.1f}"
-        share += f" level{cfg.stage}_over_level1={mine / one:.2f}"
+        share += f" level{cfg.level}_over_level1={mine / one:.2f}"
     rate = batch / seconds
     if args.profile:
         from step_profile import profile_steps
@@ -316,7 +314,7 @@ def main() -> None:
         e2e_rate = e2e(args, overrides, base, batch)
         end_to_end = f" e2e_samples_per_s={e2e_rate:.1f} e2e_ratio={e2e_rate / rate:.2f}"
     print(
-        f"train_step stage={cfg.stage} device={device.type} batch={batch} compile={compile_mode} "
+        f"train_step level={cfg.level} device={device.type} batch={batch} compile={compile_mode} "
         f"step_ms={seconds * 1e3:.1f} samples_per_s={rate:.1f} peak_mem_mb={memory:.0f} "
         f"graphs={compiled if compile_mode else 0} first_step_s={first_step:.1f} "
         f"gflop_per_sample={flops_per_sample / 1e9:.2f} mfu={rate * flops_per_sample / peak:.4f}{share}{end_to_end}"

@@ -129,6 +129,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass `cls` from a mapping; unknown keys raise ConfigError with their dotted path."""
     if data is None:
         data = {}
+    data = renamed_keys(cls, data, prefix)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]
     if unknown:
@@ -141,6 +142,23 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{prefix.rstrip('.') or cls.__name__}: {err}") from None
+
+
+def renamed_keys(cls: type, data: Mapping[str, Any], prefix: str = "") -> Mapping[str, Any]:
+    """`data` with the other spellings of `cls.KEY_ALIASES` ({other spelling: field}) read as their field;
+    ConfigError when a mapping gives both spellings."""
+    aliases = getattr(cls, "KEY_ALIASES", {})
+    if not any(old in data for old in aliases):
+        return data
+    out = dict(data)
+    for old, new in aliases.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(
+                    f"config gives both {prefix}{old} and {prefix}{new} (the same key): keep {prefix}{new}"
+                )
+            out[new] = out.pop(old)
+    return out
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

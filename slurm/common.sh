@@ -9,24 +9,26 @@
 : "${ECGPOS_RUNS:=$ECGPOS_WORK/runs}"
 : "${ECGPOS_PROBES:=$ECGPOS_WORK/probes}"
 : "${ECGPOS_EXPORT:=$ECGPOS_WORK/export}"
-: "${ECGPOS_STAGE0_CONFIG:=$ECGPOS_REPO/configs/stage0.yaml}"
-: "${ECGPOS_STAGE1_CONFIG:=$ECGPOS_REPO/configs/stage1.yaml}"   # the latent config: every level >= 1
-: "${ECGPOS_DEPTH:=2}"                          # levels the chain trains: stage0 .. stage<DEPTH-1>
+# ECGPOS_STAGE0_CONFIG, ECGPOS_STAGE1_CONFIG and ECGPOS_STAGE0_RUN are read as the three settings below them
+: "${ECGPOS_LEVEL0_CONFIG:=${ECGPOS_STAGE0_CONFIG:-$ECGPOS_REPO/configs/level0.yaml}}"
+: "${ECGPOS_LATENT_CONFIG:=${ECGPOS_STAGE1_CONFIG:-$ECGPOS_REPO/configs/level1.yaml}}"   # every level >= 1
+: "${ECGPOS_LEVEL0_RUN:=${ECGPOS_STAGE0_RUN:-}}"   # level 1's base when set (default: $ECGPOS_RUNS/level0)
+: "${ECGPOS_DEPTH:=2}"                          # levels the chain trains: level0 .. level<DEPTH-1>
 : "${ECGPOS_GPUS_PER_NODE:=1}"                  # 0 = CPU only (no --gres, accelerate --cpu)
 : "${ECGPOS_DRY_RUN:=0}"                        # 1 = print the commands instead of running them
 export ECGPOS_REPO ECGPOS_WORK ECGPOS_DEPTH
 
-# ecgpos_level_config LEVEL: the run config of a level: ECGPOS_STAGE0_CONFIG at 0, ECGPOS_STAGE1_CONFIG above.
-ecgpos_level_config() { if [ "$1" -eq 0 ]; then echo "$ECGPOS_STAGE0_CONFIG"; else echo "$ECGPOS_STAGE1_CONFIG"; fi; }
-# ecgpos_level_base LEVEL (>= 1): the frozen levels below it: the run of level LEVEL-1 (ECGPOS_STAGE0_RUN, when
+# ecgpos_level_config LEVEL: the run config of a level: ECGPOS_LEVEL0_CONFIG at 0, ECGPOS_LATENT_CONFIG above.
+ecgpos_level_config() { if [ "$1" -eq 0 ]; then echo "$ECGPOS_LEVEL0_CONFIG"; else echo "$ECGPOS_LATENT_CONFIG"; fi; }
+# ecgpos_level_base LEVEL (>= 1): the frozen levels below it: the run of level LEVEL-1 (ECGPOS_LEVEL0_RUN, when
 # set, for level 1).
 ecgpos_level_base() {
-    if [ "$1" -eq 1 ]; then echo "${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}"; else echo "$ECGPOS_RUNS/stage$(( $1 - 1 ))"; fi
+    if [ "$1" -eq 1 ]; then echo "${ECGPOS_LEVEL0_RUN:-$ECGPOS_RUNS/level0}"; else echo "$ECGPOS_RUNS/level$(( $1 - 1 ))"; fi
 }
 
 # Compiled kernels (train.compile) are kept in the work folder, where every job of the chain finds them:
 # Inductor's default, /tmp, is node-local (often per job), and a cold compile of a paper config takes
-# minutes, paid again by each requeued or resumed run and by Stage 1 otherwise.
+# minutes, paid again by each requeued or resumed run and by level 1 otherwise.
 : "${TORCHINDUCTOR_CACHE_DIR:=$ECGPOS_WORK/compile-cache}"
 export TORCHINDUCTOR_CACHE_DIR
 
@@ -62,7 +64,7 @@ ecgpos_require_dir() {
     [ -n "$value" ] || ecgpos_die "set $name ($what)"
     [ -d "$value" ] || ecgpos_die "$name=$value is not a folder ($what)"
 }
-# ecgpos_require_config NAME: $NAME is a YAML file or a shipped config name (stage0, tiny/stage1, stage0.yaml).
+# ecgpos_require_config NAME: $NAME is a YAML file or a shipped config name (level0, tiny/level1, level0.yaml).
 ecgpos_require_config() {
     local name=$1 value=${!1:-}
     [ -n "$value" ] || ecgpos_die "set $name (a config file or a shipped config name)"
@@ -123,7 +125,7 @@ ECGPOS_KNOWN_SUBSETS="all chapman ningbo"
 # length: the dataset, its raw folder and its shard folder. ECGPOS_CORPORA ("ecg-arrhythmia=/data/ecg-arrhythmia
 # code15=/data/code15", the paper's pool) gives one corpus per word, each into $ECGPOS_SHARDS/<dataset>/;
 # without it, the one corpus ECGPOS_DATASET (ecg-arrhythmia) from ECGPOS_SRC goes into $ECGPOS_SHARDS itself.
-# Raw folders are not checked here (a chain that starts at stage0 needs none); pipeline.sh checks them.
+# Raw folders are not checked here (a chain that starts at level0 needs none); pipeline.sh checks them.
 ecgpos_corpora() {
     local -n _ecgpos_datasets=$1 _ecgpos_sources=$2 _ecgpos_shard_dirs=$3
     local corpora word dataset
@@ -164,7 +166,7 @@ ecgpos_require_subset() {
 }
 
 # ecgpos_probe_encoders ARRAY: the encoders to probe. ECGPOS_PROBE_ENCODER alone when set (one encoder, its
-# probes in $ECGPOS_PROBES/<task>/), else the words of ECGPOS_PROBE_ENCODERS, by default Stage 1's Stage-0
+# probes in $ECGPOS_PROBES/<task>/), else the words of ECGPOS_PROBE_ENCODERS, by default level 1's level-0
 # encoder and the run of every level above it up to ECGPOS_DEPTH - 1 (the paper's comparison at depth 2),
 # each encoder's probes in $ECGPOS_PROBES/<name>/<task>/.
 ecgpos_probe_encoders() {
@@ -178,11 +180,11 @@ ecgpos_probe_encoders() {
     ecgpos_words ECGPOS_PROBE_ENCODERS _ecgpos_encoders
     [ "${#_ecgpos_encoders[@]}" -eq 0 ] || return 0
     local _level
-    _ecgpos_encoders=("${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}")   # then each latent level's run
-    for (( _level = 1; _level < ECGPOS_DEPTH; _level++ )); do _ecgpos_encoders+=("$ECGPOS_RUNS/stage$_level"); done
+    _ecgpos_encoders=("${ECGPOS_LEVEL0_RUN:-$ECGPOS_RUNS/level0}")   # then each latent level's run
+    for (( _level = 1; _level < ECGPOS_DEPTH; _level++ )); do _ecgpos_encoders+=("$ECGPOS_RUNS/level$_level"); done
 }
 # ecgpos_probe_name ENCODER: the folder name of an encoder's probes: the run or export folder's name
-# (runs/stage1 -> stage1, the label `ecgpos probe` gives it), random-<config name> for random:<config>.
+# (runs/level1 -> level1, the label `ecgpos probe` gives it), random-<config name> for random:<config>.
 ecgpos_probe_name() {
     local encoder=$1 name
     if [[ $encoder == random:* ]]; then
@@ -260,13 +262,14 @@ PY
     done
 }
 
-# ecgpos_check_pretrain_config STAGE: Stage STAGE's config with the ECGPOS_PRETRAIN_SET overrides, resolved by
+# ecgpos_check_pretrain_config LEVEL: level LEVEL's config with the ECGPOS_PRETRAIN_SET overrides, resolved by
 # `ecgpos pretrain --check-config` after the jobs' set-up (in a subshell): an unknown key or a bad value (exit 2)
 # stops here with one line. Returns 1, having checked nothing, when no `ecgpos` with --check-config runs here
 # (none on PATH, an older one, or one whose imports fail on this machine): the job then checks for itself.
 ecgpos_check_pretrain_config() {
-    local stage=$1 var=ECGPOS_STAGE$(( $1 > 0 ? 1 : 0 ))_CONFIG kv overrides out line rc=0
-    local args=(pretrain --stage "$stage" --config "${!var}" --check-config)
+    local level=$1 var kv overrides out line rc=0
+    if [ "$level" -eq 0 ]; then var=ECGPOS_LEVEL0_CONFIG; else var=ECGPOS_LATENT_CONFIG; fi
+    local args=(pretrain --level "$level" --config "${!var}" --check-config)
     ecgpos_words ECGPOS_PRETRAIN_SET overrides
     for kv in "${overrides[@]}"; do args+=(--set "$kv"); done
     out=$(
@@ -281,7 +284,7 @@ ecgpos_check_pretrain_config() {
     [ "$rc" -ne 0 ] || return 0
     [ "$rc" -eq 2 ] || return 1
     line=$(grep -m 1 '^ecgpos pretrain: error: ' <<< "$out" || tail -n 1 <<< "$out")
-    ecgpos_die "stage $stage config $var=${!var}${ECGPOS_PRETRAIN_SET:+ with ECGPOS_PRETRAIN_SET=\"$ECGPOS_PRETRAIN_SET\"}:" \
+    ecgpos_die "level $level config $var=${!var}${ECGPOS_PRETRAIN_SET:+ with ECGPOS_PRETRAIN_SET=\"$ECGPOS_PRETRAIN_SET\"}:" \
         "${line#ecgpos pretrain: error: }"
 }
 

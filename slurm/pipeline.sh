@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Submit the whole chain with --dependency=afterok and print one "STEP JOBID" line per job:
 #
-#   preprocess-<corpus> (array) -> check-<corpus>  (one pair per corpus of ECGPOS_CORPORA) -> stage0 -> stage1
-#   [-> stage2 ... with --depth N] -> probe-<encoder> (array over probe tasks; one per encoder of
-#   ECGPOS_PROBE_ENCODERS, each after the stage that makes its encoder) -> merge (each level vs Stage 0) -> export
+#   preprocess-<corpus> (array) -> check-<corpus>  (one pair per corpus of ECGPOS_CORPORA) -> level0 -> level1
+#   [-> level2 ... with --depth N] -> probe-<encoder> (array over probe tasks; one per encoder of
+#   ECGPOS_PROBE_ENCODERS, each after the level that makes its encoder) -> merge (each level vs level 0) -> export
 # With the one-corpus ECGPOS_SRC and the one-encoder ECGPOS_PROBE_ENCODER the steps are plain "preprocess",
 # "check" and "probe".
 #
 # Usage:  ECGPOS_CORPORA=... ECGPOS_DATA_ROOT=... slurm/pipeline.sh [--depth N|auto]   (or: set -a; . my.env; ...)
-# --depth N (or ECGPOS_DEPTH=N; default 2, the paper's two stages) trains levels 0..N-1: stage<l> on the run of
-# stage<l-1>, every latent level with ECGPOS_STAGE1_CONFIG; the export is the top level's run.
-# --depth auto (ECGPOS_DEPTH=auto) submits stage0 and a decide job after it (slurm/decide.sbatch): each decide job
+# --depth N (or ECGPOS_DEPTH=N; default 2, the paper's two levels) trains levels 0..N-1: level<l> on the run of
+# level<l-1>, every latent level with ECGPOS_LATENT_CONFIG; the export is the top level's run.
+# --depth auto (ECGPOS_DEPTH=auto) submits level0 and a decide job after it (slurm/decide.sbatch): each decide job
 # measures the carving criterion (`ecgpos carve --decide`), records it in $ECGPOS_RUNS/carve.md, and submits
 # either the next level and its decide job or, once a stop rule holds (ECGPOS_MAX_LEVELS, ECGPOS_STOP_BELOW,
 # ECGPOS_MIN_DROP), the probe / merge / finetune / export steps the chain of that depth has.
 # Every setting is an environment variable with a default; see slurm/env.example. ECGPOS_STEPS picks a
-# contiguous part of the chain (e.g. "stage1 probe merge export" when the shards and Stage 0 exist).
+# contiguous part of the chain (e.g. "level1 probe merge export" when the shards and level 0 exist).
 # Settings are checked before anything is submitted (one line naming the variable, exit 2); a submission
 # that sbatch refuses cancels the jobs submitted before it. A failed job cancels everything that depends on
 # it (--kill-on-invalid-dep=yes).
@@ -49,32 +49,33 @@ if [ "$ECGPOS_DEPTH" = auto ]; then
     ecgpos_require_number ECGPOS_STOP_BELOW "x >= 0 && x <= 1" "a fraction in [0, 1]"
     ecgpos_require_number ECGPOS_MIN_DROP "1" "a number (the least fall of the criterion from one level to the next)"
     ecgpos_require_number ECGPOS_VAL_FRACTION "x > 0 && x < 1" "a fraction in (0, 1)"
-    [ -z "${ECGPOS_STAGE0_RUN:-}" ] || ecgpos_die "ECGPOS_STAGE0_RUN: --depth auto carves from its own level 0" \
-        "($ECGPOS_RUNS/stage0); unset it or give --depth N"
+    [ -z "${ECGPOS_LEVEL0_RUN:-}" ] || ecgpos_die "ECGPOS_LEVEL0_RUN: --depth auto carves from its own level 0" \
+        "($ECGPOS_RUNS/level0); unset it or give --depth N"
 fi
 LEVELS=()   # the level numbers this submission trains: 0..DEPTH-1 (auto: 0; the decide jobs add the rest)
 for (( _l = 0; _l < ${ECGPOS_DEPTH/auto/1}; _l++ )); do LEVELS+=("$_l"); done
-STAGE_STEPS=$(printf 'stage%s ' "${LEVELS[@]}")
-: "${ECGPOS_STEPS:=preprocess check ${STAGE_STEPS}probe merge export}"
+LEVEL_STEPS=$(printf 'level%s ' "${LEVELS[@]}")
+: "${ECGPOS_STEPS:=preprocess check ${LEVEL_STEPS}probe merge export}"
+ECGPOS_STEPS=${ECGPOS_STEPS//stage/level}   # a step named stage<l> is the step level<l>
 # Every job's shell sees them; a decide job submits the rest of the chain with the same ones.
 export ECGPOS_PROBE_TASKS ECGPOS_SHARDS ECGPOS_RUNS ECGPOS_PROBES ECGPOS_EXPORT HDF5_USE_FILE_LOCKING ECGPOS_STEPS
 
 # --- settings are checked here, before anything is submitted: one line naming the variable, exit 2 ---------
-STEPS="preprocess check ${STAGE_STEPS}probe merge finetune export"
+STEPS="preprocess check ${LEVEL_STEPS}probe merge finetune export"
 TOP=$(( ${#LEVELS[@]} - 1 ))
 read -r -a _steps <<< "$ECGPOS_STEPS"
 [ "${#_steps[@]}" -gt 0 ] || ecgpos_die "ECGPOS_STEPS is empty (steps: $STEPS)"
 for _s in "${_steps[@]}"; do
     [[ " $STEPS " == *" $_s "* ]] || ecgpos_die "ECGPOS_STEPS: unknown step '$_s' (steps: $STEPS)"
 done
-if [ "$AUTO" = 1 ]; then   # the decide jobs measure every level from 0 up, so the chain starts at stage0
-    wants stage0 || ecgpos_die "ECGPOS_STEPS: --depth auto carves from stage0 (a finished stage0 job only checks" \
-        "its run); add stage0 or give --depth N"
+if [ "$AUTO" = 1 ]; then   # the decide jobs measure every level from 0 up, so the chain starts at level0
+    wants level0 || ecgpos_die "ECGPOS_STEPS: --depth auto carves from level0 (a finished level0 job only checks" \
+        "its run); add level0 or give --depth N"
     # every level learns on the same held-out records, on which the decide jobs measure the criterion
     ECGPOS_PRETRAIN_SET="train.val_fraction=$ECGPOS_VAL_FRACTION ${ECGPOS_PRETRAIN_SET:-}"
     export ECGPOS_PRETRAIN_SET ECGPOS_MAX_LEVELS ECGPOS_STOP_BELOW ECGPOS_MIN_DROP ECGPOS_VAL_FRACTION
 fi
-wants_a_level() { local l; for l in "${LEVELS[@]}"; do wants "stage$l" && return 0; done; return 1; }
+wants_a_level() { local l; for l in "${LEVELS[@]}"; do wants "level$l" && return 0; done; return 1; }
 for _v in ECGPOS_NODES:1 ECGPOS_PREPROCESS_PARTS:1 ECGPOS_PREPROCESS_CPUS:1 ECGPOS_PRETRAIN_CPUS:1 \
           ECGPOS_SIGNAL_SECONDS:1 ECGPOS_PROBE_CPUS:1 ECGPOS_PROBE_GPUS:0; do
     ecgpos_require_int "${_v%:*}" "${_v#*:}"
@@ -106,18 +107,18 @@ if wants_a_level && ! wants preprocess; then
             ecgpos_die "ECGPOS_SHARDS: $_d has no index.csv: add preprocess to ECGPOS_STEPS or set ECGPOS_SHARDS"
     done
 fi
-if wants stage0; then ecgpos_require_config ECGPOS_STAGE0_CONFIG; fi
-if [ "$AUTO" = 1 ] && [ "$ECGPOS_MAX_LEVELS" -gt 1 ]; then ecgpos_require_config ECGPOS_STAGE1_CONFIG; fi
+if wants level0; then ecgpos_require_config ECGPOS_LEVEL0_CONFIG; fi
+if [ "$AUTO" = 1 ] && [ "$ECGPOS_MAX_LEVELS" -gt 1 ]; then ecgpos_require_config ECGPOS_LATENT_CONFIG; fi
 for _l in "${LEVELS[@]:1}"; do
-    wants "stage$_l" || continue
-    ecgpos_require_config ECGPOS_STAGE1_CONFIG
-    if ! wants "stage$(( _l - 1 ))"; then   # the frozen levels below must exist already
+    wants "level$_l" || continue
+    ecgpos_require_config ECGPOS_LATENT_CONFIG
+    if ! wants "level$(( _l - 1 ))"; then   # the frozen levels below must exist already
         if [ "$_l" = 1 ]; then
-            ECGPOS_STAGE0_RUN=${ECGPOS_STAGE0_RUN:-$ECGPOS_RUNS/stage0}
-            ecgpos_require_dir ECGPOS_STAGE0_RUN "Stage 1's Stage-0 run or export; add stage0 to ECGPOS_STEPS"
+            ECGPOS_LEVEL0_RUN=${ECGPOS_LEVEL0_RUN:-$ECGPOS_RUNS/level0}
+            ecgpos_require_dir ECGPOS_LEVEL0_RUN "level 1's level-0 run or export; add level0 to ECGPOS_STEPS"
         else
             [ -d "$(ecgpos_level_base "$_l")" ] || ecgpos_die "$(ecgpos_level_base "$_l") is not a folder (the run" \
-                "level $_l trains on; add stage$(( _l - 1 )) to ECGPOS_STEPS)"
+                "level $_l trains on; add level$(( _l - 1 )) to ECGPOS_STEPS)"
         fi
     fi
 done
@@ -128,7 +129,7 @@ if wants probe; then
     ecgpos_require_probe_tasks
 fi
 # The encoders to probe, with the level whose run each one is, or "-": a probe of a run this chain
-# trains waits for that stage only (the Stage-0 probes run while Stage 1 trains); any other encoder must exist.
+# trains waits for that level only (the level-0 probes run while level 1 trains); any other encoder must exist.
 # --depth auto: the decide job that stops submits the probes of the levels then trained.
 encoders=() made_by=()
 if [ "$AUTO" = 1 ] && { wants probe || wants merge; }; then   # the encoders of the deepest chain it may carve
@@ -137,25 +138,25 @@ if [ "$AUTO" = 1 ] && { wants probe || wants merge; }; then   # the encoders of 
     ECGPOS_DEPTH=$ECGPOS_MAX_LEVELS ecgpos_downstream_encoders "${_trained[@]}"
 elif wants probe || wants merge; then
     _trained=()
-    for _l in "${LEVELS[@]}"; do if wants "stage$_l"; then _trained+=("$_l"); fi; done
+    for _l in "${LEVELS[@]}"; do if wants "level$_l"; then _trained+=("$_l"); fi; done
     ecgpos_downstream_encoders "${_trained[@]}"
 fi
 if wants merge && [ -n "${ECGPOS_PROBE_REFERENCE:-}" ] && [ "$ECGPOS_PROBE_REFERENCE" != paper ] &&
     [ ! -f "$ECGPOS_PROBE_REFERENCE" ]; then
     ecgpos_die "ECGPOS_PROBE_REFERENCE=$ECGPOS_PROBE_REFERENCE is neither paper nor a file (empty: no published rows)"
 fi
-if [ "$AUTO" = 0 ] && wants export && ! wants "stage$TOP"; then
-    ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/stage$TOP}
-    ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add stage$TOP to ECGPOS_STEPS"
+if [ "$AUTO" = 0 ] && wants export && ! wants "level$TOP"; then
+    ECGPOS_EXPORT_RUN=${ECGPOS_EXPORT_RUN:-$ECGPOS_RUNS/level$TOP}
+    ecgpos_require_dir ECGPOS_EXPORT_RUN "the run to export; add level$TOP to ECGPOS_STEPS"
 fi
 # Last, as it imports ecgpos: each level's config with the overrides, resolved as its job will resolve it.
 _check=("${LEVELS[@]}")
 [ "$AUTO" = 0 ] || [ "$ECGPOS_MAX_LEVELS" -eq 1 ] || _check+=(1)   # level 1's config serves every level above
-for _stage in "${_check[@]}"; do
-    if { wants "stage$_stage" || [ "$AUTO" = 1 ]; } && ! ecgpos_check_pretrain_config "$_stage" &&
+for _lvl in "${_check[@]}"; do
+    if { wants "level$_lvl" || [ "$AUTO" = 1 ]; } && ! ecgpos_check_pretrain_config "$_lvl" &&
         [ -n "${ECGPOS_PRETRAIN_SET:-}" ]; then
         ecgpos_log "note: no ecgpos with --check-config runs here (after ECGPOS_SETUP): ECGPOS_PRETRAIN_SET is" \
-            "checked when the stage $_stage job starts"
+            "checked when the level $_lvl job starts"
     fi
 done
 [ "$ECGPOS_DRY_RUN" = 1 ] || command -v sbatch >/dev/null || ecgpos_die "sbatch not found: run this on a Slurm login node"
@@ -193,12 +194,12 @@ for _i in "${!datasets[@]}"; do
     [ "$last" = "${after[*]}" ] || corpus_jobs+=("$last")
 done
 [ "${#corpus_jobs[@]}" -eq 0 ] || after=("${corpus_jobs[@]}")
-stage_job=()   # the job of each level submitted here ("-": none)
-for stage in "${LEVELS[@]}"; do
-    stage_job[$stage]=-
-    if wants "stage$stage"; then
-        ecgpos_submit_stage "$stage" "${after[*]}"
-        stage_job[$stage]=$id after=("$id")
+level_job=()   # the job of each level submitted here ("-": none)
+for level in "${LEVELS[@]}"; do
+    level_job[$level]=-
+    if wants "level$level"; then
+        ecgpos_submit_level "$level" "${after[*]}"
+        level_job[$level]=$id after=("$id")
     fi
 done
 if [ "$AUTO" = 1 ]; then   # the decide job after level 0 submits the rest

@@ -79,10 +79,10 @@ submit() {
     echo "$step $id"
 }
 
-# ecgpos_submit_stage LEVEL "DEPENDENCY IDS": the pretraining job of level LEVEL (slurm/pretrain.sbatch).
-ecgpos_submit_stage() {
+# ecgpos_submit_level LEVEL "DEPENDENCY IDS": the pretraining job of level LEVEL (slurm/pretrain.sbatch).
+ecgpos_submit_level() {
     # shellcheck disable=SC2046  # gres() prints nothing or one word
-    submit "stage$1" "$2" --job-name="ecgpos-stage$1" "${log_single[@]}" \
+    submit "level$1" "$2" --job-name="ecgpos-level$1" "${log_single[@]}" \
         --nodes="$ECGPOS_NODES" --ntasks-per-node=1 --cpus-per-task="$ECGPOS_PRETRAIN_CPUS" \
         --time="$ECGPOS_PRETRAIN_TIME" --signal="B:USR1@$ECGPOS_SIGNAL_SECONDS" --requeue \
         $(gres "$ECGPOS_GPUS_PER_NODE") "$ECGPOS_SLURM_DIR/pretrain.sbatch" "$1"
@@ -106,11 +106,11 @@ ecgpos_downstream_encoders() {
     for e in "${encoders[@]}"; do
         by=-
         for level in "$@"; do
-            [ "$(realpath -m -- "$e")" != "$(realpath -m -- "$ECGPOS_RUNS/stage$level")" ] || by=$level
+            [ "$(realpath -m -- "$e")" != "$(realpath -m -- "$ECGPOS_RUNS/level$level")" ] || by=$level
         done
         made_by+=("$by")
         if wants probe && [[ $e != random:* ]] && [ "$by" = - ]; then
-            [ -d "$e" ] || ecgpos_die "$var: $e is not a folder (an encoder to probe; add the stage that makes it" \
+            [ -d "$e" ] || ecgpos_die "$var: $e is not a folder (an encoder to probe; add the level that makes it" \
                 "to ECGPOS_STEPS)"
         fi
         if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # each encoder's probes go to $ECGPOS_PROBES/<name>/
@@ -123,15 +123,15 @@ ecgpos_downstream_encoders() {
 }
 
 # ecgpos_submit_downstream: the steps after pretraining that ECGPOS_STEPS asks for: one probe array per encoder
-# (after the job in stage_job of the level that makes it, when submitted here, else after the jobs in after),
-# the merge, the fine-tuning and the export (of the top level, $ECGPOS_RUNS/stage<ECGPOS_DEPTH-1>).
+# (after the job in level_job of the level that makes it, when submitted here, else after the jobs in after),
+# the merge, the fine-tuning and the export (of the top level, $ECGPOS_RUNS/level<ECGPOS_DEPTH-1>).
 ecgpos_submit_downstream() {
     local i waits step arg tasks probe_jobs=()
     ecgpos_words ECGPOS_PROBE_TASKS tasks
     if wants probe; then
         for i in "${!encoders[@]}"; do
             waits="${after[*]}" step=probe arg=()
-            [ "${made_by[$i]}" = - ] || [ "${stage_job[${made_by[$i]}]:--}" = - ] || waits=${stage_job[${made_by[$i]}]}
+            [ "${made_by[$i]}" = - ] || [ "${level_job[${made_by[$i]}]:--}" = - ] || waits=${level_job[${made_by[$i]}]}
             if [ -z "${ECGPOS_PROBE_ENCODER:-}" ]; then   # the step and job name: one word of the folder name
                 step=$(ecgpos_probe_name "${encoders[$i]}") arg=("${encoders[$i]}")
                 step="probe-${step//[^A-Za-z0-9._-]/_}"

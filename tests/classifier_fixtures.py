@@ -1,5 +1,5 @@
 """A fine-tune output folder as `ecgpos finetune --out` writes it, built from real parts: the tiny
-Stage-0 encoder (its own initialisation), a linear head trained on its features of real
+Level-0 encoder (its own initialisation), a linear head trained on its features of real
 ecg-arrhythmia records for three rhythm labels from their headers, and the validation and test
 probabilities of that model on held-out records. Also a plain encoder export of the same encoder."""
 
@@ -26,7 +26,7 @@ RECORDS = 120  # 60 train, 30 validation, 30 test
 
 
 def _records(data: Path) -> tuple[list[str], np.ndarray, list[np.ndarray], object]:
-    loaded = random_encoder(ROOT / "configs" / "tiny" / "stage0.yaml", seed=3)
+    loaded = random_encoder(ROOT / "configs" / "tiny" / "level0.yaml", seed=3)
     ids, labels, feats = [], [], []
     for header in sorted((data / "ecg-arrhythmia").rglob("*.hea"))[:RECORDS]:
         raw = read_wfdb_record(header.with_suffix(""))
@@ -104,7 +104,7 @@ def write_finetune_out(data: Path, out: Path) -> dict:
             "val_macro_auroc": val_auroc,
             "test_macro_auroc": float(np.nanmean(auroc_columns(probs[test], labels[test]))),
             "encoder_source": {
-                "path": "random:configs/tiny/stage0.yaml",
+                "path": "random:configs/tiny/level0.yaml",
                 "weights_sha256": weights_hash(loaded.module),
             },
             "output": "logits; sigmoid for probabilities",

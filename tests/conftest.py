@@ -74,7 +74,7 @@ def tiny_shards(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_run(tiny_shards, tmp_path_factory) -> Path:
-    """A 4-step Stage-0 run with checkpoints at steps 2 and 4."""
+    """A 4-step level-0 run with checkpoints at steps 2 and 4."""
     from tiny_runs import pretrain_tiny
 
     out = tmp_path_factory.mktemp("refusal-run") / "run"
@@ -92,7 +92,7 @@ def export(tiny_run, tmp_path_factory) -> Path:
 
 
 # Pretraining tests (test_train_runs.py, test_train_stops.py, test_pretrain_refusals.py): 48 tiny records
-# and a 40-step Stage-0 run.
+# and a 40-step level-0 run.
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from shard_fixtures import write_tiny_shards
@@ -104,29 +104,29 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run0(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from pretrain_helpers import RUN0, pretrain
 
-    run = tmp_path_factory.mktemp("runs") / "stage0"
+    run = tmp_path_factory.mktemp("runs") / "level0"
     assert pretrain(0, shards, run, *RUN0) == 0
     return run
 
 
-# Export and embed tests (test_export.py, test_embed.py): tiny runs of both stages on the real
+# Export and embed tests (test_export.py, test_embed.py): tiny runs of every level on the real
 # ecg-arrhythmia samples and their exports, built once per session.
 EXPORT_FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 
 
 @pytest.fixture(scope="session")
-def stage0_run(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def level0_run(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import pretrain_tiny
 
-    return pretrain_tiny(0, arrhythmia_shards, tmp_path_factory.mktemp("export-stage0") / "run", *EXPORT_FAST)
+    return pretrain_tiny(0, arrhythmia_shards, tmp_path_factory.mktemp("export-level0") / "run", *EXPORT_FAST)
 
 
 @pytest.fixture(scope="session")
-def stage1_run(stage0_run: Path, arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def level1_run(level0_run: Path, arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import pretrain_tiny
 
-    run = tmp_path_factory.mktemp("export-stage1") / "run"
-    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, stage0=stage0_run)
+    run = tmp_path_factory.mktemp("export-level1") / "run"
+    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, base=level0_run)
 
 
 @pytest.fixture(scope="session")
@@ -138,20 +138,20 @@ def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def export0(stage0_run: Path, probe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def export0(level0_run: Path, probe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import cli
 
-    out = tmp_path_factory.mktemp("exports") / "stage0"
-    assert cli("export", "--run-dir", stage0_run, "--out", out, "--onnx", "--probe-results", probe_dir) == 0
+    out = tmp_path_factory.mktemp("exports") / "level0"
+    assert cli("export", "--run-dir", level0_run, "--out", out, "--onnx", "--probe-results", probe_dir) == 0
     return out
 
 
 @pytest.fixture(scope="session")
-def export1(stage1_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def export1(level1_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import cli
 
-    out = tmp_path_factory.mktemp("exports") / "stage1"
-    assert cli("export", "--run-dir", stage1_run, "--out", out) == 0
+    out = tmp_path_factory.mktemp("exports") / "level1"
+    assert cli("export", "--run-dir", level1_run, "--out", out) == 0
     return out
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pretrain_helpers import LEARNS, MEAN_PREDICTOR_LOSS, beats_the_mean_predictor  # noqa: E402
 from shard_fixtures import ecg_like, smooth_like, write_tiny_shards  # noqa: E402
-from test_models import check_frozen_stage0_precision  # noqa: E402
+from test_models import check_frozen_level0_precision  # noqa: E402
 
 from ecgpos.cli.pretrain import build_parser  # noqa: E402
 from ecgpos.pretrain.data import train_loader  # noqa: E402
@@ -49,8 +49,8 @@ def trainer(
     shards = work / ("smooth-shards" if smooth else "shards")
     if not shards.is_dir():
         write_tiny_shards(shards, n_records=48, records_per_shard=24, signal=smooth_like if smooth else ecg_like)
-    config = config_path("tiny/stage0" if level == 0 else "tiny/stage1")
-    args = ["--stage", str(level), "--config", str(config), "--shards", str(shards), "--run-dir", str(work / name)]
+    config = config_path("tiny/level0" if level == 0 else "tiny/level1")
+    args = ["--level", str(level), "--config", str(config), "--shards", str(shards), "--run-dir", str(work / name)]
     args += ["--base", str(base)] if base is not None else []
     return Trainer(prepare(build_parser().parse_args([*args, *FAST, *extra])))
 
@@ -135,20 +135,20 @@ def compiled_latent_agrees(work: Path) -> None:
     )
 
 
-def stage1_default_compile(work: Path) -> None:
-    """`ecgpos pretrain --stage 1` as a user runs it: the default train.compile (auto) compiles and finishes."""
+def level1_default_compile(work: Path) -> None:
+    """`ecgpos pretrain --level 1` as a user runs it: the default train.compile (auto) compiles and finishes."""
     from ecgpos.cli import main
 
     shards = work / "shards"
     write_tiny_shards(shards, n_records=48, records_per_shard=24)
     quick = ["--set", "optim.steps=20", "--set", "train.num_workers=0"]
-    assert main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", str(shards),
+    assert main(["pretrain", "--level", "0", "--config", "tiny/level0", "--shards", str(shards),
                  "--run-dir", str(work / "level0"), *quick]) == 0  # fmt: skip
-    assert main(["pretrain", "--stage", "1", "--config", "tiny/stage1", "--shards", str(shards),
+    assert main(["pretrain", "--level", "1", "--config", "tiny/level1", "--shards", str(shards),
                  "--run-dir", str(work / "level1"), "--base", str(work / "level0"), *quick]) == 0  # fmt: skip
     info = json.loads((work / "level1" / "run_info.json").read_text())
     assert info["finished"] and info["compile"] == "reduce-overhead" and info["mixed_precision"] == "bf16", info
-    print(f"ok pretrain --stage 1 with the defaults: compile {info['compile']}, precision {info['mixed_precision']}")
+    print(f"ok pretrain --level 1 with the defaults: compile {info['compile']}, precision {info['mixed_precision']}")
 
 
 def finetune_bf16(work: Path) -> None:  # noqa: ARG001
@@ -181,10 +181,10 @@ def finetune_bf16(work: Path) -> None:  # noqa: ARG001
     print(f"ok fine-tuning defaults on the GPU: precision {acc.mixed_precision}, compile {trained.compiled}")
 
 
-def stage0_precision(work: Path) -> None:  # noqa: ARG001
-    """Stage 1's frozen Stage-0 pass on the GPU: fp32 outside autocast, the caller's bf16 inside."""
-    check_frozen_stage0_precision("cuda")
-    print("ok frozen Stage-0 pass in the caller's precision on the GPU")
+def level0_precision(work: Path) -> None:  # noqa: ARG001
+    """Level 1's frozen level-0 pass on the GPU: fp32 outside autocast, the caller's bf16 inside."""
+    check_frozen_level0_precision("cuda")
+    print("ok frozen level-0 pass in the caller's precision on the GPU")
 
 
 CHECKS = {
@@ -192,9 +192,9 @@ CHECKS = {
     "no-sync": no_sync,
     "compiled-agrees": compiled_agrees,
     "compiled-accum-agrees": lambda work: compiled_agrees(work, grad_accum=2),
-    "stage0-precision": stage0_precision,
+    "level0-precision": level0_precision,
     "compiled-latent-agrees": compiled_latent_agrees,
-    "stage1-default-compile": stage1_default_compile,
+    "level1-default-compile": level1_default_compile,
     "finetune-bf16": finetune_bf16,
 }
 

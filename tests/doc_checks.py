@@ -345,7 +345,7 @@ REPO_PATH = re.compile(r"(?<![\w./~-])((?:configs|bench|slurm|preprocessing|prob
 
 
 def check_paths(mention: Mention, doc_folder: Path) -> list[str]:
-    """Repository paths (`configs/stage0.yaml`, `slurm/*.sbatch`) and bare source files (`wfdb_fast.py`) exist."""
+    """Repository paths (`configs/level0.yaml`, `slurm/*.sbatch`) and bare source files (`wfdb_fast.py`) exist."""
     problems = []
     for path in REPO_PATH.findall(mention.text):
         if is_placeholder(Path(path).name) and "*" not in path:

@@ -87,12 +87,12 @@ def model_card() -> str:
 
     config = {
         "preprocess": dataclasses.asdict(DEFAULT_SPEC),
-        "arch": {"kind": "nested", "stage0": {"width": 768}, "stage1": {"width": 768}},
+        "arch": {"kind": "nested", "levels": [{"width": 768}, {"width": 768}]},
         "io": {"features": 768},
         "pooling": "mean",
         "weights_sha256": "0" * 64,
         "onnx": {"opset": 17, "input": "windows", "output": "features"},
-        "decoders": {"file": "decoders.safetensors", "stage0": {}, "stage1": {}},
+        "decoders": {"file": "decoders.safetensors", "level0": {}, "level1": {}},
     }
     return render_card(config)
 
@@ -104,7 +104,7 @@ def classifier_card() -> str:
 
     config = {
         "preprocess": dataclasses.asdict(DEFAULT_SPEC),
-        "arch": {"kind": "stage0", "encoder": {"width": 768}},
+        "arch": {"kind": "level0", "encoder": {"width": 768}},
         "labels": ["AFIB", "NORM"],
         "thresholds": {"rule": "max F1", "values": {"AFIB": 0.4, "NORM": 0.6}},
         "test": {"per_label": {"AFIB": {"auroc": 0.9, "low": 0.85, "high": 0.95, "positives": 10}}},

@@ -12,11 +12,11 @@ from ecgpos.cli import main
 from ecgpos.resources import config_dir
 from ecgpos.runs.run_folder import newest_checkpoint
 
-TINY0 = config_dir() / "tiny" / "stage0.yaml"
-TINY1 = config_dir() / "tiny" / "stage1.yaml"
+TINY0 = config_dir() / "tiny" / "level0.yaml"
+TINY1 = config_dir() / "tiny" / "level1.yaml"
 # Small and quick: 48 records, global batch 8 -> 6 steps per epoch.
 FAST = ["--set", "train.batch_size=8", "--set", "train.num_workers=0", "--set", "train.log_every=1"]
-# A learning check: a tiny Stage 0 on smooth_like shards (tests/shard_fixtures.py), 300 steps with a
+# A learning check: a tiny level 0 on smooth_like shards (tests/shard_fixtures.py), 300 steps with a
 # quarter of the patches masked, beats predicting the mean by LEARNS_MARGIN. Targets are normalised
 # per patch (mean 0, variance 1), so the mean predictor (0 everywhere) scores 1.0; at the tiny
 # config's own 75 % masking the tiny model stays on that plateau for hundreds of CPU steps.
@@ -32,17 +32,17 @@ def beats_the_mean_predictor(curve: list[float]) -> tuple[bool, float]:
     return last < LEARNS_MARGIN * MEAN_PREDICTOR_LOSS, last
 
 
-# The 40-step Stage-0 run (conftest's `run0`), checkpoints and figures at steps 20 and 40.
+# The 40-step level-0 run (conftest's `run0`), checkpoints and figures at steps 20 and 40.
 RUN0 = ["--set", "optim.steps=40", "--set", "train.checkpoint_every=20", "--set", "train.figure_every=20"]
 
 
-def pretrain_args(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> list[str]:
-    """The flags of `ecgpos pretrain` with the tiny config of `stage` and FAST (+ `extra`)."""
+def pretrain_args(level: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> list[str]:
+    """The flags of `ecgpos pretrain` with the tiny config of `level` and FAST (+ `extra`)."""
     return [
-        "--stage",
-        str(stage),
+        "--level",
+        str(level),
         "--config",
-        str(config or (TINY0 if stage == 0 else TINY1)),
+        str(config or (TINY0 if level == 0 else TINY1)),
         "--shards",
         str(shards),
         "--run-dir",
@@ -52,12 +52,12 @@ def pretrain_args(stage: int, shards: Path, run: Path, *extra: str, config: Path
     ]
 
 
-def pretrain(stage: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
-    return main(["pretrain", *pretrain_args(stage, shards, run, *extra, config=config)])
+def pretrain(level: int, shards: Path, run: Path, *extra: str, config: Path | None = None) -> int:
+    return main(["pretrain", *pretrain_args(level, shards, run, *extra, config=config)])
 
 
 def build_trainer(shards: Path, run: Path, *extra: str):
-    """A Stage-0 Trainer on the tiny config and FAST, built as `ecgpos pretrain` builds it, not yet run."""
+    """A level-0 Trainer on the tiny config and FAST, built as `ecgpos pretrain` builds it, not yet run."""
     from ecgpos.cli.pretrain import build_parser
     from ecgpos.pretrain.plan import prepare
     from ecgpos.pretrain.trainer import Trainer

@@ -17,7 +17,7 @@ from ecgpos.cli import main
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
 ROOT = Path(__file__).resolve().parents[1]
-PRETRAIN = ["pretrain", "--stage", "0", "--config", str(TINY0)]
+PRETRAIN = ["pretrain", "--level", "0", "--config", str(TINY0)]
 
 
 def ctrl_c_when_renaming(monkeypatch, name: str) -> None:

@@ -348,16 +348,16 @@ def probe_data_stand_ins(root: Path) -> Path:
 
 
 # The paper's chain as pipeline.sh submits it for ECGPOS_CORPORA="ecg-arrhythmia=... code15=..." with both
-# stages probed: each step in submission order, with the steps it waits on (afterok).
+# levels probed: each step in submission order, with the steps it waits on (afterok).
 PAPER_CHAIN: dict[str, list[str]] = {
     "preprocess-ecg-arrhythmia": [],
     "check-ecg-arrhythmia": ["preprocess-ecg-arrhythmia"],
     "preprocess-code15": [],
     "check-code15": ["preprocess-code15"],
-    "stage0": ["check-ecg-arrhythmia", "check-code15"],
-    "stage1": ["stage0"],
-    "probe-stage0": ["stage0"],
-    "probe-stage1": ["stage1"],
-    "merge": ["probe-stage0", "probe-stage1"],
+    "level0": ["check-ecg-arrhythmia", "check-code15"],
+    "level1": ["level0"],
+    "probe-level0": ["level0"],
+    "probe-level1": ["level1"],
+    "merge": ["probe-level0", "probe-level1"],
     "export": ["merge"],
 }

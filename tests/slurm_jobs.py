@@ -47,8 +47,8 @@ def job_env(cluster: SlurmCluster, work: Path, **extra: str) -> dict[str, str]:
             "ECGPOS_PREPROCESS_CPUS": "1",
             "ECGPOS_PRETRAIN_CPUS": "1",
             "ECGPOS_PROBE_CPUS": "1",
-            "ECGPOS_STAGE0_CONFIG": str(TINY / "stage0.yaml"),
-            "ECGPOS_STAGE1_CONFIG": str(TINY / "stage1.yaml"),
+            "ECGPOS_LEVEL0_CONFIG": str(TINY / "level0.yaml"),
+            "ECGPOS_LATENT_CONFIG": str(TINY / "level1.yaml"),
             "OMP_NUM_THREADS": "1",
         }
     )

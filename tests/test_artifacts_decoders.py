@@ -19,12 +19,12 @@ from ecgpos.errors import EcgposError
 
 @pytest.fixture(scope="module")
 def exports(tiny_run, tiny_shards, tmp_path_factory) -> dict[str, Path]:
-    """Exports with decoders of two Stage-0 runs (the module's tiny run and another one) and of a Stage-1 run."""
+    """Exports with decoders of two level-0 runs (the module's tiny run and another one) and of a level-1 run."""
     from ecgpos.cli import main
 
     root = tmp_path_factory.mktemp("decoders")
     other = pretrain_tiny(0, tiny_shards, root / "other-run", *FAST, "--set", "train.seed=7")
-    nested = pretrain_tiny(1, tiny_shards, root / "stage1-run", *FAST, stage0=tiny_run)
+    nested = pretrain_tiny(1, tiny_shards, root / "level1-run", *FAST, base=tiny_run)
     out = {}
     for name, source in (("a", tiny_run), ("b", other), ("nested", nested)):
         assert main(["export", "--run-dir", str(source), "--out", str(root / name), "--with-decoders"]) == 0
@@ -71,7 +71,7 @@ def test_geometry_refuses_tampered_decoders(exports, tmp_path):
     assert 1 in load_levels(str(exports["nested"])).objectives
     tampered = tmp_path / "tampered"
     shutil.copytree(exports["nested"], tampered)
-    _edit_config(tampered, lambda c: c["decoders"]["stage1"].update(mask_ratio=0.2))
+    _edit_config(tampered, lambda c: c["decoders"]["level1"].update(mask_ratio=0.2))
     with pytest.raises(EcgposError, match="decoders settings no longer match"):
         load_levels(str(tampered))
     # an encoder-only export: the criterion is unavailable, said in a note, not refused

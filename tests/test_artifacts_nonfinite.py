@@ -71,7 +71,7 @@ def test_score_skips_extreme_npy_records_and_writes_finite_scores(tiny_run, batc
 
 def test_a_non_finite_output_becomes_a_listed_skip(capsys):
     skipped: list = []
-    assert finite_outputs("a", {"stage0": np.array([1.0])}, skipped, "ecgpos score", "scores")
-    assert not finite_outputs("b", {"stage0": np.array([np.nan]), "stage1": [2.0]}, skipped, "ecgpos score", "scores")
-    assert skipped == [("b", "non_finite", skipped[0][2])] and "(stage0)" in skipped[0][2]
+    assert finite_outputs("a", {"level0": np.array([1.0])}, skipped, "ecgpos score", "scores")
+    assert not finite_outputs("b", {"level0": np.array([np.nan]), "level1": [2.0]}, skipped, "ecgpos score", "scores")
+    assert skipped == [("b", "non_finite", skipped[0][2])] and "(level0)" in skipped[0][2]
     assert "ecgpos score: skipped b: non_finite" in capsys.readouterr().err

@@ -19,7 +19,7 @@ from ecgpos.export.probe_scores import PROBE_SCORES_FILE, ScoreSet, load_scores,
 def probed(shared_data, tmp_path_factory) -> Path:
     """A real ptbxl-super probe folder (tiny random encoder, 2 seeds, 1 epoch)."""
     root = tmp_path_factory.mktemp("probed")
-    args = ["probe", "--encoder", "random:tiny/stage0", "--task", "ptbxl-super", "--data-root", shared_data]
+    args = ["probe", "--encoder", "random:tiny/level0", "--task", "ptbxl-super", "--data-root", shared_data]
     args += ["--splits", shared_data / "merl_splits", "--fractions", "100", "--seeds", "2", "--epochs", "1"]
     args += ["--workers", "1", "--bootstrap", "20"]
     assert cli(*args, "--cache-dir", root / "cache", "--out", root / "probe") == 0

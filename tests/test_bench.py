@@ -45,11 +45,11 @@ def test_probe_bench_prints_its_figure_last(shared_data: Path) -> None:  # the b
 
 
 @pytest.mark.slow
-def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
+def test_train_step_bench_reports_the_frozen_level0_share() -> None:
     lines = run_bench(
         "train_step.py",
         "--config",
-        str(ROOT / "configs/tiny/stage1.yaml"),
+        str(ROOT / "configs/tiny/level1.yaml"),
         "--steps",
         "2",
         "--warmup",
@@ -58,18 +58,18 @@ def test_train_step_bench_reports_the_frozen_stage0_share() -> None:
         "1",
     )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "1" and float(fields["samples_per_s"]) > 0
-    assert 0 < float(fields["stage0_forward_share"]) < 1
+    assert fields["level"] == "1" and float(fields["samples_per_s"]) > 0
+    assert 0 < float(fields["level0_forward_share"]) < 1
 
 
 @pytest.mark.slow
 def test_train_step_bench_puts_a_level_2_step_next_to_a_level_1_step() -> None:
-    config = str(ROOT / "configs/tiny/stage1.yaml")
+    config = str(ROOT / "configs/tiny/level1.yaml")
     lines = run_bench(
         "train_step.py", "--config", config, "--level", "2", "--batch", "4", "--steps", "1", "--warmup", "0"
     )
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "2" and float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
+    assert fields["level"] == "2" and float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
     assert 0 < float(fields["base_forward_ms"])
 
 
@@ -78,7 +78,7 @@ def test_train_step_bench_compiles_the_step_as_one_graph() -> None:
     """The bench draws the masks outside the model, as the trainer does: one graph, and the first
     line says how many there were and how long the first (compiling) step took."""
     lines = run_bench(
-        "train_step.py", "--config", str(ROOT / "configs/tiny/stage0.yaml"), "--batch", "8", "--compile",
+        "train_step.py", "--config", str(ROOT / "configs/tiny/level0.yaml"), "--batch", "8", "--compile",
         "--steps", "2", "--warmup", "1", "--threads", "1",
     )  # fmt: skip
     assert re.search(r"compile True \(1 graph\), first step [\d.]+ s", lines[0]), lines[0]
@@ -91,19 +91,19 @@ def test_train_step_bench_compiles_latent_levels_1_and_2() -> None:
     """`--level 2 --compile` compiles a level-2 step (the frozen levels 0 and 1 inside its graph) and
     the level-1 step it is timed beside; both print, with their ratio."""
     lines = run_bench(
-        "train_step.py", "--config", str(ROOT / "configs/tiny/stage1.yaml"), "--level", "2", "--compile",
+        "train_step.py", "--config", str(ROOT / "configs/tiny/level1.yaml"), "--level", "2", "--compile",
         "--batch", "4", "--steps", "1", "--warmup", "1", "--threads", "1", timeout=600,
     )  # fmt: skip
     assert re.search(r"compile True \(1 graph\)", lines[0]), lines[0]
     fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
-    assert fields["stage"] == "2" and fields["compile"] == "True" and float(fields["step_ms"]) > 0
+    assert fields["level"] == "2" and fields["compile"] == "True" and float(fields["step_ms"]) > 0
     assert float(fields["level1_step_ms"]) > 0 and float(fields["level2_over_level1"]) > 0
 
 
 @pytest.mark.slow
 def test_predict_bench_prints_records_per_s_last(shared_data: Path) -> None:  # it predicts the sample records
     lines = run_bench(
-        "predict.py", "--config", str(ROOT / "configs/tiny/stage0.yaml"), "--records", "4", "--batch", "2",
+        "predict.py", "--config", str(ROOT / "configs/tiny/level0.yaml"), "--records", "4", "--batch", "2",
         "--threads", "1",
     )  # fmt: skip
     pattern = r"predict: \d+\.\d records/s end to end; classifier alone torch \d+\.\d, onnxruntime \d+\.\d records/s"
@@ -115,7 +115,7 @@ def test_finetune_bench_prints_its_ratio_to_pretraining_last() -> None:
     lines = run_bench(
         "finetune.py",
         "--config",
-        str(ROOT / "configs/tiny/stage0.yaml"),
+        str(ROOT / "configs/tiny/level0.yaml"),
         "--batch",
         "4",
         "--steps",

@@ -16,8 +16,8 @@ from ecgpos.objectives.calibrated import (
 )
 from ecgpos.objectives.criterion import bootstrap_interval, criterion
 from ecgpos.objectives.perturbations import GAUSSIAN, PRINCIPAL, direction
+from ecgpos.runs.levels import build_model
 from ecgpos.runs.run_config import load_run_config
-from ecgpos.runs.stages import build_model
 
 torch.set_num_threads(1)
 SHAPE = (1, 16, 64)  # one "lead", 16 patches of 64 values: 1024 dimensions, as wide as a level's windows
@@ -110,9 +110,9 @@ def test_bootstrap_of_pass_through_brackets_its_mean() -> None:
 
 def _models() -> dict[int, torch.nn.Module]:
     torch.manual_seed(0)
-    stage0 = build_model(load_run_config(TINY0, [], stage=0)).eval()
-    stage1 = build_model(load_run_config(TINY1, [], stage=1), stage0.encoder).eval()
-    return {0: stage0, 1: stage1}
+    level0 = build_model(load_run_config(TINY0, [], level=0)).eval()
+    level1 = build_model(load_run_config(TINY1, [], level=1), level0.encoder).eval()
+    return {0: level0, 1: level1}
 
 
 def test_a_level_is_read_through_the_map_it_trained() -> None:

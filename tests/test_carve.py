@@ -107,7 +107,7 @@ def test_carve_three_levels_on_the_real_samples(
     On the three-level run, `score` writes a column per level and `geometry` measures both pairs and
     gives every level's criterion record for record as carve's measurement does."""
     runs = tmp_path / "carve"
-    args = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", arrhythmia_shards]
+    args = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--shards", arrhythmia_shards]
     args += ["--run-dir", runs, "--max-levels", "3", "--stop-below", "0", "--min-drop", "-1", *FAST]
     assert cli(*args) == 0
     levels = json.loads((runs / "carve.json").read_text())["levels"]
@@ -160,7 +160,7 @@ def test_carve_three_levels_on_the_real_samples(
         for ext in (".hea", ".mat"):
             (folder / (record.name + ext)).write_bytes(record.with_suffix(ext).read_bytes())
     assert cli("score", "--run", runs / "level2", "--input", folder, "--out", tmp_path / "s.csv", "--no-progress") == 0
-    assert (tmp_path / "s.csv").read_text().splitlines()[0] == "record_id,stage0_score,stage1_score,stage2_score"
+    assert (tmp_path / "s.csv").read_text().splitlines()[0] == "record_id,level0_score,level1_score,level2_score"
     # geometry on the validation records themselves, with alpha between two margin ratios so that answers split
     from ecgpos.objectives import criterion as crit
     from ecgpos.objectives.push_pull import PushPullConfig
@@ -223,7 +223,7 @@ def test_carve_on_two_processes_measures_what_one_process_does(arrhythmia_shards
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root), "CUDA_VISIBLE_DEVICES": ""}
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    launch += ["--main_process_port", str(port), "-m", "ecgpos", "carve", "--config", "tiny/stage0"]
+    launch += ["--main_process_port", str(port), "-m", "ecgpos", "carve", "--config", "tiny/level0"]
     launch += ["--shards", str(arrhythmia_shards), "--run-dir", str(tmp_path / "carve"), "--max-levels", "1", *FAST]
     launch += ["--set", "push_pull.enabled=true", "--set", "push_pull.lambda_pp=0", "--set", "push_pull.alpha=2.9"]
     done = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=400)

@@ -14,7 +14,7 @@ from tiny_runs import cli, pretrain_tiny
 
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
-CARVE = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1"]
+CARVE = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1"]
 RULES = ["--max-levels", "2", "--stop-below", "0", "--min-drop", "-1", "--latent-set", "optim.steps=3"]
 
 
@@ -97,9 +97,9 @@ def test_every_levels_config_is_checked_before_level_0_trains(
     arrhythmia_shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     runs = tmp_path / "carve"
-    args = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage0", "--shards", arrhythmia_shards]
+    args = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level0", "--shards", arrhythmia_shards]
     assert cli(*args, "--run-dir", runs, *RULES, *FAST) == 2
-    assert "--latent-config tiny/stage0 cannot train level 1" in _one_line(capsys)
+    assert "--latent-config tiny/level0 cannot train level 1" in _one_line(capsys)
     assert not runs.exists()
 
 
@@ -171,10 +171,10 @@ def test_an_export_of_the_lower_levels_describes_them_not_the_run_it_was_cut_fro
     out = tmp_path / "export"
     assert cli("export", "--run-dir", carved / "level1", "--level", "0", "--out", out) == 0
     training = json.loads((out / "config.json").read_text())["training"]
-    assert (training["stage"], training["step"], training["steps"]) == (0, 2, 2)
+    assert (training["level"], training["step"], training["steps"]) == (0, 2, 2)
     assert training["run_dir"] == str((carved / "level0").resolve())
     assert Path(training["checkpoint"]).parent.parent == (carved / "level0").resolve()
     assert training["exported_levels"] == "0..0" and training["cut_from"] == str((carved / "level1").resolve())
     card = (out / "README.md").read_text()
-    assert "- Stage: 0\n" in card and "- Optimiser steps: 2 of 2 (finished)" in card
+    assert "- Level: 0\n" in card and "- Optimiser steps: 2 of 2 (finished)" in card
     assert f"cut from the nest of {(carved / 'level1').resolve()}" in card and "of 3" not in card

@@ -4,6 +4,7 @@ the same measurement, stop rules and carve.* record as the depth loop itself."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,24 +23,24 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
 ) -> None:
     runs = tmp_path / "runs"
     held = ["--set", "train.val_fraction=0.1"]
-    pretrain_tiny(0, arrhythmia_shards, runs / "stage0", *FAST, *held)
-    decide = ["carve", "--shards", arrhythmia_shards, "--run-dir", runs, "--level-prefix", "stage"]
+    pretrain_tiny(0, arrhythmia_shards, runs / "level0", *FAST, *held)
+    decide = ["carve", "--shards", arrhythmia_shards, "--run-dir", runs]
     carve_on = ["--max-levels", "3", "--stop-below", "0", "--min-drop", "-1"]
 
     # level 1 is not trained yet: one line naming its folder
     assert cli(*decide, *carve_on, "--decide", "1") == 2
-    assert f"{runs / 'stage1'} is not a finished run" in capsys.readouterr().err
+    assert f"{runs / 'level1'} is not a finished run" in capsys.readouterr().err
     # the criterion is measured on the records the runs held out: another fraction is refused
     assert cli(*decide, *carve_on, "--decide", "0", "--val-fraction", "0.2") == 2
     assert "train.val_fraction=0.1, not --val-fraction 0.2" in capsys.readouterr().err
 
     assert cli(*decide, *carve_on, "--decide", "0") == 0
-    pretrain_tiny(1, arrhythmia_shards, runs / "stage1", *FAST, *held, stage0=runs / "stage0")
+    pretrain_tiny(1, arrhythmia_shards, runs / "level1", *FAST, *held, base=runs / "level0")
     assert cli(*decide, *carve_on, "--decide", "1") == 0
     levels = json.loads((runs / "carve.json").read_text())["levels"]
     assert [(r["level"], r["run_dir"], r["decision"]["rule"]) for r in levels] == [
-        (0, str(runs / "stage0"), CONTINUE),
-        (1, str(runs / "stage1"), CONTINUE),
+        (0, str(runs / "level0"), CONTINUE),
+        (1, str(runs / "level1"), CONTINUE),
     ]
     assert all(r["records"] == 22 and r["steps"] == 2 for r in levels)
     assert "Decision after level 1: carving on, criterion" in (runs / "carve.md").read_text()
@@ -62,3 +63,12 @@ def test_decide_measures_the_pipelines_runs_and_keeps_measurements_for_a_resumed
         "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
         in (runs / "carve.md").read_text()
     )
+
+    # runs in folders named stage<l> are read with --level-prefix stage; the prefix only reads, never trains
+    other = tmp_path / "other"
+    shutil.copytree(runs / "level0", other / "stage0")
+    old = ["carve", "--shards", arrhythmia_shards, "--run-dir", other, "--level-prefix", "stage"]
+    assert cli(*old, *carve_on, "--decide", "0") == 0
+    assert [r["run_dir"] for r in json.loads((other / "carve.json").read_text())["levels"]] == [str(other / "stage0")]
+    assert cli(*old, *carve_on) == 2
+    assert "--level-prefix stage reads finished runs: give it with --decide LEVEL" in capsys.readouterr().err

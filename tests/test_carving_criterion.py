@@ -22,8 +22,8 @@ from ecgpos.objectives.criterion import (
 from ecgpos.objectives.push_pull import PushPullConfig, per_sample_distance
 from ecgpos.pretrain.carving import shard_violations, validation_index
 from ecgpos.pretrain.data import ShardDataset
+from ecgpos.runs.levels import build_model
 from ecgpos.runs.run_config import load_run_config
-from ecgpos.runs.stages import build_model
 
 torch.set_num_threads(1)
 VAL = ["--set", "optim.steps=2", "--set", "train.val_fraction=0.3", "--set", "train.val_every=2"]
@@ -31,9 +31,9 @@ VAL = ["--set", "optim.steps=2", "--set", "train.val_fraction=0.3", "--set", "tr
 
 def _models() -> dict[int, torch.nn.Module]:
     torch.manual_seed(0)
-    stage0 = build_model(load_run_config(TINY0, [], stage=0)).eval()
-    stage1 = build_model(load_run_config(TINY1, [], stage=1), stage0.encoder).eval()
-    return {0: stage0, 1: stage1}
+    level0 = build_model(load_run_config(TINY0, [], level=0)).eval()
+    level1 = build_model(load_run_config(TINY1, [], level=1), level0.encoder).eval()
+    return {0: level0, 1: level1}
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +78,20 @@ def test_bootstrap_interval_brackets_the_mean() -> None:
 SPLIT = {0: 1.5, 1: 1.74}
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_trainer_logs_the_criterion_measured_afterwards(shards: Path, tmp_path: Path, stage: int) -> None:
+@pytest.mark.parametrize("level", [0, 1])
+def test_trainer_logs_the_criterion_measured_afterwards(shards: Path, tmp_path: Path, level: int) -> None:
     """val_push_violation at every level equals the criterion on the run's validation records, measured
     afterwards with another batch size, split over two processes' shares; the records split, so the
     numbers compared lie strictly between 0 and 1."""
     from ecgpos.runs.run_folder import load_run_model
 
     base = []
-    if stage == 1:
+    if level == 1:
         assert pretrain(0, shards, tmp_path / "s0", "--set", "optim.steps=2") == 0
-        base = ["--stage0", str(tmp_path / "s0")]
-    run = tmp_path / f"s{stage}"
+        base = ["--base", str(tmp_path / "s0")]
+    run = tmp_path / f"s{level}"
     pp = ["--set", "push_pull.enabled=true", "--set", "push_pull.lambda_pp=0", "--set", "push_pull.scale=1.0"]
-    assert pretrain(stage, shards, run, *VAL, *pp, "--set", f"push_pull.alpha={SPLIT[stage]}", *base) == 0
+    assert pretrain(level, shards, run, *VAL, *pp, "--set", f"push_pull.alpha={SPLIT[level]}", *base) == 0
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = [r["val_push_violation"] for r in logged if "val_push_violation" in r]
     model = load_run_model(run)[0].eval()

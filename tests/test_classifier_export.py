@@ -260,7 +260,7 @@ def test_a_real_finetune_folder_exports_and_predicts_cpsc2018(
 ) -> None:
     """`ecgpos finetune` -> `ecgpos export --classifier` -> `ecgpos verify` -> `ecgpos predict`, as the README shows."""
     out, model = tmp_path / "finetune", tmp_path / "classifier"
-    finetune = ["finetune", "--encoder", f"random:{ROOT / 'configs/tiny/stage0.yaml'}", "--task", "cpsc2018"]
+    finetune = ["finetune", "--encoder", f"random:{ROOT / 'configs/tiny/level0.yaml'}", "--task", "cpsc2018"]
     finetune += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--mode", "top:1"]
     assert cli(*finetune, "--fractions", "100", "--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--out", out) == 0
     assert cli("export", "--classifier", out, "--seed", "0", "--fraction", "100", "--out", model) == 0

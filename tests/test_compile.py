@@ -13,17 +13,17 @@ from pretrain_helpers import metrics, pretrain
 from torch._dynamo.utils import counters
 
 from ecgpos.models.factory import build_nested
+from ecgpos.runs.levels import build_model
 from ecgpos.runs.run_config import load_run_config
-from ecgpos.runs.stages import build_model
 
 PUSH_PULL = ["push_pull.enabled=true", "push_pull.lambda_sp=0.1"]
 OBJECTIVES = {
-    "stage0": ("tiny/stage0", []),
-    "stage1": ("tiny/stage1", []),
-    "stage1-push-pull-gaussian": ("tiny/stage1", PUSH_PULL),
-    "stage1-push-pull-mask": ("tiny/stage1", [*PUSH_PULL, "push_pull.perturbation=mask", "push_pull.scale=0.3"]),
-    "stage0-push-pull-gaussian": ("tiny/stage0", ["push_pull.enabled=true"]),
-    "stage2": ("tiny/stage1", ["stage=2"]),
+    "level0": ("tiny/level0", []),
+    "level1": ("tiny/level1", []),
+    "level1-push-pull-gaussian": ("tiny/level1", PUSH_PULL),
+    "level1-push-pull-mask": ("tiny/level1", [*PUSH_PULL, "push_pull.perturbation=mask", "push_pull.scale=0.3"]),
+    "level0-push-pull-gaussian": ("tiny/level0", ["push_pull.enabled=true"]),
+    "level2": ("tiny/level1", ["level=2"]),
 }
 
 
@@ -32,7 +32,7 @@ def objective(name: str) -> torch.nn.Module:
     config, overrides = OBJECTIVES[name]
     cfg = load_run_config(config, overrides)
     torch.manual_seed(0)
-    base = build_nested([cfg.encoder] * cfg.stage).requires_grad_(False).eval() if cfg.stage >= 1 else None
+    base = build_nested([cfg.encoder] * cfg.level).requires_grad_(False).eval() if cfg.level >= 1 else None
     return build_model(cfg, base).train()
 
 

@@ -36,7 +36,7 @@ def chain(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def train_level(level: int, base: Path | str, shards: Path, run: Path, *extra: str) -> list[dict]:
-    """`ecgpos pretrain --stage LEVEL --base BASE` with STEPS (+ extra) -> its train records."""
+    """`ecgpos pretrain --level LEVEL --base BASE` with STEPS (+ extra) -> its train records."""
     assert pretrain(level, shards, run, *STEPS, "--base", str(base), *extra) == 0
     return [r for r in metrics(run) if "loss" in r]
 
@@ -60,7 +60,7 @@ def test_a_compiled_latent_level_follows_the_eager_run(
     assert_same_losses(eager, compiled)
     assert all(r["compiled"] for r in compiled) and not any(r["compiled"] for r in eager)
     info = json.loads((tmp_path / "compiled" / "run_info.json").read_text())
-    assert (info["compile"], info["stage"], info["finished"]) == ("default", level, True)
+    assert (info["compile"], info["level"], info["finished"]) == ("default", level, True)
     assert "compile_fallback" not in info
     trained = weights(tmp_path / "compiled")
     below = load_run_encoder(base).module.state_dict()  # the frozen levels, as their own run holds them
@@ -74,7 +74,7 @@ def test_carve_compiles_every_level(shards: Path, tmp_path: Path) -> None:
     """`ecgpos carve` with compiling on trains level 0 and level 1 compiled, to the end."""
     quick = ["--set", "optim.steps=4", "--set", "train.batch_size=8", "--set", "train.num_workers=0"]
     rc = cli(
-        "carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--shards", shards,
+        "carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--shards", shards,
         "--run-dir", tmp_path, "--max-levels", 2, "--stop-below", 0, "--min-drop", -1,
         *quick, "--set", "train.compile=true",
     )  # fmt: skip

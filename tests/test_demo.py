@@ -18,7 +18,7 @@ from ecgpos.ecg.limbs import derived_limb_leads
 
 
 @pytest.mark.slow
-def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
+def test_demo_quick_runs_every_level(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
@@ -38,7 +38,7 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
         assert int(f.attrs["fs"]) == 250
 
     # carve trained both levels to their step counts, measured the criterion after each and tabulated it.
-    for level, steps in ((0, QUICK.stage0_steps), (1, QUICK.stage1_steps)):
+    for level, steps in ((0, QUICK.level0_steps), (1, QUICK.level1_steps)):
         info = json.loads((out / "runs" / f"level{level}" / "run_info.json").read_text())
         assert info["finished"] and info["step"] == steps
         assert list((out / "runs" / f"level{level}" / "figures").glob("*.png"))
@@ -73,9 +73,9 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     geo = np.load(out / "runs" / "geometry" / "level1" / "features.npz")
     assert set(geo["labels"]) == {"brady", "normal", "tachy", "noisy"}
     scores = pd.read_csv(out / "scores" / "scores.csv")
-    assert list(scores.columns) == ["record_id", "stage0_score", "stage1_score"]
+    assert list(scores.columns) == ["record_id", "level0_score", "level1_score"]
     assert len(scores) == 3 * QUICK.probe_per_class
-    assert "| stage1 |" in (out / "scores" / "scores.summary.md").read_text()
+    assert "| level1 |" in (out / "scores" / "scores.summary.md").read_text()
     assert "Delta S > 0" in proc.stdout and "AUROC" in proc.stdout
 
     # The exported nested encoder loads and embeds a raw record.

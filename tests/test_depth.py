@@ -82,8 +82,8 @@ def depth_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pretrain_level(level: int, shards: Path, run: Path, *extra: str, base: Path | None = None) -> list[str]:
-    config = "tiny/stage0" if level == 0 else "tiny/stage1"
-    args = ["pretrain", "--stage", str(level), "--config", config, "--shards", str(shards), "--run-dir", str(run)]
+    config = "tiny/level0" if level == 0 else "tiny/level1"
+    args = ["pretrain", "--level", str(level), "--config", config, "--shards", str(shards), "--run-dir", str(run)]
     return [*args, *(("--base", str(base)) if base else ()), *SETS, *extra]
 
 
@@ -116,7 +116,7 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
     assert main(["export", "--run-dir", str(straight), "--out", str(cut), "--level", "1"]) == 0
     assert main(["verify", str(export)]) == 0 and main(["verify", str(cut)]) == 0
     decoders = json.loads((export / "config.json").read_text())["decoders"]
-    assert [k for k in decoders if k.startswith("stage")] == ["stage0", "stage1", "stage2"]
+    assert [k for k in decoders if k.startswith("level")] == ["level0", "level1", "level2"]
     whole, part = load_encoder(export), load_encoder(cut)
     assert whole.encoder.depth == 3 and part.encoder.depth == 2
     assert weights_hash(part.encoder) == weights_hash(whole.cut(1).encoder)
@@ -141,11 +141,11 @@ def test_a_third_level_trains_resumes_after_kill_exports_embeds_and_probes(
 
 
 def test_push_pull_at_level_0_perturbs_the_signal_and_trains_the_encoder() -> None:
-    """AE-PP: level 0 with push-pull adds the push-pull term on perturbed signal patches."""
+    """AE-PP: Level 0 with push-pull adds the push-pull term on perturbed signal patches."""
+    from ecgpos.runs.levels import build_model
     from ecgpos.runs.run_config import load_run_config
-    from ecgpos.runs.stages import build_model
 
-    cfg = load_run_config("tiny/stage0", ["push_pull.enabled=true", "push_pull.lambda_pp=0.5"])
+    cfg = load_run_config("tiny/level0", ["push_pull.enabled=true", "push_pull.lambda_pp=0.5"])
     torch.manual_seed(0)
     model = build_model(cfg).train()
     x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(1))
@@ -187,12 +187,12 @@ def test_the_random_baseline_of_a_latent_config_builds_each_level_at_its_own_siz
     from ecgpos.inference.resolve import random_encoder
     from ecgpos.models.factory import levels_of
 
-    tiny0 = (Path(__file__).parents[1] / "configs" / "tiny" / "stage0.yaml").read_text()
-    tiny1 = (Path(__file__).parents[1] / "configs" / "tiny" / "stage1.yaml").read_text()
-    (tmp_path / "stage0.yaml").write_text(tiny0.replace("depth: 2", "depth: 3", 1))
+    tiny0 = (Path(__file__).parents[1] / "configs" / "tiny" / "level0.yaml").read_text()
+    tiny1 = (Path(__file__).parents[1] / "configs" / "tiny" / "level1.yaml").read_text()
+    (tmp_path / "level0.yaml").write_text(tiny0.replace("depth: 2", "depth: 3", 1))
     (tmp_path / "latent.yaml").write_text(tiny1.replace("depth: 2", "depth: 1", 1))
     loaded = random_encoder(tmp_path / "latent.yaml")
     assert [len(level.blocks) for level in levels_of(loaded.module)] == [3, 1]
     assert loaded.arch["levels"][0]["depth"] == 3
-    (tmp_path / "stage0.yaml").unlink()  # no level-0 config beside it: the latent section stands in
+    (tmp_path / "level0.yaml").unlink()  # no level-0 config beside it: the latent section stands in
     assert [len(level.blocks) for level in levels_of(random_encoder(tmp_path / "latent.yaml").module)] == [1, 1]

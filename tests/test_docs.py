@@ -124,16 +124,16 @@ def test_configs_page_lists_every_key_with_its_default() -> None:
 @pytest.mark.parametrize(
     "line",
     [
-        "ecgpos export --rundir runs/stage1 --out DIR",  # a renamed flag
-        "ecgpos pretrian --stage 0",  # no such command
+        "ecgpos export --rundir runs/level1 --out DIR",  # a renamed flag
+        "ecgpos pretrian --level 0",  # no such command
         "ecgpos preprocess code-15 --out DIR",  # not a choice
-        "ecgpos pretrain --stage two --config stage0 --check-config",  # not a level
-        "ecgpos pretrain --stage 0 --config stage0 --set train.num_worker=2 --check-config",  # unknown key
-        "ecgpos pretrain --stage 0 --config stage0 --set train.compile=fast --check-config",  # bad value
+        "ecgpos pretrain --level two --config level0 --check-config",  # not a level
+        "ecgpos pretrain --level 0 --config level0 --set train.num_worker=2 --check-config",  # unknown key
+        "ecgpos pretrain --level 0 --config level0 --set train.compile=fast --check-config",  # bad value
         "ecgpos probe --task ptbxl-rythm --out DIR",
         "ecgpos embed --input DIR --out feats.csv",  # a required flag left out
         "python bench/train_step.py --config FILE --e2e-step 3",
-        "accelerate launch -m ecgpos.pretrainer --stage 0",
+        "accelerate launch -m ecgpos.pretrainer --level 0",
         "make tests",
         "sbatch slurm/probe.sbatch merg",
     ],
@@ -145,7 +145,7 @@ def test_the_checker_finds_drift(line: str, docs: tuple[dict, list[Mention]]) ->
 def test_the_checker_finds_drifted_words(docs: tuple[dict, list[Mention]]) -> None:
     flags = known_flags(docs[0])
     assert check_flags("example", "pass --seedz 3", flags)
-    for text in ("train.num_worker", "configs/stage9.yaml", "ecgpos.ecg.screening.screen_recordz"):
+    for text in ("train.num_worker", "configs/level9.yaml", "ecgpos.ecg.screening.screen_recordz"):
         mention = Mention("example", text, False)
         assert check_config_words(mention) + check_paths(mention, ROOT) + check_module_names(mention), text
 

@@ -1,4 +1,4 @@
-"""Export, load_encoder, ONNX and `ecgpos verify` on tiny real Stage-0/Stage-1 runs."""
+"""Export, load_encoder, ONNX and `ecgpos verify` on tiny real level-0/level-1 runs."""
 
 from __future__ import annotations
 
@@ -39,14 +39,14 @@ def _fresh_process_features(export: Path, inputs: np.ndarray, tmp_path: Path) ->
     return np.load(tmp_path / "f.npy")
 
 
-@pytest.mark.parametrize("which", ["stage0", "stage1"])
+@pytest.mark.parametrize("which", ["level0", "level1"])
 def test_export_reloads_in_fresh_process_with_checkpoint_features(which: str, request, tmp_path: Path) -> None:
     from ecgpos.inference.resolve import load_run_encoder
 
     run = request.getfixturevalue(f"{which}_run")
-    export = request.getfixturevalue("export0" if which == "stage0" else "export1")
+    export = request.getfixturevalue("export0" if which == "level0" else "export1")
     config = json.loads((export / CONFIG_FILE).read_text())
-    assert config["arch"]["kind"] == ("stage0" if which == "stage0" else "nested")
+    assert config["arch"]["kind"] == ("level0" if which == "level0" else "nested")
     assert config["weights_sha256"] == state_sha256(read_weights(export / WEIGHTS_FILE))
     loaded = load_run_encoder(run)
     assert config["preprocess"] == loaded.spec.to_dict()
@@ -159,23 +159,23 @@ def test_weights_that_do_not_fit_the_config_fail_loudly(export0: Path, tmp_path:
 
 
 def test_folder_that_is_not_an_export(
-    stage0_run: Path, export0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    level0_run: Path, export0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     with pytest.raises(EcgposError, match="not an ecgpos export folder"):
         load_encoder(tmp_path)
     with pytest.raises(EcgposError, match="training run folder"):
-        load_encoder(stage0_run)
+        load_encoder(level0_run)
     rc = cli("embed", "--encoder", tmp_path, "--input", tmp_path, "--out", tmp_path / "f.csv")
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("ecgpos embed: error:")
     assert cli("verify", tmp_path) == 2
     capsys.readouterr()
     (tmp_path / "notes.txt").write_text("not an export")
-    assert cli("export", "--run-dir", stage0_run, "--out", tmp_path) == 2
+    assert cli("export", "--run-dir", level0_run, "--out", tmp_path) == 2
     assert "refusing to overwrite" in capsys.readouterr().err and (tmp_path / "notes.txt").is_file()
     again = tmp_path / "again"
     shutil.copytree(export0, again)
-    assert cli("export", "--run-dir", stage0_run, "--out", again) == 0  # replaces an export
+    assert cli("export", "--run-dir", level0_run, "--out", again) == 0  # replaces an export
     assert not (again / ONNX_FILE).exists() and cli("verify", again) == 0
 
 
@@ -196,13 +196,13 @@ def test_model_card_and_nested_verify(export0: Path, export1: Path) -> None:
 
 
 def test_export_records_its_pretraining_shards_for_the_leakage_guard(
-    export1: Path, stage1_run: Path, arrhythmia_shards: Path
+    export1: Path, level1_run: Path, arrhythmia_shards: Path
 ) -> None:
     from probes.shared.encoder import load_probe_encoder
     from probes.shared.leakage import recorded_pretraining
 
     enc = load_probe_encoder(str(export1))
     assert enc.info["shards"] == [str(arrhythmia_shards.resolve())]
-    for path in (export1, stage1_run):  # the export, and the run it came from (with its Stage-0 run)
+    for path in (export1, level1_run):  # the export, and the run it came from (with its level-0 run)
         enc = load_probe_encoder(str(path))
         assert recorded_pretraining(enc.source, enc.info) == [arrhythmia_shards.resolve()]

@@ -171,7 +171,7 @@ def test_top_k_above_the_block_count_is_refused_before_training(capsys, shared_d
 
     from ecgpos.resources import config_dir
 
-    encoder = f"random:{config_dir() / 'tiny' / 'stage1.yaml'}"
+    encoder = f"random:{config_dir() / 'tiny' / 'level1.yaml'}"
     data = ["--task", "ptbxl-super", "--data-root", shared_data, "--splits", shared_data / "merl_splits"]
     out = tmp_path / "out"
     rc, _, err = run(capsys, "finetune", "--encoder", encoder, "--mode", "top:99", *data, "--seeds", "1", "--out", out)
@@ -205,7 +205,7 @@ def test_finetune_out_refuses_what_it_did_not_write_and_names_the_models_it_kept
 
     from ecgpos.resources import config_dir
 
-    encoder = f"random:{config_dir() / 'tiny' / 'stage0.yaml'}"
+    encoder = f"random:{config_dir() / 'tiny' / 'level0.yaml'}"
     args = ["finetune", "--encoder", encoder, "--task", "ptbxl-super", "--data-root", shared_data]
     args += ["--splits", shared_data / "merl_splits", "--mode", "top:0", "--fractions", "100", "--seeds", "1"]
     args += ["--epochs", "1", "--bootstrap", "0", "--cache-dir", tmp_path / "cache"]

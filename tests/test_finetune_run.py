@@ -21,7 +21,7 @@ from probes.shared.datasets import prepared_record, task_locator
 from probes.shared.results import read_results
 from probes.shared.tasks import TASKS
 
-NESTED = f"random:{config_dir() / 'tiny' / 'stage1.yaml'}"  # a tiny nested encoder, nothing to pretrain
+NESTED = f"random:{config_dir() / 'tiny' / 'level1.yaml'}"  # a tiny nested encoder, nothing to pretrain
 NO_AUGMENT = [f"--set=augment.p_{k}=0" for k in ("shift", "scale", "wander", "noise", "dropout")]
 
 
@@ -45,9 +45,9 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
         assert results["test_auroc_low"].notna().all() and set(results["bootstrap_unit"]) == {"patient"}
     # --level 0 fine-tunes level 0 of the nested encoder alone, as `probe --level 0` reads it
     level0 = _finetune(capsys, shared_data, tmp_path / "level0", "full", "--level", "0", *one_epoch, seeds=1)
-    assert list(level0["encoder"]) == ["random-init (tiny/stage1) level 0 (finetune-full)"]
+    assert list(level0["encoder"]) == ["random-init (tiny/level1) level 0 (finetune-full)"]
     meta = json.loads((tmp_path / "level0" / "models" / "ptbxl-super" / "1" / "seed0" / "model.json").read_text())
-    assert meta["encoder_arch"]["kind"] == "stage0"
+    assert meta["encoder_arch"]["kind"] == "level0"
     first = pd.read_csv(tmp_path / "full" / "results.csv")
     rerun = [*_data(shared_data), "--fractions", "100", "--seeds", "1", "--bootstrap", "200", *one_epoch]
     rc, out, err = run(capsys, "finetune", "--encoder", NESTED, *rerun, "--out", tmp_path / "full")
@@ -60,10 +60,10 @@ def test_modes_run_and_compare_beside_the_linear_probe(capsys, shared_data, tmp_
     assert set(read_results(tmp_path / "probe")["protocol"]) == {"linear"}
     rc, out, err = run(capsys, "probe", "--compare", tmp_path / "probe", tmp_path / "full", tmp_path / "lora2")
     assert rc == 0, err
-    assert "| random-init (tiny/stage1) (finetune-full) |" in out and "| random-init (tiny/stage1) |" in out
+    assert "| random-init (tiny/level1) (finetune-full) |" in out and "| random-init (tiny/level1) |" in out
     pairs = out.split("## Paired differences")[1]
-    assert "| random-init (tiny/stage1) (finetune-full) − random-init (tiny/stage1) |" in pairs
-    assert "(finetune-lora:2) − random-init (tiny/stage1) (finetune-full) |" in pairs
+    assert "| random-init (tiny/level1) (finetune-full) − random-init (tiny/level1) |" in pairs
+    assert "(finetune-lora:2) − random-init (tiny/level1) (finetune-full) |" in pairs
 
     # the saved classifier (LoRA merged) is the one that was scored: it reproduces the stored test scores
     folder = tmp_path / "lora2" / "models" / "ptbxl-super" / "1" / "seed0"

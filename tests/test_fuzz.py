@@ -322,10 +322,10 @@ def test_fuzzed_shards_never_raise(export, damage):
             main(
                 [
                     "pretrain",
-                    "--stage",
+                    "--level",
                     "0",
                     "--config",
-                    str(config_dir() / "tiny" / "stage0.yaml"),
+                    str(config_dir() / "tiny" / "level0.yaml"),
                     "--shards",
                     str(shards),
                     "--run-dir",

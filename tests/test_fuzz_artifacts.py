@@ -214,7 +214,7 @@ def test_fuzzed_label_csvs_give_a_finite_auroc_or_one_line(capsys, tiny_run, sco
         _one_line_or_ok(rc, err)
         if rc == 0:
             summary = (root / "s.summary.md").read_text()
-            values = [float(line.split("|")[2]) for line in summary.splitlines() if line.startswith("| stage")]
+            values = [float(line.split("|")[2]) for line in summary.splitlines() if line.startswith("| level")]
             assert values and all(math.isfinite(v) and 0 <= v <= 1 for v in values)
             named = {i for i, _ in listed if i not in {"0", "1", "2", "3"}}  # labelled ids no record has
             assert all(i in err for i in named if i.strip()), err
@@ -223,7 +223,7 @@ def test_fuzzed_label_csvs_give_a_finite_auroc_or_one_line(capsys, tiny_run, sco
 
 
 decoder_damage = st.one_of(
-    st.tuples(st.just("pop"), st.sampled_from(["sha256", "settings_sha256", "encoder_sha256", "stage0", "file"])),
+    st.tuples(st.just("pop"), st.sampled_from(["sha256", "settings_sha256", "encoder_sha256", "level0", "file"])),
     st.tuples(st.just("set"), st.sampled_from(["sha256", "encoder_sha256", "settings_sha256"]), st.text(max_size=8)),
     st.tuples(st.just("mask_ratio"), st.floats(allow_nan=True, allow_infinity=True)),
     st.tuples(st.just("truncate"), st.integers(0, 4000)),
@@ -245,7 +245,7 @@ def test_fuzzed_decoders_verify_fail_or_score(capsys, scored, damage):
         elif damage[0] == "set":
             entry[damage[1]] = damage[2]
         elif damage[0] == "mask_ratio":
-            entry["stage0"]["mask_ratio"] = damage[1] if math.isfinite(damage[1]) else str(damage[1])
+            entry["level0"]["mask_ratio"] = damage[1] if math.isfinite(damage[1]) else str(damage[1])
         elif damage[0] == "truncate":
             blob.write_bytes(blob.read_bytes()[: damage[1]])
         else:

@@ -23,7 +23,7 @@ from test_fuzz_artifacts import FUZZ, _one_line_or_ok, _run
 
 torch.set_num_threads(1)
 FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set", "train.num_workers=0"]
-CARVE = ["carve", "--config", "tiny/stage0", "--latent-config", "tiny/stage1", "--max-levels", "2"]
+CARVE = ["carve", "--config", "tiny/level0", "--latent-config", "tiny/level1", "--max-levels", "2"]
 CARVE += ["--stop-below", "0", "--min-drop", "-1", *FAST]
 JSON_VALUES = st.one_of(
     st.none(),
@@ -126,7 +126,7 @@ folder_damage = st.one_of(
     ),
     st.tuples(
         st.sampled_from(["level0", "level1"]),
-        st.sampled_from(["shards", "base", "finished", "step", "stage"]),
+        st.sampled_from(["shards", "base", "finished", "step", "level"]),
         st.just("info"),
         JSON_VALUES,
     ),

@@ -129,7 +129,7 @@ def test_an_anomaly_class_with_one_record_and_one_nominal_pair() -> None:
 def nested_run(tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("geometry-paper-runs")
     pretrain_tiny(0, tiny_shards, root / "s0", *FAST)
-    return pretrain_tiny(1, tiny_shards, root / "s1", *FAST, stage0=root / "s0")
+    return pretrain_tiny(1, tiny_shards, root / "s1", *FAST, base=root / "s0")
 
 
 def _task(shared_data: Path, task: Path) -> tuple[Path, dict[int, str]]:

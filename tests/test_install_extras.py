@@ -196,7 +196,7 @@ def _blocked_cli(argv: list[str], blocked: list[str], cwd: Path) -> subprocess.C
     ("argv", "missing"),
     [
         (["pretrain", "--help"], "accelerate"),
-        (["pretrain", "--stage", "0", "--config", "tiny/stage0", "--check-config"], "accelerate"),
+        (["pretrain", "--level", "0", "--config", "tiny/level0", "--check-config"], "accelerate"),
         (["probe", "--help"], "scikit-learn"),
         (["preprocess", "--help"], "h5py"),
         (["geometry", "--help"], "matplotlib"),

@@ -60,7 +60,7 @@ def test_pretrain_killed_after_a_checkpoint_off_the_log_cadence_logs_every_step(
     flags += ["--set", "optim.steps=12"]
     assert pretrain(0, shards, tmp_path / "straight", *flags) == 0
     run = tmp_path / "killed"
-    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags]
+    args = ["pretrain", "--level", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags]
     proc = start(*args)
     wait_for(run / "checkpoints" / "step-0000005", proc)
     os.killpg(proc.pid, signal.SIGKILL)
@@ -105,7 +105,7 @@ def test_pretrain_resume_that_cannot_write_keeps_the_run_config(tiny_run: Path, 
     before = (run / "config.yaml").read_bytes()
     assert len(before) > 600
     sets = ["optim.steps=4", "train.batch_size=4", "train.num_workers=0", "train.checkpoint_every=2"]
-    args = ["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", tiny_shards, "--run-dir", run]
+    args = ["pretrain", "--level", "0", "--config", "tiny/level0", "--shards", tiny_shards, "--run-dir", run]
     args += [*(a for s in sets for a in ("--set", s)), "--resume", "auto"]
     command = [sys.executable, "-m", "ecgpos.cli", *map(str, args)]
     done = subprocess.run(command, env=ENV, capture_output=True, text=True, preexec_fn=_file_size_limit, timeout=120)
@@ -149,7 +149,7 @@ def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, t
     for split, numbers in (("train", range(1, 9)), ("val", range(9, 13)), ("test", range(13, 17))):
         rows = [f"{shared_data / 'ptbxl/records500/00000' / f'{n:05d}_hr'},{n % 2},{1 - n % 2}" for n in numbers]
         (task / f"{split}.csv").write_text("\n".join(["record,A,B", *rows]) + "\n")
-    args = ["probe", "--encoder", "random:tiny/stage0", "--task", f"custom:{task}", "--fractions", "100"]
+    args = ["probe", "--encoder", "random:tiny/level0", "--task", f"custom:{task}", "--fractions", "100"]
     args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", cache, "--out", tmp_path / "out"]
 
     def ctrl_c(*_args, **_kwargs):
@@ -174,7 +174,7 @@ def test_sigterm_stops_probe_with_one_line_and_the_rerun_completes(shared_data, 
     """SIGTERM (scancel, a Slurm time limit) used to kill `ecgpos probe` without a word (exit -15);
     now it stops as Ctrl-C does: one `terminated:` line, exit 143, no temporaries, and the rerun works."""
     cache, out = tmp_path / "cache", tmp_path / "out"
-    args = ["probe", "--encoder", "random:tiny/stage0", "--task", "ptbxl-super", "--data-root", shared_data]
+    args = ["probe", "--encoder", "random:tiny/level0", "--task", "ptbxl-super", "--data-root", shared_data]
     args += ["--splits", shared_data / "merl_splits", "--fractions", "100", "--seeds", "1", "--epochs", "1"]
     args += ["--workers", "1", "--cache-dir", cache, "--out", out]
     proc = start(*args)
@@ -255,7 +255,7 @@ def test_a_second_trainer_into_a_busy_run_folder_is_refused(shards: Path, tmp_pa
     with its process, so once the first is killed the same folder resumes."""
     run = tmp_path / "run"
     flags = ["--set", "optim.steps=300", "--set", "train.checkpoint_every=5", "--set", "train.num_workers=1"]
-    proc = start("pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags)
+    proc = start("pretrain", "--level", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *flags)
     try:
         wait_for(run / "checkpoints" / "step-0000005", proc)
         capsys.readouterr()

@@ -131,10 +131,10 @@ def test_embed_skips_a_swapped_record(swapped_tree, export, tmp_path, capsys):
     assert rc == 0 and "embedded 2 of 2" in stdout, err
 
 
-def test_score_skips_a_swapped_record(swapped_tree, stage0_run, tmp_path, capsys):
+def test_score_skips_a_swapped_record(swapped_tree, level0_run, tmp_path, capsys):
     folder = swapped_tree / "WFDBRecords"
     out = tmp_path / "s.csv"
-    args = ("score", "--run", stage0_run, "--input", folder, "--masks", 1, "--no-progress")
+    args = ("score", "--run", level0_run, "--input", folder, "--masks", 1, "--no-progress")
     rc, stdout, err = run(capsys, *args, "--out", out)
     assert rc == 0 and "lead_mismatch" in err, err
     assert _skipped(out) == [("01/010/JS00002", "lead_mismatch")]

@@ -1,6 +1,6 @@
 """Runs and exports written by the two-level format still load, verify, embed, probe and serve as a base.
 
-tests/fixtures/legacy_two_level holds two tiny runs (Stage 0, Stage 1 on it) and the Stage-1 export
+tests/fixtures/legacy_two_level holds two tiny runs (level 0, level 1 on it) and the level-1 export
 with both decoders, written by ecgpos before levels became a list (make_fixture.sh says how): arch
 {"kind": "nested", "stage0", "stage1"}, weights "stage0.*" / "stage1.*", run_info "stage0_encoder".
 Their metrics.jsonl are the reference losses a run of today's code with the same seed must repeat.
@@ -53,7 +53,7 @@ def test_fixture_is_the_two_level_format() -> None:
 
 
 def test_legacy_runs_and_export_load_alike() -> None:
-    """The Stage-1 run and its export give the same features; level 0 of both is the Stage-0 run."""
+    """The level-1 run and its export give the same features; level 0 of both is the level-0 run."""
     run0, run1 = resolve_encoder(FIXTURE / "run0"), resolve_encoder(FIXTURE / "run1")
     exported = load_encoder(FIXTURE / "export1")
     assert isinstance(run1.module, NestedEncoder) and run1.module.depth == 2
@@ -64,15 +64,15 @@ def test_legacy_runs_and_export_load_alike() -> None:
         assert torch.equal(run0.module.forward_features(x), exported.cut(0).forward_features(x))
         assert torch.equal(run0.module.forward_features(x), run1.module.forward_features(x, level=0))
     assert weights_hash(run1.module.levels[0]) == weights_hash(run0.module)
-    assert resolve_encoder(FIXTURE / "export1", level=0).arch["kind"] == "stage0"
+    assert resolve_encoder(FIXTURE / "export1", level=0).arch["kind"] == "level0"
 
 
 def test_legacy_export_verifies_and_its_decoders_load(capsys: pytest.CaptureFixture) -> None:
     assert main(["verify", str(FIXTURE / "export1")]) == 0
     assert "FAIL" not in capsys.readouterr().out
     models = load_decoders(FIXTURE / "export1", read_export_config(FIXTURE / "export1"))
-    assert list(models) == ["stage0", "stage1"]
-    assert weights_hash(models["stage1"].base) == weights_hash(load_encoder(FIXTURE / "export1").encoder.levels[0])
+    assert list(models) == ["level0", "level1"]
+    assert weights_hash(models["level1"].base) == weights_hash(load_encoder(FIXTURE / "export1").encoder.levels[0])
 
 
 def test_legacy_export_embeds_at_each_level(real_record: Path, tmp_path: Path) -> None:
@@ -113,15 +113,15 @@ def test_legacy_runs_load_as_probe_encoders() -> None:
 
 @pytest.mark.slow
 def test_new_code_repeats_the_legacy_losses_and_builds_on_legacy_bases(fixture_shards: Path, tmp_path: Path) -> None:
-    """Stage 0, and Stage 1 on the fixture's Stage 0, trained by today's code with the fixture's seed and
-    settings log the fixture's losses step for step; the legacy Stage-1 run and export serve as the
+    """Level 0, and level 1 on the fixture's level 0, trained by today's code with the fixture's seed and
+    settings log the fixture's losses step for step; the legacy level-1 run and export serve as the
     base of a level 2."""
     common = ["--shards", str(fixture_shards), *SETS]
     assert (
-        main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--run-dir", str(tmp_path / "r0"), *common]) == 0
+        main(["pretrain", "--level", "0", "--config", "tiny/level0", "--run-dir", str(tmp_path / "r0"), *common]) == 0
     )
-    stage1 = ["pretrain", "--stage", "1", "--config", "tiny/stage1", "--stage0", str(FIXTURE / "run0")]
-    assert main([*stage1, "--run-dir", str(tmp_path / "r1"), *common]) == 0
+    level1 = ["pretrain", "--level", "1", "--config", "tiny/level1", "--base", str(FIXTURE / "run0")]
+    assert main([*level1, "--run-dir", str(tmp_path / "r1"), *common]) == 0
     for new, old in (("r0", "run0"), ("r1", "run1")):
         got, want = losses(tmp_path / new), losses(FIXTURE / old)
         assert [g[0] for g in got] == [w[0] for w in want] == list(range(1, 7))
@@ -130,7 +130,7 @@ def test_new_code_repeats_the_legacy_losses_and_builds_on_legacy_bases(fixture_s
             np.testing.assert_allclose([g[2] for g in got], [w[2] for w in want], rtol=1e-5, atol=1e-6)
     for base in ("run1", "export1"):
         run2 = tmp_path / f"r2-{base}"
-        two = ["pretrain", "--stage", "2", "--config", "tiny/stage1", "--base", str(FIXTURE / base)]
+        two = ["pretrain", "--level", "2", "--config", "tiny/level1", "--base", str(FIXTURE / base)]
         assert main([*two, "--run-dir", str(run2), *common, "--set", "optim.steps=2"]) == 0
         info = json.loads((run2 / "run_info.json").read_text())
         assert [entry["level"] for entry in info["chain"]] == [0, 1]

@@ -198,7 +198,7 @@ def _rows(path: Path) -> list[list[str]]:
 
 def test_embed_and_score_list_the_records_used_on_their_span(
     export0: Path,
-    stage0_run: Path,
+    level0_run: Path,
     hour_record: tuple[Path, np.ndarray],
     shared_data: Path,
     tmp_path: Path,
@@ -222,7 +222,7 @@ def test_embed_and_score_list_the_records_used_on_their_span(
     assert _rows(tmp_path / "f.long.csv") == listed
     assert (tmp_path / "f.ids.txt").read_text().split() == ["00001_hr", "holter"]
     scores = tmp_path / "s.csv"
-    args = ("score", "--run", stage0_run, "--input", folder, "--masks", 1, "--no-progress")
+    args = ("score", "--run", level0_run, "--input", folder, "--masks", 1, "--no-progress")
     assert cli(*args, "--out", scores) == 0
     assert "; 1 record longer than 300 s used on its centre 300 s" in capsys.readouterr().out
     assert _rows(tmp_path / "s.long.csv") == listed

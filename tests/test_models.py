@@ -1,4 +1,4 @@
-"""Models: ST-MEM encoder + MAE (Stage 0), latent MAE + nested encoder (Stage 1), push-pull, factory."""
+"""Models: ST-MEM encoder + MAE (level 0), latent MAE + nested encoder (level 1), push-pull, factory."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def small_encoder(seed: int = 0, **kw) -> STMEMEncoder:
     return STMEMEncoder(EncoderConfig(**{**SMALL, **kw}))
 
 
-# -- Stage 0 -----------------------------------------------------------------------------------
+# -- level 0 -----------------------------------------------------------------------------------
 
 
 def test_patchify_round_trip():
@@ -197,14 +197,14 @@ def test_mae_learns_predictable_signal_with_random_masks():
     assert late < 0.35, [round(sum(losses[i : i + 50]) / 50, 3) for i in range(0, 500, 50)]
 
 
-# -- Stage 1 -----------------------------------------------------------------------------------
+# -- level 1 -----------------------------------------------------------------------------------
 
 
-def small_stage1(push_pull: PushPullConfig | None = None, norm_target: bool = False) -> LatentMaskedAutoencoder:
-    stage0 = small_encoder(seed=1)
+def small_level1(push_pull: PushPullConfig | None = None, norm_target: bool = False) -> LatentMaskedAutoencoder:
+    level0 = small_encoder(seed=1)
     torch.manual_seed(2)
     return LatentMaskedAutoencoder(
-        stage0,
+        level0,
         LatentEncoder(EncoderConfig(**SMALL)),
         SMALL_DEC,
         mask_ratio=0.75,
@@ -213,15 +213,15 @@ def small_stage1(push_pull: PushPullConfig | None = None, norm_target: bool = Fa
     )
 
 
-def test_stage0_frozen_during_stage1_training():
-    model = small_stage1(PushPullConfig(enabled=True))
+def test_level0_frozen_during_level1_training():
+    model = small_level1(PushPullConfig(enabled=True))
     before = {k: v.clone() for k, v in model.base.state_dict().items()}
     # Deliberately hand *all* parameters to AdamW (with weight decay): frozen ones must still not move.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.05)
     model.train()
     assert not model.base.training and model.encoder.training
     x = smooth_batch()
-    stage1_before = model.encoder.blocks[0].attn.qkv.weight.clone()
+    level1_before = model.encoder.blocks[0].attn.qkv.weight.clone()
     for step in range(3):
         out = model(x, generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
@@ -230,20 +230,20 @@ def test_stage0_frozen_during_stage1_training():
         opt.step()
     after = model.base.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not torch.equal(stage1_before, model.encoder.blocks[0].attn.qkv.weight)
+    assert not torch.equal(level1_before, model.encoder.blocks[0].attn.qkv.weight)
     assert not any(p.requires_grad for p in model.base.parameters())
     trained = {id(p) for group in param_groups(model, 0.05) for p in group["params"]}  # what the trainer optimises
     assert trained and trained.isdisjoint(id(p) for p in model.base.parameters())
-    # Even if someone re-enables gradients on Stage 0, its forward keeps no graph (torch.no_grad).
+    # Even if someone re-enables gradients on level 0, its forward keeps no graph (torch.no_grad).
     model.base.requires_grad_(True)
     assert model.latent_tokens(x).grad_fn is None
 
 
-def check_frozen_stage0_precision(device: str) -> None:
-    """Outside autocast the Stage-0 tokens are Stage 0's fp32 forward exactly (an fp32 run trains on
+def check_frozen_level0_precision(device: str) -> None:
+    """Outside autocast the level-0 tokens are level 0's fp32 forward exactly (an fp32 run trains on
     fp32 tokens, as probes and exports compute them); inside the caller's bf16 autocast they follow it.
     On a GPU this runs in tests/cuda_checks.py (the suite hides CUDA)."""
-    model = small_stage1().to(device)
+    model = small_level1().to(device)
     x = smooth_batch().to(device)
     with torch.no_grad():
         fp32 = model.base.forward_tokens(x)
@@ -253,12 +253,12 @@ def check_frozen_stage0_precision(device: str) -> None:
     assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
 
 
-def test_frozen_stage0_pass_runs_in_the_callers_precision():
-    check_frozen_stage0_precision("cpu")
+def test_frozen_level0_pass_runs_in_the_callers_precision():
+    check_frozen_level0_precision("cpu")
 
 
 def test_latent_recon_loss_falls():
-    model = small_stage1(norm_target=True)
+    model = small_level1(norm_target=True)
     x = smooth_batch()
     out = model(x, generator=torch.Generator().manual_seed(0))
     assert out["pred"].shape == out["target"].shape == (2, 12, 30, 32)
@@ -274,30 +274,30 @@ def test_latent_recon_loss_falls():
     assert losses[-1] < 0.6 * losses[0], losses[::10]
 
 
-def test_stage1_push_pull_terms_enter_the_loss():
+def test_level1_push_pull_terms_enter_the_loss():
     pp = PushPullConfig(enabled=True, alpha=1.0, lambda_pp=0.3, lambda_sp=0.2, perturbation="mask", scale=0.25)
-    out = small_stage1(pp)(smooth_batch(), generator=torch.Generator().manual_seed(0))
+    out = small_level1(pp)(smooth_batch(), generator=torch.Generator().manual_seed(0))
     log = out["log"]
     assert 0.0 <= log["push_active"].item() <= 1.0
     expected = log["recon_loss"] + 0.3 * log["pp_loss"] + 0.2 * log["sp_loss"]
     assert torch.allclose(out["loss"], expected)
-    plain = small_stage1()(smooth_batch())
+    plain = small_level1()(smooth_batch())
     assert set(plain) == {"loss", "log", "pred", "target", "mask"} and set(plain["log"]) == {"recon_loss"}
 
 
-def test_stage1_width_mismatch():
+def test_level1_width_mismatch():
     with pytest.raises(ConfigError, match="width"):
         LatentMaskedAutoencoder(small_encoder(), LatentEncoder(EncoderConfig(width=64, depth=1, heads=4)), SMALL_DEC)
 
 
 def test_nested_encoder_features_shape_and_determinism():
-    nested = small_stage1().nested_encoder().eval()
+    nested = small_level1().nested_encoder().eval()
     x = torch.randn(2, 12, 2250)
     feats = nested.forward_features(x)
     assert feats.shape == (2, nested.width) == (2, 32)
     assert nested.forward_tokens(x).shape == (2, 384, 32)
     assert torch.equal(feats, nested.forward_features(x))
-    # The Stage-1 encoder really is applied on top of Stage 0.
+    # The level-1 encoder really is applied on top of level 0.
     assert not torch.allclose(feats, nested.levels[0].forward_features(x))
 
 
@@ -362,10 +362,10 @@ def test_perturb_gaussian_and_mask():
 # -- factory -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["stage0", "nested"])
+@pytest.mark.parametrize("kind", ["level0", "nested"])
 def test_factory_round_trip(kind: str):
     torch.manual_seed(3)
-    module = small_encoder() if kind == "stage0" else build_nested([EncoderConfig(**SMALL), EncoderConfig(**SMALL)])
+    module = small_encoder() if kind == "level0" else build_nested([EncoderConfig(**SMALL), EncoderConfig(**SMALL)])
     module.eval()
     arch = json.loads(json.dumps(encoder_arch(module)))
     assert arch["kind"] == kind
@@ -383,10 +383,10 @@ def test_factory_rejects_mismatched_state():
         encoder_from_state(arch, {k: v for k, v in state.items() if k != "sep_token"})
     with pytest.raises(EcgposError, match="unexpected"):
         encoder_from_state(arch, {**state, "extra.weight": torch.zeros(1)})
-    wider = {"kind": "stage0", "encoder": {**arch["encoder"], "width": 64}}
+    wider = {"kind": "level0", "encoder": {**arch["encoder"], "width": 64}}
     with pytest.raises(EcgposError, match="shape mismatch"):
         encoder_from_state(wider, state)
     with pytest.raises(EcgposError, match="kind"):
-        encoder_from_state({"kind": "stage9"}, state)
+        encoder_from_state({"kind": "level9"}, state)
     with pytest.raises(ConfigError, match=r"unknown config key\(s\): encoder\.depht"):
-        encoder_from_state({"kind": "stage0", "encoder": {**arch["encoder"], "depht": 2}}, state)
+        encoder_from_state({"kind": "level0", "encoder": {**arch["encoder"], "depht": 2}}, state)

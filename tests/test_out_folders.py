@@ -14,7 +14,7 @@ import pytest
 from refusal_helpers import TINY0, one_line_error, run
 from test_probe_custom_tasks import _custom_task
 
-pytestmark = pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+pytestmark = pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/level0.yaml not written yet")
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

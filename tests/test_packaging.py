@@ -19,7 +19,7 @@ from ecgpos.resources import config_dir, config_path, shipped_configs
 from ecgpos.runs.run_config import load_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = {"finetune", "stage0", "stage1", "stmem12", "tiny/stage0", "tiny/stage1"}
+SHIPPED = {"finetune", "level0", "level1", "stmem12", "tiny/level0", "tiny/level1"}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
     code = (
         "import json, ecgpos, ecgpos.resources as r; from ecgpos.runs.run_config import load_run_config;"
         "print(json.dumps({'module': ecgpos.__file__, 'dir': str(r.config_dir()), 'names': r.shipped_configs(),"
-        "'width': load_run_config('stage0').encoder.width}))"
+        "'width': load_run_config('level0').encoder.width}))"
     )
     # the installed copy comes first on the path, and the checkout is not the working folder
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
@@ -84,11 +84,11 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
 
 def test_config_by_name_or_path() -> None:
     assert set(shipped_configs()) == SHIPPED
-    assert config_path("stage0") == config_path("stage0.yaml") == config_dir() / "stage0.yaml"
-    assert load_run_config("tiny/stage1").stage == 1
-    assert load_run_config(config_dir() / "tiny" / "stage0.yaml").stage == 0
+    assert config_path("level0") == config_path("level0.yaml") == config_dir() / "level0.yaml"
+    assert load_run_config("tiny/level1").level == 1
+    assert load_run_config(config_dir() / "tiny" / "level0.yaml").level == 0
     with pytest.raises(ConfigError, match="neither a file nor a shipped config"):
-        config_path("stage7")
+        config_path("level7")
 
 
 def test_spec_from_file_and_overrides(tmp_path: Path) -> None:
@@ -98,7 +98,7 @@ def test_spec_from_file_and_overrides(tmp_path: Path) -> None:
     spec = PreprocessSpec.load(spec_file, ["preprocess.dtype=float32"])
     assert (spec.lowpass_hz, spec.filter_order, spec.dtype, spec.highpass_hz) == (45.0, 2, "float32", 0.67)
     # a run config's preprocess section is the spec that run expects
-    assert PreprocessSpec.load(config_path("stage0")) == load_run_config("stage0").preprocess
+    assert PreprocessSpec.load(config_path("level0")) == load_run_config("level0").preprocess
     with pytest.raises(ConfigError, match="lowpas_hz"):
         PreprocessSpec.load(None, ["lowpas_hz=45"])
     with pytest.raises(ConfigError, match="highpass_hz < lowpass_hz"):
@@ -136,7 +136,7 @@ def test_preprocess_set_travels_with_shards_and_a_run_refuses_other_shards(
     assert (stored.lowpass_hz, stored.filter_order) == (45.0, 2)
     assert json.loads((out / "preprocess.json").read_text())["settings"]["spec"]["lowpass_hz"] == 45.0
     capsys.readouterr()
-    rc = cli("pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", out, "--run-dir", tmp_path / "run")
+    rc = cli("pretrain", "--level", "0", "--config", "tiny/level0", "--shards", out, "--run-dir", tmp_path / "run")
     assert rc == 2
     err = capsys.readouterr().err
     assert "lowpass_hz: 40.0 != 45.0" in err and not (tmp_path / "run").exists()

@@ -16,9 +16,9 @@ from ecgpos.pretrain.plan import load_base
 from ecgpos.runs.run_config import load_run_config
 
 
-def _stage0_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
-    """A copy of the Stage-0 run made incomplete or inconsistent in one way."""
-    copy = tmp_path / f"stage0-{edit}"
+def _base_variant(run0: Path, tmp_path: Path, edit: str) -> Path:
+    """A copy of the level-0 run made incomplete or inconsistent in one way."""
+    copy = tmp_path / f"base-{edit}"
     shutil.copytree(run0, copy)
     if edit == "no-checkpoint":
         shutil.rmtree(copy / "checkpoints")
@@ -65,26 +65,26 @@ BAD_CASES = {
     ),
     "seq_len != window": (0, lambda s, r0, t: ["--set", "encoder.seq_len=1500"], "must equal preprocess.window"),
     "batch > records": (0, lambda s, r0, t: ["--set", "train.batch_size=64"], "fewer than the global batch"),
-    "stage contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--stage0", str(r0)], "contradicts"),
-    "stage0 with stage 0": (0, lambda s, r0, t: ["--stage0", str(r0)], "only used with --stage 1"),
-    "stage 1 without stage0": (1, lambda s, r0, t: [], "needs --base"),
-    "stage0 missing": (1, lambda s, r0, t: ["--stage0", str(t / "nothing")], "does not exist"),
-    "stage0 not a run": (1, lambda s, r0, t: ["--stage0", str(s)], "neither a run folder"),
-    "stage0 no checkpoint": (
+    "level contradicts config": (1, lambda s, r0, t: ["--config", str(TINY0), "--base", str(r0)], "contradicts"),
+    "stage0 alias at level 0": (0, lambda s, r0, t: ["--stage0", str(r0)], "--stage0 is --base at --level 1 only"),
+    "level 1 without base": (1, lambda s, r0, t: [], "needs --base"),
+    "base missing": (1, lambda s, r0, t: ["--base", str(t / "nothing")], "does not exist"),
+    "base not a run": (1, lambda s, r0, t: ["--base", str(s)], "neither a run folder"),
+    "base no checkpoint": (
         1,
-        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "no-checkpoint"))],
+        lambda s, r0, t: ["--base", str(_base_variant(r0, t, "no-checkpoint"))],
         "no complete checkpoint",
     ),
-    "stage0 unfinished": (1, lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "unfinished"))], "is incomplete"),
-    "stage0 other spec": (
+    "base unfinished": (1, lambda s, r0, t: ["--base", str(_base_variant(r0, t, "unfinished"))], "is incomplete"),
+    "base other spec": (
         1,
-        lambda s, r0, t: ["--stage0", str(_stage0_variant(r0, t, "other-spec"))],
+        lambda s, r0, t: ["--base", str(_base_variant(r0, t, "other-spec"))],
         "the base encoder",
     ),
-    "stage0 width": (1, lambda s, r0, t: ["--stage0", str(r0), "--set", "encoder.width=32"], "width 64"),
-    "stage1 run as stage0": (1, lambda s, r0, t: ["--stage0", str(_stage1_like(r0, t))], "is a level-1 run"),
+    "base width": (1, lambda s, r0, t: ["--base", str(r0), "--set", "encoder.width=32"], "width 64"),
+    "level-1 run as base": (1, lambda s, r0, t: ["--base", str(_level1_like(r0, t))], "is a level-1 run"),
     "level 2 on a level-0 base": (2, lambda s, r0, t: ["--base", str(r0)], "level 2 trains on levels 0..1"),
-    "base and stage0": (1, lambda s, r0, t: ["--base", str(r0), "--stage0", str(r0)], "give one of them"),
+    "base and its stage0 alias": (1, lambda s, r0, t: ["--base", str(r0), "--stage0", str(r0)], "give --base only"),
 }
 
 
@@ -94,10 +94,10 @@ def _yaml(tmp_path: Path, text: str) -> Path:
     return path
 
 
-def _stage1_like(run0: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "stage1-like"
+def _level1_like(run0: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "level1-like"
     shutil.copytree(run0, copy)
-    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace("stage: 0", "stage: 1"))
+    (copy / "config.yaml").write_text((copy / "config.yaml").read_text().replace("level: 0", "level: 1"))
     return copy
 
 
@@ -105,9 +105,9 @@ def _stage1_like(run0: Path, tmp_path: Path) -> Path:
 def test_bad_input_exits_2_with_one_line_before_training(
     case: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    stage, extra, expected = BAD_CASES[case]
+    level, extra, expected = BAD_CASES[case]
     run = tmp_path / "run"
-    args = ["pretrain", *pretrain_args(stage, shards, run)]
+    args = ["pretrain", *pretrain_args(level, shards, run)]
     capsys.readouterr()
     rc = main(args + extra(shards, run0, tmp_path))  # later --config/--shards flags win in argparse
     err = capsys.readouterr().err.strip()
@@ -129,10 +129,10 @@ def test_existing_run_needs_resume_and_same_config(
     assert (run0 / "metrics.jsonl").read_text() == before
 
 
-def test_stage1_on_other_shards_than_its_stage0_warns(run0: Path, shards: Path, export: Path, tmp_path: Path, capsys):
-    """Stage 1 on the pool its Stage 0 was pretrained on is silent; on another folder it names both
+def test_level1_on_other_shards_than_its_level0_warns(run0: Path, shards: Path, export: Path, tmp_path: Path, capsys):
+    """Level 1 on the pool its level 0 was pretrained on is silent; on another folder it names both
     (a warning, not a refusal: the same shards mounted elsewhere are legitimate)."""
-    args = ("--stage0", str(run0), "--set", "optim.steps=1")
+    args = ("--base", str(run0), "--set", "optim.steps=1")
     assert main(["pretrain", *pretrain_args(1, shards, tmp_path / "same", *args)]) == 0
     assert "warning" not in capsys.readouterr().err
     other = tmp_path / "copy"
@@ -146,8 +146,8 @@ def test_stage1_on_other_shards_than_its_stage0_warns(run0: Path, shards: Path, 
     assert info["kind"] == "export" and info["shards"] == training["shards"] and info["shards"]
 
 
-def test_an_export_of_an_unfinished_stage0_run_is_a_stage0(tiny_run: Path, tmp_path: Path) -> None:
-    """The refusal of an unfinished --stage0 run says "export that checkpoint and pass the export
+def test_an_export_of_an_unfinished_level0_run_is_a_base(tiny_run: Path, tmp_path: Path) -> None:
+    """The refusal of an unfinished --base run says "export that checkpoint and pass the export
     folder": that export is then accepted (its config.json records the run's unfinished state)."""
     unfinished, out = tmp_path / "run", tmp_path / "export"
     shutil.copytree(tiny_run, unfinished)
@@ -160,13 +160,15 @@ def test_an_export_of_an_unfinished_stage0_run_is_a_stage0(tiny_run: Path, tmp_p
     assert info["kind"] == "export"
 
 
-@pytest.mark.parametrize("case", ["stage0 missing", "stage0 not a run", "stage0 unfinished", "stage1 run as stage0"])
-def test_a_refused_stage0_is_named_by_the_flag_given(
-    case: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+@pytest.mark.parametrize("flag", ["--base", "--stage0"])
+@pytest.mark.parametrize("case", ["base missing", "base not a run", "base unfinished", "level-1 run as base"])
+def test_a_refused_base_is_named_by_the_flag_given(
+    case: str, flag: str, shards: Path, run0: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    stage, extra, expected = BAD_CASES[case]
-    given = extra(shards, run0, tmp_path)
+    level, extra, expected = BAD_CASES[case]
+    given = [flag, *extra(shards, run0, tmp_path)[1:]]
     capsys.readouterr()
-    assert main(["pretrain", *pretrain_args(stage, shards, tmp_path / "run"), *given]) == 2
+    assert main(["pretrain", *pretrain_args(level, shards, tmp_path / "run"), *given]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"ecgpos pretrain: error: --stage0 {given[1]} ") and "--base" not in err, err
+    other = "--stage0" if flag == "--base" else "--base"
+    assert err.startswith(f"ecgpos pretrain: error: {flag} {given[1]} ") and other not in err, err

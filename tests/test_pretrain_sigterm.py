@@ -59,7 +59,7 @@ def test_a_job_wide_sigterm_stops_pretrain_with_a_checkpoint_it_resumes_exactly(
     that. Now: exit 0, one line naming the checkpoint, no process of the group left, and the resumed
     run ends as the uninterrupted one (the same losses, the same weights)."""
     run = tmp_path / "run"
-    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *FLAGS]
+    args = ["pretrain", "--level", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST, *FLAGS]
     proc = subprocess.Popen(
         [sys.executable, "-m", "ecgpos", *map(str, args), *WORKERS],
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -102,7 +102,7 @@ def test_a_sigterm_before_training_starts_is_one_line_and_exit_143(shards: Path,
     SIGTERM ended pretrain with the default action: exit -15 and not a word. Now it stops as every
     other command does: one `terminated:` line, exit 143, and the rerun of the same command trains."""
     run = tmp_path / "run"
-    args = ["pretrain", "--stage", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST]
+    args = ["pretrain", "--level", "0", "--config", TINY0, "--shards", shards, "--run-dir", run, *FAST]
     proc = subprocess.Popen(
         [sys.executable, "-m", "ecgpos", *map(str, args), "--set", "optim.steps=2"],
         stdout=subprocess.PIPE,

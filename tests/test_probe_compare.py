@@ -21,7 +21,7 @@ def probe_folder(shared_data, tmp_path_factory):
 
     def make(name: str, *flags: str, splits: Path | None = None) -> Path:
         out = root / name
-        args = ["probe", "--encoder", "random:tiny/stage0", "--name", name, "--task", "ptbxl-super"]
+        args = ["probe", "--encoder", "random:tiny/level0", "--name", name, "--task", "ptbxl-super"]
         args += ["--data-root", shared_data, "--splits", splits or shared_data / "merl_splits"]
         args += ["--fractions", "100", "--seeds", "2", "--epochs", "2", "--workers", "1"]
         assert cli(*args, "--cache-dir", root / "cache", "--out", out, *flags) == 0
@@ -126,9 +126,9 @@ def test_compare_flags_folders_probed_under_different_protocols(capsys, probe_fo
 
 
 def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, probe_folder):
-    # two different encoders both named "stage1", probed on different tasks (so no row clashes)
+    # two different encoders both named "level1", probed on different tasks (so no row clashes)
     first = probe_folder("named-first")
-    args = ["probe", "--encoder", "random:tiny/stage1", "--name", "named-first", "--task", "cpsc2018"]
+    args = ["probe", "--encoder", "random:tiny/level1", "--name", "named-first", "--task", "cpsc2018"]
     args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
     args += ["--seeds", "1", "--epochs", "1", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
     second = probe_folder.root / "other-weights"
@@ -142,8 +142,8 @@ def test_compare_keeps_two_encoders_under_one_label_apart(capsys, shared_data, p
 def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_data, probe_folder):
     """The published numbers are over MERL's whole test split; the sample data holds 29 of its 2158
     super-class records, so `ours − published` compares different test sets and says so. A label that
-    names no published row is compared with the row of its architecture (a Stage-0 encoder: Stage 0),
-    also after a --compare of a --compare."""
+    names no published row is compared with the row of its architecture (a level-0 encoder: the paper's
+    Stage 0), also after a --compare of a --compare."""
     from probes.shared.published import PUBLISHED_TEST_RECORDS, read_reference
     from probes.shared.tasks import SPLITS, read_splits, resolve_task
 
@@ -261,7 +261,7 @@ def test_a_probe_interrupted_while_writing_leaves_no_earlier_run_beside_its_file
     from ecgpos.export.card import probe_section
 
     out = probe_folder("first")
-    args = ["probe", "--encoder", "random:tiny/stage0", "--name", "second", "--task", "ptbxl-super"]
+    args = ["probe", "--encoder", "random:tiny/level0", "--name", "second", "--task", "ptbxl-super"]
     args += ["--data-root", shared_data, "--splits", shared_data / "merl_splits", "--fractions", "100"]
     args += ["--seeds", "2", "--epochs", "2", "--workers", "1", "--cache-dir", probe_folder.root / "cache"]
     ctrl_c_when_renaming(monkeypatch, "summary.md")

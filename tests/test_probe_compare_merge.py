@@ -70,31 +70,31 @@ def _result_folder(folder: Path, encoder: str, tasks: tuple[str, ...], auroc: fl
 
 
 def test_compare_keeps_one_encoder_across_task_folders(capsys, tmp_path):
-    # an array job: one folder per task, all probed with --name stage1
-    super_ = _result_folder(tmp_path / "out" / "ptbxl-super", "stage1", ("ptbxl-super",), 0.8)
-    cpsc = _result_folder(tmp_path / "out" / "cpsc2018", "stage1", ("cpsc2018",), 0.7)
+    # an array job: one folder per task, all probed with --name level1
+    super_ = _result_folder(tmp_path / "out" / "ptbxl-super", "level1", ("ptbxl-super",), 0.8)
+    cpsc = _result_folder(tmp_path / "out" / "cpsc2018", "level1", ("cpsc2018",), 0.7)
     rc, out, err = run(capsys, "probe", "--compare", super_, cpsc, "--out", tmp_path / "merged")
     assert rc == 0, err
     summary = (tmp_path / "merged" / "summary.md").read_text()
     assert "| Encoder | Super | CPSC2018 |" in summary
-    assert "| stage1 | 0.8050 ± 0.0050 | 0.7050 ± 0.0050 |" in summary
+    assert "| level1 | 0.8050 ± 0.0050 | 0.7050 ± 0.0050 |" in summary
     assert "[" not in summary and summary in out
     assert (tmp_path / "merged" / "summary.png").stat().st_size > 1000
     merged = pd.read_csv(tmp_path / "merged" / "results.csv")
-    assert set(merged["encoder"]) == {"stage1"} and len(merged) == 4
+    assert set(merged["encoder"]) == {"level1"} and len(merged) == 4
 
 
 def test_compare_renames_only_a_repeated_encoder_task_fraction(capsys, tmp_path):
-    first = _result_folder(tmp_path / "run1", "stage1", ("ptbxl-super", "cpsc2018"), 0.8)
-    other = _result_folder(tmp_path / "other", "stage1", ("ptbxl-rhythm",), 0.9)
-    again = _result_folder(tmp_path / "run2", "stage1", ("ptbxl-super",), 0.6)
+    first = _result_folder(tmp_path / "run1", "level1", ("ptbxl-super", "cpsc2018"), 0.8)
+    other = _result_folder(tmp_path / "other", "level1", ("ptbxl-rhythm",), 0.9)
+    again = _result_folder(tmp_path / "run2", "level1", ("ptbxl-super",), 0.6)
     rc, out, err = run(capsys, "probe", "--compare", first, other, again, "--out", tmp_path / "merged")
     assert rc == 0, err
     summary = (tmp_path / "merged" / "summary.md").read_text()
     assert "| Encoder | Super | Rhythm | CPSC2018 |" in summary
-    assert "| stage1 | 0.8050 ± 0.0050 | 0.9050 ± 0.0050 | 0.8050 ± 0.0050 |" in summary
-    assert "| stage1 [run2] | 0.6050 ± 0.0050 | — | — |" in summary
-    assert "stage1 [run2]: rows of" in summary  # the rename is explained under Notes
+    assert "| level1 | 0.8050 ± 0.0050 | 0.9050 ± 0.0050 | 0.8050 ± 0.0050 |" in summary
+    assert "| level1 [run2] | 0.6050 ± 0.0050 | — | — |" in summary
+    assert "level1 [run2]: rows of" in summary  # the rename is explained under Notes
     assert (tmp_path / "merged" / "summary.png").stat().st_size > 1000
     merged = pd.read_csv(tmp_path / "merged" / "results.csv")
-    assert merged.groupby("encoder").size().to_dict() == {"stage1": 6, "stage1 [run2]": 2}
+    assert merged.groupby("encoder").size().to_dict() == {"level1": 6, "level1 [run2]": 2}

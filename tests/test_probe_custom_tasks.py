@@ -72,7 +72,7 @@ def test_custom_task_with_raw_baseline_reports_failed_records(tmp_path):
     assert len(rows) == 2 and all(r["test_auroc"] > 0.9 for r in rows)
 
 
-@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/level0.yaml not written yet")
 def test_custom_task_through_the_cli(capsys, tmp_path):
     folder = _custom_task(tmp_path / "synthetic")
     flags = ("--encoder", f"random:{TINY0}", "--seeds", "2", "--epochs", "3")
@@ -108,7 +108,7 @@ def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys
     assert any(name.startswith("random-init (") for name in encoders), encoders
 
 
-@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/level0.yaml not written yet")
 def test_custom_task_with_patients(capsys, tmp_path):
     """A `patient_id` column before `record`: a patient in two splits is refused, and a test split with
     patients of several recordings is bootstrapped by patient."""

@@ -10,7 +10,7 @@ import pytest
 from refusal_helpers import TINY0, run
 
 
-@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/level0.yaml not written yet")
 def test_done_when_run_on_sample_data(capsys, shared_data, tmp_path):
     args = [
         "--encoder",

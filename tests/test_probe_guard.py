@@ -26,7 +26,7 @@ from probes.shared.leakage import load_pretraining, recorded_pretraining, task_o
 from probes.shared.task_data import dataset_key
 from probes.shared.tasks import SPLITS, TASKS, read_split, resolve_task
 
-TINY = config_dir() / "tiny" / "stage0.yaml"
+TINY = config_dir() / "tiny" / "level0.yaml"
 LEADS = list(DEFAULT_SPEC.leads)
 
 
@@ -178,7 +178,7 @@ def test_fingerprints_separate_different_recordings(shared_data):
     assert min(gaps) > 2 * MAX_DISTANCE
 
 
-@pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+@pytest.mark.skipif(not TINY.is_file(), reason="configs/tiny/level0.yaml not written yet")
 def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp_path, capsys):
     task = f"custom:{guard_case['task']}"
     common = [
@@ -242,12 +242,12 @@ def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp
         assert "dropped (--exclude-overlap)" in text
 
 
-def test_pretraining_folders_come_from_the_run_and_its_stage0(tmp_path):
+def test_pretraining_folders_come_from_the_run_and_its_level0(tmp_path):
     (tmp_path / "s0").mkdir()
     (tmp_path / "s1").mkdir()
     (tmp_path / "s0" / "run_info.json").write_text(json.dumps({"shards": ["/data/ningbo", "/data/code15"]}))
     (tmp_path / "s1" / "run_info.json").write_text(
-        json.dumps({"shards": ["/data/ningbo"], "stage0": str(tmp_path / "s0")})
+        json.dumps({"shards": ["/data/ningbo"], "level0": str(tmp_path / "s0")})
     )
     assert recorded_pretraining(str(tmp_path / "s1"), {}) == [Path("/data/ningbo"), Path("/data/code15")]
     assert recorded_pretraining("export-folder", {"shards": ["/x"]}) == [Path("/x")]

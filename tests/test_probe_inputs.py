@@ -21,7 +21,7 @@ from probes.shared.published import read_reference
 from probes.shared.tasks import SPLITS
 
 PTBXL = "ptbxl/records500/00000"
-ENCODER = "random:tiny/stage0"
+ENCODER = "random:tiny/level0"
 QUICK = ["--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--device", "cpu"]
 
 

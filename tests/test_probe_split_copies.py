@@ -13,7 +13,7 @@ import pandas as pd
 from refusal_helpers import run
 
 PTBXL = "ptbxl/records500/00000"
-ENCODER = "random:tiny/stage0"
+ENCODER = "random:tiny/level0"
 QUICK = ["--seeds", "1", "--epochs", "1", "--bootstrap", "0", "--device", "cpu", "--fractions", "100"]
 COPIES = {  # split -> {copy: the record it copies}
     "val": {"dup/00002_hr": "00002_hr"},  # byte-for-byte, same name in another folder

@@ -28,7 +28,7 @@ def _yaml(tmp_path: Path, text: str) -> Path:
 
 @pytest.mark.parametrize("text", ["1: 2\n", "? null\n: 3\n", "optim:\n  ? [a]\n  : 1\n", "optim:\n  0.5: 1\n"])
 def test_yaml_keys_that_are_not_names_are_one_line(capsys, tmp_path, tiny_shards, text):
-    path = _yaml(tmp_path, "stage: 0\n" + text)
+    path = _yaml(tmp_path, "level: 0\n" + text)
     with pytest.raises(ConfigError, match="is not a name"):
         load_run_config(path)
     run_dir = tmp_path / "run"
@@ -41,23 +41,23 @@ def test_integers_written_in_exponent_notation_are_read_exactly(tmp_path):
     # PyYAML reads `1.5e5` and `1e2` as text; they are exact integers all the same
     cfg = load_run_config(_yaml(tmp_path, "optim:\n  steps: 1.5e5\n  warmup_steps: 1e2\n"))
     assert (cfg.optim.steps, cfg.optim.warmup_steps) == (150_000, 100)
-    assert load_run_config("tiny/stage0", ["optim.steps=2e3"]).optim.steps == 2000
+    assert load_run_config("tiny/level0", ["optim.steps=2e3"]).optim.steps == 2000
     for bad in ("2.5", "1e-3", "1e400", "ten", "nan"):
         with pytest.raises(ConfigError, match="optim.steps: expected an integer"):
-            load_run_config("tiny/stage0", [f"optim.steps={bad}"])
+            load_run_config("tiny/level0", [f"optim.steps={bad}"])
 
 
 def test_set_of_a_whole_section_changes_only_the_keys_it_names():
-    cfg = load_run_config("tiny/stage0", ["optim={lr: 0.002}", "train={seed: 3}"])
+    cfg = load_run_config("tiny/level0", ["optim={lr: 0.002}", "train={seed: 3}"])
     assert (cfg.optim.lr, cfg.optim.steps, cfg.optim.warmup_steps) == (0.002, 200, 20)  # steps stay the file's
     assert (cfg.train.seed, cfg.train.batch_size) == (3, 16)
-    assert load_run_config("tiny/stage0", ["optim={}"]).optim == load_run_config("tiny/stage0").optim
+    assert load_run_config("tiny/level0", ["optim={}"]).optim == load_run_config("tiny/level0").optim
     with pytest.raises(ConfigError, match="optim: expected a mapping, got 3"):
-        load_run_config("tiny/stage0", ["optim=3"])
+        load_run_config("tiny/level0", ["optim=3"])
 
 
 def test_a_section_whose_keys_are_all_commented_out_takes_its_defaults(tmp_path):
-    path = _yaml(tmp_path, "stage: 0\noptim:\n  # lr: 1.0e-3\ntrain:\n")
+    path = _yaml(tmp_path, "level: 0\noptim:\n  # lr: 1.0e-3\ntrain:\n")
     cfg = load_run_config(path, ["optim.steps=7"])
     defaults = load_run_config(None)
     assert cfg.optim.steps == 7 and cfg.optim.lr == defaults.optim.lr and cfg.train == defaults.train
@@ -158,7 +158,7 @@ def unreadable(path: Path) -> Iterator[None]:
 
 
 def test_a_file_the_user_may_not_read_is_one_line(capsys, tmp_path):
-    config = tmp_path / "stage0.yaml"
+    config = tmp_path / "level0.yaml"
     shutil.copy(TINY0, config)
     with unreadable(config):
         rc, _, err = run(capsys, *PRETRAIN[:3], "--config", config, "--check-config")

@@ -24,12 +24,12 @@ QUICK = ["--seeds", "1", "--epochs", "2", "--fractions", "100", "--bootstrap", "
 
 @pytest.fixture(scope="module")
 def runs(tiny_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A Stage-0 run and a 4-step Stage-1 run on it, checkpointed at steps 2 and 4."""
+    """A level-0 run and a 4-step level-1 run on it, checkpointed at steps 2 and 4."""
     root = tmp_path_factory.mktemp("eval-runs")
     pretrain_tiny(0, tiny_shards, root / "s0", *FAST, "--set", "optim.steps=2")
     steps = ["--set", "optim.steps=4", "--set", "train.checkpoint_every=2"]
-    pretrain_tiny(1, tiny_shards, root / "s1", *FAST, *steps, stage0=root / "s0")
-    return {"stage0": root / "s0", "stage1": root / "s1"}
+    pretrain_tiny(1, tiny_shards, root / "s1", *FAST, *steps, base=root / "s0")
+    return {"level0": root / "s0", "level1": root / "s1"}
 
 
 def _task(folder: Path, shared_data: Path, labels: dict[str, str], records: dict[str, Path] | None = None) -> Path:
@@ -66,7 +66,7 @@ def _geometry(task: Path, encoder: Path, out: Path, *extra: object) -> list[obje
 
 
 def _with_nan_weights(run_dir: Path, dest: Path) -> Path:
-    """A copy of a run whose newest checkpoint's Stage-1 encoder weights are NaN (a diverged run)."""
+    """A copy of a run whose newest checkpoint's level-1 encoder weights are NaN (a diverged run)."""
     shutil.copytree(run_dir, dest)
     weights = dest / "checkpoints" / checkpoint_name(4) / WEIGHTS_FILE
     state = load_file(str(weights))
@@ -81,7 +81,7 @@ def test_nan_weights_are_one_line_in_geometry_score_and_probe(capsys, tmp_path, 
     """A checkpoint holding NaN weights loaded silently: geometry wrote metrics.csv and features.npz
     full of NaN, then died in the PCA with a ValueError traceback; score wrote NaN scores with exit
     0; probe cached NaN features and died in roc_auc_score. Each now refuses at load, in one line."""
-    broken = _with_nan_weights(runs["stage1"], tmp_path / "nan-run")
+    broken = _with_nan_weights(runs["level1"], tmp_path / "nan-run")
     labels = {"1": "A", "2": "A", "3": "B", "4": "B", "5": "X"}
     task = _task(tmp_path / "task", shared_data, labels)
     rc, _, err = run(capsys, *_geometry(task, broken, tmp_path / "g"))
@@ -104,12 +104,12 @@ def test_geometry_refuses_classes_whose_ratios_divide_by_zero(capsys, tmp_path, 
     radius of 0: S and rho were computed against EPS alone (S = 1.6e9, "5 of 5 predictions hold",
     or every metric 0), written and printed with exit 0."""
     single = _task(tmp_path / "single", shared_data, {"1": "A", "2": "B", "3": "X"})
-    rc, _, err = run(capsys, *_geometry(single, runs["stage1"], tmp_path / "g1"))
+    rc, _, err = run(capsys, *_geometry(single, runs["level1"], tmp_path / "g1"))
     one_line_error(rc, err, "geometry", "nominal class A, B each have a single record")
     # the same real record under four names: four identical feature vectors per level
     names = {f"r{i}": copy_record(real_record, tmp_path / "copies", f"r{i}") for i in range(1, 6)}
     same = _task(tmp_path / "same", shared_data, {"r1": "A", "r2": "A", "r3": "B", "r4": "B", "r5": "X"}, names)
-    rc, _, err = run(capsys, *_geometry(same, runs["stage1"], tmp_path / "g2"))
+    rc, _, err = run(capsys, *_geometry(same, runs["level1"], tmp_path / "g2"))
     one_line_error(rc, err, "geometry", "have identical level 0 features (radius 0)")
     assert not (tmp_path / "g1").exists() and not (tmp_path / "g2").exists()
 
@@ -118,7 +118,7 @@ def test_geometry_batch_size_below_one_is_refused(capsys, tmp_path, runs, shared
     """--batch-size 0 or -3 was accepted and silently ran one record per pass."""
     task = _task(tmp_path / "task", shared_data, {"1": "A", "2": "A", "3": "B", "4": "B", "5": "X"})
     for size in ("0", "-3"):
-        rc, _, err = run(capsys, *_geometry(task, runs["stage1"], tmp_path / "g", "--batch-size", size))
+        rc, _, err = run(capsys, *_geometry(task, runs["level1"], tmp_path / "g", "--batch-size", size))
         one_line_error(rc, err, "geometry", f"--batch-size must be at least 1, got {size}")
     assert not (tmp_path / "g").exists()
 
@@ -128,11 +128,11 @@ def test_a_data_root_holding_another_dataset_is_named(capsys, tmp_path, runs, sh
     MI: 0)", and probe trained nothing and wrote a table of NaN rows with exit 0."""
     splits = shared_data / "merl_splits"
     root = shared_data / "cpsc2018"
-    args = ["geometry", "--encoder", runs["stage1"], "--task", "ptbxl-super", "--data-root", root]
+    args = ["geometry", "--encoder", runs["level1"], "--task", "ptbxl-super", "--data-root", root]
     args += ["--splits", splits, "--nominal", "NORM,MI", "--anomalous", "CD", "--out", tmp_path / "g"]
     rc, _, err = run(capsys, *args)
     one_line_error(rc, err, "geometry", f"1565 not found under --data-root {root}")
-    args = ["probe", "--encoder", runs["stage1"], "--task", "ptbxl-super,cpsc2018", "--data-root", root]
+    args = ["probe", "--encoder", runs["level1"], "--task", "ptbxl-super,cpsc2018", "--data-root", root]
     rc, _, err = run(capsys, *args, "--splits", splits, "--out", tmp_path / "p", "--cache-dir", tmp_path / "c", *QUICK)
     line = one_line_error(rc, err, "probe", "ptbxl-super: none of the 21388 records of its splits was found")
     assert f"--data-root {root} must be the folder holding ptbxl/" in line
@@ -140,7 +140,7 @@ def test_a_data_root_holding_another_dataset_is_named(capsys, tmp_path, runs, sh
     # a data root with only the 100 Hz folder: the message names the flag that reads it
     (tmp_path / "lr" / "ptbxl").mkdir(parents=True)
     (tmp_path / "lr" / "ptbxl" / "records100").symlink_to(shared_data / "ptbxl" / "records100")
-    args = ["probe", "--encoder", runs["stage1"], "--task", "ptbxl-super", "--data-root", tmp_path / "lr"]
+    args = ["probe", "--encoder", runs["level1"], "--task", "ptbxl-super", "--data-root", tmp_path / "lr"]
     rc, _, err = run(capsys, *args, "--splits", splits, "--out", tmp_path / "p", "--cache-dir", tmp_path / "c", *QUICK)
     one_line_error(rc, err, "probe", "(it holds ptbxl/records100/: --records100?)")
 
@@ -158,7 +158,7 @@ def test_a_data_root_holding_another_dataset_is_named(capsys, tmp_path, runs, sh
 )
 def test_probe_settings_out_of_range_are_one_line(capsys, tmp_path, runs, shared_data, setting, needle):
     task = _probe_task(tmp_path / "task", shared_data)
-    args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--out", tmp_path / "p", "--raw-baseline"]
+    args = ["probe", "--encoder", runs["level1"], "--task", f"custom:{task}", "--out", tmp_path / "p", "--raw-baseline"]
     rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK, "--set", setting)
     one_line_error(rc, err, "probe", needle)
     assert not (tmp_path / "p").exists()
@@ -185,7 +185,7 @@ def test_probe_settings_out_of_range_are_one_line(capsys, tmp_path, runs, shared
 )
 def test_probe_counts_protocol_and_empty_flags_are_one_line(capsys, tmp_path, runs, shared_data, extra, needle):
     task = _probe_task(tmp_path / "task", shared_data)
-    args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
+    args = ["probe", "--encoder", runs["level1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
     extra = [a.replace("{tmp}", str(tmp_path)) for a in extra]
     rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK, *extra)
     one_line_error(rc, err, "probe", needle)
@@ -197,16 +197,16 @@ def test_geometry_refuses_a_data_root_or_splits_that_is_no_folder(capsys, tmp_pa
     (`ecgpos probe` refuses both)."""
     task = _task(tmp_path / "task", shared_data, {"1": "A", "2": "B", "3": "X"})
     for flag in ("--data-root", "--splits"):
-        rc, _, err = run(capsys, *_geometry(task, runs["stage1"], tmp_path / "g", flag, tmp_path / "nowhere"))
+        rc, _, err = run(capsys, *_geometry(task, runs["level1"], tmp_path / "g", flag, tmp_path / "nowhere"))
         one_line_error(rc, err, "geometry", f"{flag} {tmp_path / 'nowhere'} is not a folder")
     assert not (tmp_path / "g").exists()
 
 
 def test_a_run_still_training_is_named_by_probe_and_geometry(capsys, tmp_path, runs, shared_data):
-    """A Stage-1 run with only its step-2 checkpoint of 4 (still training, or stopped) was probed
+    """A level-1 run with only its step-2 checkpoint of 4 (still training, or stopped) was probed
     and measured as if it were the trained model, with no word about it."""
     partial = tmp_path / "partial"
-    shutil.copytree(runs["stage1"], partial)
+    shutil.copytree(runs["level1"], partial)
     shutil.rmtree(partial / "checkpoints" / checkpoint_name(4))
     expected = f"{partial} is not finished (step 2 of 4): its newest checkpoint {checkpoint_name(2)} is used"
     task = _task(tmp_path / "task", shared_data, {"1": "A", "2": "A", "3": "B", "4": "B", "5": "X", "6": "X"})
@@ -220,7 +220,7 @@ def test_a_run_still_training_is_named_by_probe_and_geometry(capsys, tmp_path, r
     assert rc == 0 and f"ecgpos probe: warning: {expected}" in err
     assert expected in (tmp_path / "p" / "summary.md").read_text()
     # the finished run gets no such line
-    rc, out, err = run(capsys, *_geometry(task, runs["stage1"], tmp_path / "g2"))
+    rc, out, err = run(capsys, *_geometry(task, runs["level1"], tmp_path / "g2"))
     assert rc == 0 and "not finished" not in err + (tmp_path / "g2" / "summary.md").read_text()
 
 
@@ -265,7 +265,7 @@ def test_encoders_with_equal_weights_but_other_architectures_do_not_share_a_cach
     the second probe silently read the first one's features."""
     from ecgpos.resources import config_dir
 
-    tiny = config_dir() / "tiny" / "stage0.yaml"
+    tiny = config_dir() / "tiny" / "level0.yaml"
     other = tmp_path / "heads8.yaml"
     other.write_text(tiny.read_text().replace("heads: 4", "heads: 8"))
     assert "heads: 8" in other.read_text()
@@ -286,7 +286,7 @@ def test_score_labels_named_unlike_the_folder_records_say_so(capsys, tmp_path, r
     for sub, name in (("a", "r1"), ("b", "r1"), ("b", "r2")):
         copy_record(real_record, tmp_path / "in" / sub, name)
     (tmp_path / "labels.csv").write_text("record_id,label\nr1,N\nr2,A\n")
-    args = ["score", "--run", runs["stage1"], "--input", tmp_path / "in", "--out", tmp_path / "s.csv", "--no-progress"]
+    args = ["score", "--run", runs["level1"], "--input", tmp_path / "in", "--out", tmp_path / "s.csv", "--no-progress"]
     rc, _, err = run(capsys, *args, "--labels", tmp_path / "labels.csv", "--nominal", "N", "--anomalous", "A")
     one_line_error(rc, err, "score", "none of its 2 record ids is a scored record (scored ids look like 'a/r1'")
     with (tmp_path / "s.csv").open() as handle:
@@ -299,7 +299,7 @@ def test_a_cache_dir_that_is_a_file_is_one_line_before_extraction(capsys, tmp_pa
     (tmp_path / "file").write_text("not a folder\n")
     task = _probe_task(tmp_path / "task", shared_data)
     for cache, needle in ((tmp_path / "file", "is a file, not a folder"), (tmp_path / "file" / "sub", "is a file")):
-        args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
+        args = ["probe", "--encoder", runs["level1"], "--task", f"custom:{task}", "--out", tmp_path / "p"]
         rc, _, err = run(capsys, *args, "--cache-dir", cache, *QUICK)
         one_line_error(rc, err, "probe", f"--cache-dir {cache}")
         assert needle in err and not (tmp_path / "p").exists()
@@ -315,7 +315,7 @@ def test_a_task_none_of_whose_records_can_be_read_is_one_line(capsys, tmp_path, 
         rows = ["record,A,B"] + [f"../rec/r{n},{n % 2},{1 - n % 2}" for n in numbers]
         (tmp_path / "task").mkdir(exist_ok=True)
         (tmp_path / "task" / f"{split}.csv").write_text("\n".join(rows) + "\n")
-    args = ["probe", "--encoder", runs["stage1"], "--task", f"custom:{tmp_path / 'task'}", "--out", tmp_path / "p"]
+    args = ["probe", "--encoder", runs["level1"], "--task", f"custom:{tmp_path / 'task'}", "--out", tmp_path / "p"]
     rc, _, err = run(capsys, *args, "--cache-dir", tmp_path / "c", *QUICK)
     one_line_error(rc, err, "probe", "none of its 8 located records could be read (8 truncated_signal; e.g. ")
     assert not (tmp_path / "p" / "results.csv").exists()

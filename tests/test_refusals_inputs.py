@@ -240,7 +240,7 @@ def test_score_refuses_labels_that_would_be_silently_miscounted_before_scoring(c
     duplicated.write_text("record_id,label\nx,a\ny,b\nx,a\n")  # the same label twice is one record
     assert read_labels(duplicated) == {"x": "a", "y": "b"}
     with pytest.raises(EcgposError, match="labels both nominal and anomalous: b"):
-        auroc_by_level(["x", "y"], {"stage0": [0.1, 0.2]}, {"x": "a", "y": "b"}, ["a", "b"], ["b"])
+        auroc_by_level(["x", "y"], {"level0": [0.1, 0.2]}, {"x": "a", "y": "b"}, ["a", "b"], ["b"])
 
 
 def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_record, tiny_run, export):
@@ -275,7 +275,7 @@ def test_a_folder_where_an_output_file_goes_is_one_line(capsys, tmp_path, real_r
 def test_config_file_with_duplicate_keys_or_binary_is_refused(capsys, tmp_path, tiny_shards, text, needle):
     config = tmp_path / "c.yaml"
     config.write_bytes(text)
-    args = ["pretrain", "--stage", "0", "--config", config, "--shards", tiny_shards, "--run-dir", tmp_path / "run"]
+    args = ["pretrain", "--level", "0", "--config", config, "--shards", tiny_shards, "--run-dir", tmp_path / "run"]
     rc, _, err = run(capsys, *args, *FAST)
     one_line_error(rc, err, "pretrain", needle)
     assert not (tmp_path / "run").exists()
@@ -350,7 +350,7 @@ def test_export_config_fields_of_the_wrong_kind_are_one_line(capsys, tmp_path, e
     "argv",
     [
         ["preprocess", "ecg-arrhythmia", "--src", "{src}", "--out", ""],
-        ["pretrain", "--stage", "0", "--config", "tiny/stage0", "--shards", "{shards}", "--run-dir", ""],
+        ["pretrain", "--level", "0", "--config", "tiny/level0", "--shards", "{shards}", "--run-dir", ""],
         ["probe", "--encoder", "{export}", "--task", "ptbxl-super", "--data-root", "", "--splits", ".", "--out", "p"],
         ["probe", "--encoder", "{export}", "--task", "ptbxl-super", "--out", " "],
         ["export", "--run-dir", "{run}", "--out", ""],

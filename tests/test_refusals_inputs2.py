@@ -211,8 +211,8 @@ def test_an_output_folder_that_is_a_file_is_one_line(capsys, tmp_path, shared_da
         (task / f"{split}.csv").write_text("\n".join(["record,a,b,c", *rows]) + "\n")
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    stage1 = f"random:{TINY0.parent / 'stage1.yaml'}"
-    geometry = ["geometry", "--encoder", stage1, "--task", f"custom:{task}", "--nominal", "a,b", "--anomalous", "c"]
+    level1 = f"random:{TINY0.parent / 'level1.yaml'}"
+    geometry = ["geometry", "--encoder", level1, "--task", f"custom:{task}", "--nominal", "a,b", "--anomalous", "c"]
     commands = {
         "probe": ["probe", "--encoder", f"random:{TINY0}", "--task", f"custom:{task}", "--epochs", "1", "--seeds", "1"],
         "geometry": [*geometry, "--split", "test", "--device", "cpu"],

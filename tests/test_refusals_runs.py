@@ -119,8 +119,8 @@ def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run
     cases = {
         "weights": (weights, "does not match config.json"),
         "highpass": (config(lambda c: c["preprocess"].update(highpass_hz=5.0)), "edited after export"),
-        "mask_ratio": (config(lambda c: c["decoders"]["stage0"].update(mask_ratio=0.1)), "decoders settings"),
-        "norm_target": (config(lambda c: c["decoders"]["stage0"].update(norm_target=False)), "decoders settings"),
+        "mask_ratio": (config(lambda c: c["decoders"]["level0"].update(mask_ratio=0.1)), "decoders settings"),
+        "norm_target": (config(lambda c: c["decoders"]["level0"].update(norm_target=False)), "decoders settings"),
     }
     for name, (edit, needle) in cases.items():
         copy = tmp_path / name
@@ -138,7 +138,7 @@ def test_score_refuses_an_edited_export_with_decoders(capsys, tmp_path, tiny_run
     config(lambda c: c["decoders"].pop("settings_sha256"))(full)
     assert run(capsys, *score, "--run", full, "--out", tmp_path / "old.csv", "--no-progress")[0] == 0
     # a decoders entry that names no level: score has nothing to score, so verify must not pass it
-    config(lambda c: [c["decoders"].pop(level, None) for level in ("stage0", "stage1")])(full)
+    config(lambda c: [c["decoders"].pop(level, None) for level in ("level0", "level1")])(full)
     rc, report, _ = run(capsys, "verify", full)
     assert rc == 1 and "FAIL decoders.safetensors" in report and "names no level" in report, report
 
@@ -309,7 +309,7 @@ def test_resume_with_another_grad_accum_on_as_many_processes_is_refused(
 
 
 def test_run_dir_that_is_an_export_is_refused(capsys, tmp_path, tiny_shards, export):
-    # e.g. Stage 1 given its --stage0 export as --run-dir too: the export would turn into a run folder
+    # e.g. Level 1 given its --base export as --run-dir too: the export would turn into a run folder
     copy = tmp_path / "enc"
     shutil.copytree(export, copy)
     before = sorted(p.name for p in copy.iterdir())
@@ -362,10 +362,10 @@ def test_export_of_a_file_given_as_run_folder_says_it_is_a_file(capsys, tmp_path
         ),
     ],
 )
-def test_a_damaged_run_record_is_one_line(capsys, tmp_path, stage1_run, damage, needle):
+def test_a_damaged_run_record_is_one_line(capsys, tmp_path, level1_run, damage, needle):
     """run_info.json that is JSON but not the run's record: every command reading the run says so."""
     run_dir = tmp_path / "run"
-    shutil.copytree(stage1_run, run_dir)
+    shutil.copytree(level1_run, run_dir)
     info = json.loads((run_dir / "run_info.json").read_text())
     (run_dir / "run_info.json").write_text(json.dumps(damage(info)))
     rc, _, err = run(capsys, "export", "--run-dir", run_dir, "--out", tmp_path / "export")
@@ -373,10 +373,10 @@ def test_a_damaged_run_record_is_one_line(capsys, tmp_path, stage1_run, damage, 
     assert not (tmp_path / "export").exists()
 
 
-def test_damaged_recorded_shards_name_no_folder(capsys, tmp_path, stage1_run):
+def test_damaged_recorded_shards_name_no_folder(capsys, tmp_path, level1_run):
     """A `shards` entry that is not a list of folders is descriptive only: the export goes on without it."""
     run_dir = tmp_path / "run"
-    shutil.copytree(stage1_run, run_dir)
+    shutil.copytree(level1_run, run_dir)
     info = json.loads((run_dir / "run_info.json").read_text())
     (run_dir / "run_info.json").write_text(json.dumps({**info, "shards": 5}))
     rc, _, err = run(capsys, "export", "--run-dir", run_dir, "--out", tmp_path / "export")

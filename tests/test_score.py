@@ -31,7 +31,7 @@ def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> d
     pretrain_tiny(0, arrhythmia_shards, root / "s0", *FAST)
     for path in _left_by_killed_runs(root / "s1", "run_info.json") + _left_by_killed_runs(
         root / "s1" / "figures", "curves.png", ".png"
-    ):  # a killed start of the Stage-1 run; pretrain removes those of this host (test_pretrain_removes_...)
+    ):  # a killed start of the level-1 run; pretrain removes those of this host (test_pretrain_removes_...)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half a file\n")
     pretrain_tiny(
@@ -45,9 +45,9 @@ def runs(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> d
         "train.val_every=1",
         "--set",
         "train.val_batches=1",
-        stage0=root / "s0",
+        base=root / "s0",
     )
-    return {"stage0": root / "s0", "stage1": root / "s1"}
+    return {"level0": root / "s0", "level1": root / "s1"}
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def _left_by_killed_runs(folder: Path, name: str, suffix: str = "") -> list[Path
 
 
 def test_pretrain_removes_what_killed_runs_of_this_host_left(runs: dict[str, Path]) -> None:
-    for folder in (runs["stage1"], runs["stage1"] / "figures"):
+    for folder in (runs["level1"], runs["level1"] / "figures"):
         left = [path.name for path in folder.glob(".*.tmp*")]
         assert len(left) == 1 and f".{host_tag()}-other-node." in left[0], left
 
@@ -84,11 +84,11 @@ def _read(path: Path) -> tuple[list[str], dict[str, list[float]]]:
     return list(rows[0]), {r["record_id"]: [float(r[k]) for k in list(r)[1:]] for r in rows}
 
 
-def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert score(runs["stage1"], records, tmp_path / "a.csv", "--masks", "3") == 0
-    assert score(runs["stage1"], records, tmp_path / "b.csv", "--masks", "3", "--batch-size", "2") == 0
+def test_level1_scores_both_levels_deterministically(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    assert score(runs["level1"], records, tmp_path / "a.csv", "--masks", "3") == 0
+    assert score(runs["level1"], records, tmp_path / "b.csv", "--masks", "3", "--batch-size", "2") == 0
     header, a = _read(tmp_path / "a.csv")
-    assert header == ["record_id", "stage0_score", "stage1_score"]
+    assert header == ["record_id", "level0_score", "level1_score"]
     _, b = _read(tmp_path / "b.csv")
     assert len(a) == 6
     for key in a:  # same masks whatever the batch: the same record gets the same score
@@ -97,7 +97,7 @@ def test_stage1_scores_both_levels_deterministically(runs: dict[str, Path], reco
     assert np.all(values > 0) and np.all(np.isfinite(values))
     assert len(np.unique(values[:, 0].round(6))) == 6  # the scores tell records apart
     # more masks give a different (averaged) value: the mask count is really used
-    assert score(runs["stage1"], records, tmp_path / "c.csv", "--masks", "1") == 0
+    assert score(runs["level1"], records, tmp_path / "c.csv", "--masks", "1") == 0
     _, c = _read(tmp_path / "c.csv")
     assert any(not np.allclose(a[k], c[k]) for k in a)
 
@@ -107,9 +107,9 @@ def test_masked_errors_of_several_masks_equal_one_mask_at_a_time(runs: dict[str,
     errors equal a full masked forward under that mask alone."""
     from ecgpos.inference.scoring import load_recon_models
     from ecgpos.models.masking import expand_masking, fixed_masking
-    from ecgpos.objectives.stage0_mae import masked_mse_per_sample
+    from ecgpos.objectives.level0_mae import masked_mse_per_sample
 
-    models = load_recon_models(runs["stage1"])
+    models = load_recon_models(runs["level1"])
     x = torch.randn(3, 12, models.spec.window, generator=torch.Generator().manual_seed(0))
     for model in models.levels.values():
         enc = model.encoder
@@ -123,10 +123,10 @@ def test_masked_errors_of_several_masks_equal_one_mask_at_a_time(runs: dict[str,
         assert not torch.allclose(together[0], together[1])  # the masks really differ
 
 
-def test_stage0_run_gives_stage0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
-    assert score(runs["stage0"], records, tmp_path / "s.csv", "--masks", "2") == 0
+def test_level0_run_gives_level0_scores_only(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
+    assert score(runs["level0"], records, tmp_path / "s.csv", "--masks", "2") == 0
     header, rows = _read(tmp_path / "s.csv")
-    assert header == ["record_id", "stage0_score"]
+    assert header == ["record_id", "level0_score"]
     assert len(rows) == 6
 
 
@@ -139,7 +139,7 @@ def test_skipped_records_are_listed_beside_the_scores(
         (folder / path.name).write_bytes(path.read_bytes())
     dat = folder / "00002_hr.dat"
     dat.write_bytes(dat.read_bytes()[:1000])  # a truncated download
-    assert score(runs["stage0"], folder, tmp_path / "s.csv", "--masks", "2") == 0
+    assert score(runs["level0"], folder, tmp_path / "s.csv", "--masks", "2") == 0
     assert len(_read(tmp_path / "s.csv")[1]) == 5
     with (tmp_path / "s.skipped.csv").open() as handle:
         skipped = list(csv.DictReader(handle))
@@ -156,7 +156,7 @@ def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tm
     for name, names in (("a", leads), ("b", [leads[i] for i in order])):
         assert (
             score(
-                runs["stage1"],
+                runs["level1"],
                 tmp_path / f"{name}.npy",
                 tmp_path / f"{name}.csv",
                 "--fs",
@@ -170,7 +170,7 @@ def test_scores_invariant_to_lead_order(runs: dict[str, Path], records: Path, tm
         )
     assert _read(tmp_path / "a.csv")[1]["a"] == _read(tmp_path / "b.csv")[1]["b"]
     # and the .npy path scores the same as the WFDB record it came from
-    assert score(runs["stage1"], records / "00001_hr", tmp_path / "x.csv", "--masks", "2") == 0
+    assert score(runs["level1"], records / "00001_hr", tmp_path / "x.csv", "--masks", "2") == 0
     assert np.allclose(_read(tmp_path / "a.csv")[1]["a"], _read(tmp_path / "x.csv")[1]["00001_hr"], rtol=1e-6)
 
 
@@ -183,7 +183,7 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half a file\n")
     assert (
-        score(runs["stage1"], records, out, "--masks", "2", "--labels", labels, "--nominal", "N", "--anomalous", "A")
+        score(runs["level1"], records, out, "--masks", "2", "--labels", labels, "--nominal", "N", "--anomalous", "A")
         == 0
     )
     assert not dead.exists() and other_host.exists()
@@ -192,10 +192,10 @@ def test_labels_give_auroc_per_level(runs: dict[str, Path], records: Path, tmp_p
     from sklearn.metrics import roc_auc_score
 
     y = [1, 1, 1, 0, 0, 0]
-    for level, col in (("stage0", 0), ("stage1", 1)):
+    for level, col in (("level0", 0), ("level1", 1)):
         want = roc_auc_score(y, [rows[f"{n:05d}_hr"][col] for n in range(1, 7)])
         assert f"| {level} | {want:.3f} |" in text
-    assert "| stage0 |" in capsys.readouterr().out
+    assert "| level0 |" in capsys.readouterr().out
 
 
 def test_a_rerun_without_a_summary_leaves_no_earlier_summary_beside_its_scores(
@@ -208,34 +208,34 @@ def test_a_rerun_without_a_summary_leaves_no_earlier_summary_beside_its_scores(
     elsewhere.write_text("record_id,label\nother/00001_hr,A\nother/00004_hr,N\n")
     out, summary = tmp_path / "o" / "scores.csv", tmp_path / "o" / "scores.summary.md"
     labelled = ["--masks", "1", "--nominal", "N", "--anomalous", "A", "--labels"]
-    assert score(runs["stage0"], records, out, *labelled, labels) == 0 and summary.is_file()
-    assert score(runs["stage0"], records, out, "--masks", "1") == 0
+    assert score(runs["level0"], records, out, *labelled, labels) == 0 and summary.is_file()
+    assert score(runs["level0"], records, out, "--masks", "1") == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["scores.csv", "scores.skipped.csv"]
-    assert score(runs["stage0"], records, out, *labelled, labels) == 0 and summary.is_file()
-    assert score(runs["stage0"], records, out, *labelled, elsewhere) == 2
+    assert score(runs["level0"], records, out, *labelled, labels) == 0 and summary.is_file()
+    assert score(runs["level0"], records, out, *labelled, elsewhere) == 2
     assert sorted(p.name for p in out.parent.iterdir()) == ["scores.csv", "scores.skipped.csv"]
     assert len(_read(out)[1]) == 6
-    assert score(runs["stage0"], records, out, *labelled, labels) == 0
+    assert score(runs["level0"], records, out, *labelled, labels) == 0
     other = out.with_name("other.csv")  # more scores in the same folder: each set keeps its own summary
-    assert score(runs["stage0"], records, other, "--masks", "1") == 0
+    assert score(runs["level0"], records, other, "--masks", "1") == 0
     assert summary.is_file() and not other.with_name("other.summary.md").exists()
 
 
 def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records: Path, tmp_path: Path) -> None:
     plain, full = tmp_path / "plain", tmp_path / "full"
-    assert cli("export", "--run-dir", runs["stage1"], "--out", plain) == 0
-    assert cli("export", "--run-dir", runs["stage1"], "--out", full, "--with-decoders") == 0
+    assert cli("export", "--run-dir", runs["level1"], "--out", plain) == 0
+    assert cli("export", "--run-dir", runs["level1"], "--out", full, "--with-decoders") == 0
     assert not (plain / "decoders.safetensors").exists()
     assert "decoders" not in json.loads((plain / "config.json").read_text())
-    assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"stage0", "stage1", "sha256"}
+    assert set(json.loads((full / "config.json").read_text())["decoders"]) >= {"level0", "level1", "sha256"}
     # the model card's file list names what the folder holds
     assert (
-        "- `decoders.safetensors`: the reconstruction decoders of levels stage0, stage1"
+        "- `decoders.safetensors`: the reconstruction decoders of levels level0, level1"
         in (full / "README.md").read_text()
     )
     assert "decoders.safetensors" not in (plain / "README.md").read_text()
     assert cli("score", "--run", plain, "--input", records, "--out", tmp_path / "p.csv") == 2
-    for source, name in ((runs["stage1"], "r"), (full, "e")):
+    for source, name in ((runs["level1"], "r"), (full, "e")):
         assert score(source, records, tmp_path / f"{name}.csv", "--masks", "2") == 0
     _, r = _read(tmp_path / "r.csv")
     _, e = _read(tmp_path / "e.csv")
@@ -245,7 +245,7 @@ def test_export_with_decoders_scores_like_the_run(runs: dict[str, Path], records
 
 
 def test_val_push_violation_logged(runs: dict[str, Path]) -> None:
-    lines = [json.loads(s) for s in (runs["stage1"] / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(s) for s in (runs["level1"] / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in lines if "val_loss" in r]
     assert val and all(0.0 <= r["val_push_violation"] <= 1.0 for r in val)
 
@@ -255,7 +255,7 @@ def test_the_criterion_matches_its_definition(runs: dict[str, Path]) -> None:
     from ecgpos.objectives.push_pull import per_sample_distance, perturb
     from ecgpos.runs.run_folder import load_run_model
 
-    model = load_run_model(runs["stage1"])[0].eval()
+    model = load_run_model(runs["level1"])[0].eval()
     x = torch.randn(3, 12, 2250, generator=torch.Generator().manual_seed(5))
     names = [("a", 0), ("a", 1), ("b", 0)]
     got = window_violations(model, x, names)
@@ -308,7 +308,7 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
             cli(
                 "geometry",
                 "--encoder",
-                runs["stage1"],
+                runs["level1"],
                 "--task",
                 f"custom:{task}",
                 "--nominal",
@@ -354,7 +354,7 @@ def test_geometry_interrupted_while_writing_leaves_no_earlier_run_beside_its_fil
     labels = {n: ("A" if n <= 4 else "B" if n <= 8 else "X") for n in range(1, 11)}
     task = _custom_task(tmp_path / "task", shared_data, labels)
     out = tmp_path / "geo"
-    args = ["geometry", "--encoder", runs["stage1"], "--task", f"custom:{task}", "--nominal", "A,B"]
+    args = ["geometry", "--encoder", runs["level1"], "--task", f"custom:{task}", "--nominal", "A,B"]
     args += ["--anomalous", "X", "--out", out, "--device", "cpu"]
     assert cli(*args, "--space", "features") == 0
     ctrl_c_when_renaming(monkeypatch, "features.npz")
@@ -365,7 +365,7 @@ def test_geometry_interrupted_while_writing_leaves_no_earlier_run_beside_its_fil
 
 def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: Path, capsys) -> None:
     task = _custom_task(tmp_path / "task", shared_data, {1: "A", 2: "A", 3: "B", 4: "X"})
-    base = ["geometry", "--encoder", str(runs["stage1"]), "--task", f"custom:{task}", "--out", str(tmp_path / "g")]
+    base = ["geometry", "--encoder", str(runs["level1"]), "--task", f"custom:{task}", "--out", str(tmp_path / "g")]
     cases = [
         (["--nominal", "A", "--anomalous", "X"], "at least two"),
         (["--nominal", "A,B", "--anomalous", "B"], "both nominal and anomalous"),
@@ -394,7 +394,7 @@ def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: P
         cli(
             "geometry",
             "--encoder",
-            runs["stage1"],
+            runs["level1"],
             "--task",
             f"custom:{task5}",
             "--nominal",
@@ -412,7 +412,7 @@ def test_geometry_refusals(runs: dict[str, Path], shared_data: Path, tmp_path: P
         cli(
             "geometry",
             "--encoder",
-            runs["stage0"],
+            runs["level0"],
             "--task",
             f"custom:{task4}",
             "--nominal",

@@ -39,7 +39,7 @@ def _tiny_code15(root: Path, exams: int = 80) -> Path:
 @pytest.mark.slurm
 def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data: Path, tmp_path: Path) -> None:
     """The paper's workflow: Ningbo-style ecg-arrhythmia + CODE-15 preprocessed side by side and pooled for
-    both stages, both stages probed, and the merged summary comparing Stage 1 with Stage 0."""
+    every level, every level probed, and the merged summary comparing level 1 with level 0."""
     work = tmp_path / "work"
     probe_tasks = "ptbxl-super cpsc2018"
     steps = 50  # the tiny configs with fewer steps (200 each would add minutes to CI)
@@ -60,8 +60,8 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
     started = time.monotonic()
     jobs = submit_pipeline(slurm_cluster, env, tmp_path)
     assert list(jobs) == list(PAPER_CHAIN)
-    # each job waits on the ones it reads from: a corpus's check on its parts, Stage 0 on both checks, each
-    # encoder's probes on the stage that makes it, the merge on all probes
+    # each job waits on the ones it reads from: a corpus's check on its parts, level 0 on both checks, each
+    # encoder's probes on the level that makes it, the merge on all probes
     for step, before in PAPER_CHAIN.items():
         if not before:
             continue
@@ -85,33 +85,33 @@ def test_pipeline_runs_the_whole_chain(slurm_cluster: SlurmCluster, shared_data:
         assert "--part 0 --num-parts 2" in logs and "--part 1 --num-parts 2" in logs, corpus
     pooled = [str((work / "shards" / corpus).resolve()) for corpus in ("ecg-arrhythmia", "code15")]
 
-    # both stages finished at their configured step counts, with checkpoints, on the pool of both corpora
-    for stage in (0, 1):
-        run = work / "runs" / f"stage{stage}"
+    # every level finished at their configured step counts, with checkpoints, on the pool of both corpora
+    for level in (0, 1):
+        run = work / "runs" / f"level{level}"
         info = json.loads((run / "run_info.json").read_text())
         assert info["finished"] is True and info["step"] == steps, info
         assert info["shards"] == pooled, info["shards"]
         assert _checkpoint_steps(run) == [steps // 2, steps]
         assert (
             yaml.safe_load((run / "config.yaml").read_text())["encoder"]["width"]
-            == yaml.safe_load((TINY / f"stage{stage}.yaml").read_text())["encoder"]["width"]
+            == yaml.safe_load((TINY / f"level{level}.yaml").read_text())["encoder"]["width"]
         )
         assert (run / "metrics.jsonl").stat().st_size > 0
 
     # probes: each encoder's folder per task, one row per encoder and task in the merged summary, each a real
-    # AUROC, and Stage 1 minus Stage 0 on every task with its paired interval
+    # AUROC, and level 1 minus level 0 on every task with its paired interval
     probes = work / "probes"
-    for encoder in ("stage0", "stage1"):
+    for encoder in ("level0", "level1"):
         for task in probe_tasks.split():
             assert (probes / encoder / task / "results.csv").is_file(), (encoder, task)
     results = pd.read_csv(probes / "summary" / "results.csv")
     assert set(zip(results["encoder"], results["task"])) == {
-        (e, t) for e in ("stage0", "stage1") for t in probe_tasks.split()
+        (e, t) for e in ("level0", "level1") for t in probe_tasks.split()
     }
     assert all(0.0 <= v <= 1.0 for v in results["test_auroc"]) and not any(math.isnan(v) for v in results["test_auroc"])
     diffs = pd.read_csv(probes / "summary" / "differences.csv")
     assert set(zip(diffs["encoder"], diffs["baseline"], diffs["task"])) == {
-        ("stage1", "stage0", t) for t in probe_tasks.split()
+        ("level1", "level0", t) for t in probe_tasks.split()
     }
     assert all(low <= d <= high for d, low, high in zip(diffs["difference"], diffs["low"], diffs["high"]))
     summary = (probes / "summary" / "summary.md").read_text()
@@ -140,15 +140,15 @@ def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
     env = job_env(
         slurm_cluster,
         work,
-        ECGPOS_STEPS="stage0",
+        ECGPOS_STEPS="level0",
         ECGPOS_SHARDS=str(arrhythmia_shards),
         # log every step; no periodic checkpoint, so the only one before the end is the preemption's
         ECGPOS_PRETRAIN_SET=f"optim.steps={steps} optim.warmup_steps=5 train.log_every=1 "
         f"train.checkpoint_every={steps} train.figure_every={steps}",
     )
     jobs = submit_pipeline(slurm_cluster, env, tmp_path)
-    job = jobs["stage0"]
-    run = work / "runs" / "stage0"
+    job = jobs["level0"]
+    run = work / "runs" / "level0"
 
     # wait for real progress, then preempt the way Slurm does before a time limit: USR1 to the batch shell
     deadline = time.monotonic() + 300
@@ -163,7 +163,7 @@ def test_preempted_pretraining_resumes_without_losing_or_repeating_steps(
     wait_all(slurm_cluster, jobs, work, timeout=600)
     record = job_records(slurm_cluster, job)[0]
     assert int(record["Restarts"]) == 1, record
-    log = "\n".join(p.read_text() for p in (work / "logs").glob("ecgpos-stage0-*.out"))
+    log = "\n".join(p.read_text() for p in (work / "logs").glob("ecgpos-level0-*.out"))
     assert "requeueing" in log, log
     assert f"compiled kernels (train.compile) are cached in {work / 'compile-cache'}" in log, log
 
@@ -184,11 +184,11 @@ def test_pipeline_cancels_submitted_jobs_when_a_later_submission_fails(
 ) -> None:
     work = tmp_path / "work"
     data = probe_data_stand_ins(tmp_path)
-    # the test node has no GPUs, so sbatch refuses the Stage-0 job's --gres=gpu:1 after preprocess and check
+    # the test node has no GPUs, so sbatch refuses the level-0 job's --gres=gpu:1 after preprocess and check
     env = job_env(
         slurm_cluster,
         work,
-        ECGPOS_STEPS="preprocess check stage0",
+        ECGPOS_STEPS="preprocess check level0",
         ECGPOS_SRC=str(data / "raw"),
         ECGPOS_GPUS_PER_NODE="1",
     )
@@ -196,7 +196,7 @@ def test_pipeline_cancels_submitted_jobs_when_a_later_submission_fails(
         ["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "stage0" in proc.stderr.strip().splitlines()[-1], proc.stderr
+    assert "level0" in proc.stderr.strip().splitlines()[-1], proc.stderr
     jobs = dict(line.split() for line in proc.stdout.splitlines())
     assert list(jobs) == ["preprocess", "check"], proc.stdout
     deadline = time.monotonic() + 60
@@ -215,7 +215,7 @@ def test_pipeline_refuses_a_second_chain_for_a_work_folder_still_in_the_queue(
 ) -> None:
     work = tmp_path / "work"
     (work / "shards").mkdir(parents=True)
-    # held jobs stay in the queue, like a chain whose Stage 0 is still training
+    # held jobs stay in the queue, like a chain whose level 0 is still training
     env = job_env(slurm_cluster, work, ECGPOS_STEPS="check", ECGPOS_SBATCH_ARGS="--hold")
     first = submit_pipeline(slurm_cluster, env, tmp_path)
     try:

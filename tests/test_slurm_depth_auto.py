@@ -1,4 +1,4 @@
-"""slurm/pipeline.sh --depth auto without a cluster: what it submits (stage0 and the decide job after it), the
+"""slurm/pipeline.sh --depth auto without a cluster: what it submits (level0 and the decide job after it), the
 decide job's `ecgpos carve --decide` command line, and the settings it refuses before submitting anything;
 then the chain itself on the test cluster (marker `slurm`; tests/slurm_jobs.py)."""
 
@@ -26,7 +26,7 @@ def _pipeline(tmp_path: Path, *args: str, **settings: str) -> subprocess.Complet
         ECGPOS_SRC=str(data / "raw"),
         ECGPOS_DATA_ROOT=str(data),
         ECGPOS_WORK=str(tmp_path / "work"),
-        # no ecgpos after the set-up: the stage configs' check (tested on its own) is left to the jobs
+        # no ecgpos after the set-up: the level configs' check (tested on its own) is left to the jobs
         ECGPOS_SETUP="export PATH=/usr/bin:/bin",
     )
     env.update({k: v.replace("{tmp}", str(tmp_path)) for k, v in settings.items()})
@@ -39,11 +39,11 @@ def test_auto_submits_level_zero_and_its_decide_job(tmp_path: Path) -> None:
     proc = _pipeline(tmp_path, "--depth", "auto", ECGPOS_PRETRAIN_SET="optim.steps=4")
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("#")]
-    assert steps == ["preprocess", "check", "stage0", "decide0"]
+    assert steps == ["preprocess", "check", "level0", "decide0"]
     cmds = dict(zip(steps, (shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("# "))))
-    assert _dependency(cmds["decide0"]) == ["stage0"] and "--requeue" in cmds["decide0"]
+    assert _dependency(cmds["decide0"]) == ["level0"] and "--requeue" in cmds["decide0"]
     assert cmds["decide0"][-2:] == [str(SLURM / "decide.sbatch"), "0"]
-    assert cmds["stage0"][-2:] == [str(SLURM / "pretrain.sbatch"), "0"]
+    assert cmds["level0"][-2:] == [str(SLURM / "pretrain.sbatch"), "0"]
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
 
 
@@ -53,7 +53,7 @@ def test_decide_job_runs_carve_on_the_pipelines_runs(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SLURM / "decide.sbatch"), "2"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout)
-    assert argv[:4] == ["ecgpos", "carve", "--decide", "2"] and _flag(argv, "--level-prefix") == "stage"
+    assert argv[:4] == ["ecgpos", "carve", "--decide", "2"] and _flag(argv, "--level-prefix") == "level"
     assert _flag(argv, "--run-dir") == str(work / "runs") and _flag(argv, "--shards") == str(work / "shards")
     assert (_flag(argv, "--stop-below"), _flag(argv, "--min-drop"), _flag(argv, "--max-levels")) == ("0", "0.01", "3")
     assert _flag(argv, "--val-fraction") == "0.1"
@@ -72,9 +72,9 @@ def test_decide_job_runs_carve_on_the_pipelines_runs(tmp_path: Path) -> None:
         ({"ECGPOS_VAL_FRACTION": "0"}, "ECGPOS_VAL_FRACTION"),
         ({"ECGPOS_DECIDE_CPUS": "0"}, "ECGPOS_DECIDE_CPUS"),
         ({"ECGPOS_PROBE_GPUS": "one"}, "ECGPOS_PROBE_GPUS"),  # the decide jobs' default, named as itself
-        ({"ECGPOS_STEPS": "probe merge export"}, "ECGPOS_STEPS"),  # the decide jobs carve from stage0
-        ({"ECGPOS_STEPS": "stage0 stage1 export"}, "ECGPOS_STEPS"),  # the decide jobs submit stage1
-        ({"ECGPOS_STAGE0_RUN": "{tmp}"}, "ECGPOS_STAGE0_RUN"),
+        ({"ECGPOS_STEPS": "probe merge export"}, "ECGPOS_STEPS"),  # the decide jobs carve from level0
+        ({"ECGPOS_STEPS": "level0 level1 export"}, "ECGPOS_STEPS"),  # the decide jobs submit level1
+        ({"ECGPOS_LEVEL0_RUN": "{tmp}"}, "ECGPOS_LEVEL0_RUN"),
     ],
 )
 def test_auto_refuses_bad_settings_before_submitting(setting: dict[str, str], named: str, tmp_path: Path) -> None:
@@ -143,18 +143,18 @@ def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_su
     work = tmp_path / "work"
     runs = work / "runs"
     env = _auto_env(slurm_cluster, work, arrhythmia_shards, shared_data, tmp_path / "cache")
-    env["ECGPOS_STEPS"] = "stage0 probe export"
-    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
-    jobs = _wait_chain(slurm_cluster, work, ["stage0", "decide0", "probe-stage0", "export"], timeout=600)
-    assert sorted(jobs) == ["decide0", "export", "probe-stage0", "stage0"]
+    env["ECGPOS_STEPS"] = "level0 probe export"
+    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["level0", "decide0"]
+    jobs = _wait_chain(slurm_cluster, work, ["level0", "decide0", "probe-level0", "export"], timeout=600)
+    assert sorted(jobs) == ["decide0", "export", "probe-level0", "level0"]
     carve = json.loads((runs / "carve.json").read_text())
     assert [r["decision"]["rule"] for r in carve["levels"]] == ["below"]
     assert (
         "Decision after level 0: stopped, criterion 0.0000 is below --stop-below 0.05"
         in (runs / "carve.md").read_text()
     )
-    assert not (runs / "stage1").exists()
-    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "stage0"
+    assert not (runs / "level1").exists()
+    assert json.loads((work / "export" / "config.json").read_text())["arch"]["kind"] == "level0"
 
     decide = jobs["decide0"]
     slurm_cluster.run("scontrol", "requeue", decide)
@@ -168,11 +168,11 @@ def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_su
     assert log.count("submitted by an earlier run of this job") == 2, log
 
     # pipeline.sh again on the same work folder, with rules that never stop before three levels
-    trained = train_steps(runs / "stage0")
+    trained = train_steps(runs / "level0")
     env.update(
-        ECGPOS_STEPS="stage0 probe merge export", ECGPOS_MAX_LEVELS="3", ECGPOS_STOP_BELOW="0", ECGPOS_MIN_DROP="-1"
+        ECGPOS_STEPS="level0 probe merge export", ECGPOS_MAX_LEVELS="3", ECGPOS_STOP_BELOW="0", ECGPOS_MIN_DROP="-1"
     )
-    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["stage0", "decide0"]
+    assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["level0", "decide0"]
     deadline = time.monotonic() + 900
     while len(_chain_jobs(slurm_cluster, work).get("ecgpos-export", [])) < 2:  # the second chain's export
         failed = [r for ids in _chain_jobs(slurm_cluster, work).values() for r in job_records(slurm_cluster, ids[-1])]
@@ -181,28 +181,28 @@ def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_su
         time.sleep(2)
     chain = _chain_jobs(slurm_cluster, work)
     wait_all(slurm_cluster, {n: ids[-1] for n, ids in chain.items()}, work, timeout=600)
-    twice = {f"ecgpos-{n}" for n in ("stage0", "decide0", "probe-stage0", "export")}
+    twice = {f"ecgpos-{n}" for n in ("level0", "decide0", "probe-level0", "export")}
     assert {n: len(ids) for n, ids in _chain_jobs(slurm_cluster, work).items()} == {
         f"ecgpos-{n}": 1 + (f"ecgpos-{n}" in twice)
-        for n in ("stage0", "decide0", "probe-stage0", "export", "stage1", "decide1", "stage2", "decide2")
-        + ("probe-stage1", "probe-stage2", "probe-merge")
+        for n in ("level0", "decide0", "probe-level0", "export", "level1", "decide1", "level2", "decide2")
+        + ("probe-level1", "probe-level2", "probe-merge")
     }
-    assert train_steps(runs / "stage0") == trained
+    assert train_steps(runs / "level0") == trained
     for level in range(3):  # each level on the one below, with the held-out records the criterion reads
-        info = json.loads((runs / f"stage{level}" / "run_info.json").read_text())
+        info = json.loads((runs / f"level{level}" / "run_info.json").read_text())
         assert info["finished"] is True and info["step"] == 4, info
-        assert yaml.safe_load((runs / f"stage{level}" / "config.yaml").read_text())["train"]["val_fraction"] == 0.1
+        assert yaml.safe_load((runs / f"level{level}" / "config.yaml").read_text())["train"]["val_fraction"] == 0.1
     levels = json.loads((runs / "carve.json").read_text())["levels"]
     assert [(r["level"], r["run_dir"], r["decision"]["rule"]) for r in levels] == [
-        (0, str(runs / "stage0"), "continue"),
-        (1, str(runs / "stage1"), "continue"),
-        (2, str(runs / "stage2"), "max-levels"),
+        (0, str(runs / "level0"), "continue"),
+        (1, str(runs / "level1"), "continue"),
+        (2, str(runs / "level2"), "max-levels"),
     ]
     assert levels[0]["criterion"] == carve["levels"][0]["criterion"] and all(r["records"] == 22 for r in levels)
     assert "carve level 1" in levels[0]["decision"]["reason"]
     text = (runs / "carve.md").read_text()
     assert "| 2 | `" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
     results = pd.read_csv(work / "probes" / "summary" / "results.csv")
-    assert sorted(results["encoder"]) == ["stage0", "stage1", "stage2"]
+    assert sorted(results["encoder"]) == ["level0", "level1", "level2"]
     exported = json.loads((work / "export" / "config.json").read_text())
     assert len(exported["arch"]["levels"]) == 3

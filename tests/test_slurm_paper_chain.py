@@ -1,5 +1,5 @@
 """The slurm/ scripts on the paper's workflow, without a cluster: several corpora preprocessed side by side
-(ECGPOS_CORPORA) and pooled for both stages, both stages probed (ECGPOS_PROBE_ENCODERS) and the merge
+(ECGPOS_CORPORA) and pooled for every level, every level probed (ECGPOS_PROBE_ENCODERS) and the merge
 comparing them; the one-corpus and one-encoder forms keep their old command lines and folders."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _sbatch_lines(stdout: str) -> list[list[str]]:
     return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("# sbatch")]
 
 
-def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path) -> None:
+def test_pipeline_preprocesses_each_corpus_and_probes_every_level(tmp_path: Path) -> None:
     data = probe_data_stand_ins(tmp_path)
     code15 = tmp_path / "code 15"  # a blank in a path: quoted in the list
     code15.mkdir()
@@ -37,10 +37,10 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
         ECGPOS_SUBSET="all",
         ECGPOS_DATA_ROOT=str(data),
         ECGPOS_WORK=str(work),
-        ECGPOS_STAGE0_CONFIG="tiny/stage0",
-        ECGPOS_STAGE1_CONFIG="tiny/stage1",
+        ECGPOS_LEVEL0_CONFIG="tiny/level0",
+        ECGPOS_LATENT_CONFIG="tiny/level1",
         ECGPOS_PROBE_TASKS="ptbxl-super cpsc2018",
-        # no ecgpos after the set-up: the stage configs' check (tested on its own) is left to the jobs
+        # no ecgpos after the set-up: the level configs' check (tested on its own) is left to the jobs
         ECGPOS_SETUP="export PATH=/usr/bin:/bin",
     )
     proc = _run("pipeline.sh", env, tmp_path)
@@ -48,25 +48,25 @@ def test_pipeline_preprocesses_each_corpus_and_probes_both_stages(tmp_path: Path
     steps = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("#")]
     assert steps == list(PAPER_CHAIN)
     cmds = dict(zip(steps, _sbatch_lines(proc.stdout)))
-    # the corpora are preprocessed side by side; Stage 0 waits for both checks
+    # the corpora are preprocessed side by side; level 0 waits for both checks
     assert {s: _dependency(cmds[s]) for s in steps} == PAPER_CHAIN
     assert cmds["preprocess-code15"][-2:] == [str(SLURM / "preprocess.sbatch"), "code15"]
     assert cmds["check-code15"][-3:] == [str(SLURM / "preprocess.sbatch"), "check", "code15"]
     assert "--array=0-3" in cmds["preprocess-code15"]
     # one array over the probe tasks per encoder, the encoder as the script's argument
-    for stage in ("stage0", "stage1"):
-        probe = cmds[f"probe-{stage}"]
-        assert probe[-2:] == [str(SLURM / "probe.sbatch"), str(work / "runs" / stage)] and "--array=0-1" in probe
+    for level in ("level0", "level1"):
+        probe = cmds[f"probe-{level}"]
+        assert probe[-2:] == [str(SLURM / "probe.sbatch"), str(work / "runs" / level)] and "--array=0-1" in probe
 
-    # both stages train on the pool of both corpora's shard folders
+    # every level train on the pool of both corpora's shard folders
     pretrain_env = {**env, "ECGPOS_GPUS_PER_NODE": "0"}
     srun = shlex.split(_run("pretrain.sbatch", pretrain_env, tmp_path, "1").stdout)
     train = shlex.split(srun[-1].split("exec ", 1)[1])
     shards = train[train.index("--shards") + 1 : train.index("--run-dir")]
     assert shards == [str(work / "shards" / "ecg-arrhythmia"), str(work / "shards" / "code15")]
 
-    # a chain that starts at Stage 0 needs every corpus's shards
-    later = {**env, "ECGPOS_STEPS": "stage0 stage1 probe merge export"}
+    # a chain that starts at level 0 needs every corpus's shards
+    later = {**env, "ECGPOS_STEPS": "level0 level1 probe merge export"}
     (work / "shards" / "ecg-arrhythmia").mkdir(parents=True)
     (work / "shards" / "ecg-arrhythmia" / "index.csv").touch()
     proc = _run("pipeline.sh", later, tmp_path)
@@ -115,7 +115,7 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
         argv = [shlex.split(line) for line in stdout.splitlines()]
         return [(_flag(a, "--encoder"), _flag(a, "--task"), _flag(a, "--out")) for a in argv]
 
-    pairs = [(str(work / "runs" / e), t, str(probes / e / t)) for e in ("stage0", "stage1") for t in tasks]
+    pairs = [(str(work / "runs" / e), t, str(probes / e / t)) for e in ("level0", "level1") for t in tasks]
     proc = _run("probe.sbatch", env, tmp_path)  # no array: every encoder x task
     assert proc.returncode == 0 and outs(proc.stdout) == pairs, proc.stderr
     # an array over both encoders: task i = encoder i / T, task i % T
@@ -125,13 +125,13 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
         assert outs(proc.stdout) == [pair], proc.stderr
     # one encoder as the argument: the array runs over the tasks only
     one = {**env, "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_ID": "1"}
-    proc = _run("probe.sbatch", one, tmp_path, str(work / "runs" / "stage1"))
+    proc = _run("probe.sbatch", one, tmp_path, str(work / "runs" / "level1"))
     assert outs(proc.stdout) == [pairs[3]], proc.stderr
-    # an array of the old size would leave the Stage-1 probes undone: refused, naming the size to submit
+    # an array of the old size would leave the level-1 probes undone: refused, naming the size to submit
     proc = _run("probe.sbatch", {**one, "SLURM_ARRAY_TASK_ID": "0"}, tmp_path)
     assert proc.returncode == 2 and proc.stdout == "" and "--array=0-3" in proc.stderr, proc.stderr
 
-    # merge: Stage 0's folders first, so the paired differences are Stage 1 minus Stage 0
+    # merge: Level 0's folders first, so the paired differences are level 1 minus level 0
     for _, _, out in pairs[:3]:
         Path(out).mkdir(parents=True)
         (Path(out) / "results.csv").touch()
@@ -146,16 +146,16 @@ def test_probe_script_runs_each_encoder_on_each_task_and_merges_them_in_order(tm
     merge = shlex.split(_run("probe.sbatch", {**env, "ECGPOS_PROBE_REFERENCE": ""}, tmp_path, "merge").stdout)
     assert "--reference" not in merge
 
-    # Stage 1 trained on another Stage-0 encoder (ECGPOS_STAGE0_RUN): that one is probed beside it
-    proc = _run("probe.sbatch", {**env, "ECGPOS_STAGE0_RUN": str(tmp_path / "export0")}, tmp_path)
+    # Level 1 trained on another level-0 encoder (ECGPOS_LEVEL0_RUN): that one is probed beside it
+    proc = _run("probe.sbatch", {**env, "ECGPOS_LEVEL0_RUN": str(tmp_path / "export0")}, tmp_path)
     assert [(e, o) for e, _, o in outs(proc.stdout)][:2] == [
         (str(tmp_path / "export0"), str(probes / "export0" / t)) for t in tasks
     ]
 
     # ECGPOS_PROBE_ENCODER: one encoder, its probes in probes/<task>/ as before
-    single = {**env, "ECGPOS_PROBE_ENCODER": "random:tiny/stage1"}
+    single = {**env, "ECGPOS_PROBE_ENCODER": "random:tiny/level1"}
     proc = _run("probe.sbatch", single, tmp_path)
-    assert outs(proc.stdout) == [("random:tiny/stage1", t, str(probes / t)) for t in tasks], proc.stderr
+    assert outs(proc.stdout) == [("random:tiny/level1", t, str(probes / t)) for t in tasks], proc.stderr
 
 
 def test_preprocess_script_runs_the_corpus_it_is_given(tmp_path: Path) -> None:

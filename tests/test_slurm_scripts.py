@@ -29,10 +29,10 @@ FAKE_2x4 = {
 }
 
 
-def _render(stage: str, extra: dict[str, str]) -> list[str]:
+def _render(level: str, extra: dict[str, str]) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
     env.update(extra)
-    proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), stage], env=env, capture_output=True, text=True)
+    proc = subprocess.run(["bash", str(SLURM / "pretrain.sbatch"), level], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return shlex.split(proc.stdout)
 
@@ -63,10 +63,10 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
     assert _flag(launch, "--machine_rank") == "$SLURM_PROCID"
     train = launch[launch.index("-m") :]
     assert train[:2] == ["-m", "ecgpos.pretrain"]
-    assert _flag(train, "--stage") == "1" and _flag(train, "--resume") == "auto"
-    assert _flag(train, "--run-dir") == "/scratch/ecg/runs/stage1"
-    assert _flag(train, "--base") == "/scratch/ecg/runs/stage0"
-    assert _flag(train, "--config") == str(REPO / "configs" / "stage1.yaml")
+    assert _flag(train, "--level") == "1" and _flag(train, "--resume") == "auto"
+    assert _flag(train, "--run-dir") == "/scratch/ecg/runs/level1"
+    assert _flag(train, "--base") == "/scratch/ecg/runs/level0"
+    assert _flag(train, "--config") == str(REPO / "configs" / "level1.yaml")
 
     # run the string as srun would on each node, with `accelerate` replaced by a program printing its argv
     fake = tmp_path / "accelerate"
@@ -78,6 +78,18 @@ def test_launcher_for_two_nodes_with_four_gpus_each(tmp_path: Path) -> None:
         argv = proc.stdout.split("\n")
         assert _flag(argv, "--machine_rank") == rank
         assert _flag(argv, "--main_process_ip") == "gpu-a07"
+
+
+def test_settings_under_their_stage_names_are_read_as_the_level_ones() -> None:
+    """ECGPOS_STAGE0_CONFIG, ECGPOS_STAGE1_CONFIG, ECGPOS_STAGE0_RUN and ECGPOS_STAGE are the other names of
+    ECGPOS_LEVEL0_CONFIG, ECGPOS_LATENT_CONFIG, ECGPOS_LEVEL0_RUN and ECGPOS_LEVEL; the run folder is level<l>."""
+    names = {"ECGPOS_STAGE1_CONFIG": "/cfg/latent.yaml", "ECGPOS_STAGE0_RUN": "/elsewhere/base", "ECGPOS_STAGE": "1"}
+    srun = _render("", {**FAKE_2x4, **names})
+    train = shlex.split(srun[-1].split("exec ", 1)[1])
+    assert _flag(train, "--level") == "1" and _flag(train, "--config") == "/cfg/latent.yaml"
+    assert _flag(train, "--base") == "/elsewhere/base" and _flag(train, "--run-dir") == "/scratch/ecg/runs/level1"
+    level0 = shlex.split(_render("0", {**FAKE_2x4, "ECGPOS_STAGE0_CONFIG": "/cfg/zero.yaml"})[-1].split("exec ", 1)[1])
+    assert _flag(level0, "--config") == "/cfg/zero.yaml" and "stage" not in " ".join(level0)
 
 
 def test_cpu_launcher_on_two_nodes_gives_each_node_its_rank() -> None:
@@ -93,7 +105,7 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
     srun = _render("0", {**FAKE_2x4, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "cpu01", "ECGPOS_GPUS_PER_NODE": "0"})
     launch = shlex.split(srun[-1].split("exec ", 1)[1])
     assert "--cpu" in launch and "--multi_gpu" not in launch and _flag(launch, "--num_processes") == "1"
-    assert "--base" not in launch and "--stage0" not in launch
+    assert "--base" not in launch and "--base" not in launch
 
     data = probe_data_stand_ins(tmp_path)
 
@@ -114,20 +126,20 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
 
     gpu, cpu = pipeline("4"), pipeline("0")
     assert len(gpu) == 8 and all("--account=proj42" in cmd for cmd in gpu)
-    stage_cmds = [c for c in gpu if "pretrain.sbatch" in c[-2]]
-    assert len(stage_cmds) == 2 and all(
-        "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in stage_cmds
+    level_cmds = [c for c in gpu if "pretrain.sbatch" in c[-2]]
+    assert len(level_cmds) == 2 and all(
+        "--gres=gpu:4" in c and "--nodes=2" in c and "--requeue" in c and "--signal=B:USR1@300" in c for c in level_cmds
     )
     assert not any(a.startswith("--gres") for c in cpu for a in c)
-    # each job depends on the one it reads from: both stages are probed, each after its own stage
+    # each job depends on the one it reads from: every level is probed, each after its own level
     assert [_dependency(c) for c in gpu] == [
         [],
         ["preprocess"],
         ["check"],
-        ["stage0"],
-        ["stage0"],  # the Stage-0 probes run while Stage 1 trains
-        ["stage1"],
-        ["probe-stage0", "probe-stage1"],
+        ["level0"],
+        ["level0"],  # the level-0 probes run while level 1 trains
+        ["level1"],
+        ["probe-level0", "probe-level1"],
         ["merge"],
     ]
     assert not (tmp_path / "logs").exists()  # a dry run creates nothing
@@ -135,13 +147,13 @@ def test_cpu_launcher_and_pipeline_gres(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # resolves each level's config with `ecgpos pretrain --check-config`
 def test_pipeline_of_three_levels_chains_each_level_on_the_one_below(tmp_path: Path) -> None:
-    """--depth 3: stage2 trains on stage1's run with the latent config, each level is probed after its own
-    stage, and the export is the top level's run; pretrain.sbatch renders level 2 on level 1."""
+    """--depth 3: level2 trains on level1's run with the latent config, each level is probed after its own
+    level, and the export is the top level's run; pretrain.sbatch renders level 2 on level 1."""
     train = _render("2", FAKE_2x4)
     launch = shlex.split(train[-1].split("exec ", 1)[1])
-    assert _flag(launch, "--stage") == "2" and _flag(launch, "--base") == "/scratch/ecg/runs/stage1"
-    assert _flag(launch, "--run-dir") == "/scratch/ecg/runs/stage2"
-    assert _flag(launch, "--config") == str(REPO / "configs" / "stage1.yaml")
+    assert _flag(launch, "--level") == "2" and _flag(launch, "--base") == "/scratch/ecg/runs/level1"
+    assert _flag(launch, "--run-dir") == "/scratch/ecg/runs/level2"
+    assert _flag(launch, "--config") == str(REPO / "configs" / "level1.yaml")
     data = probe_data_stand_ins(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "ECGPOS_"))}
     env.update(ECGPOS_DRY_RUN="1", ECGPOS_SRC=str(data / "raw"), ECGPOS_DATA_ROOT=str(data))
@@ -151,9 +163,9 @@ def test_pipeline_of_three_levels_chains_each_level_on_the_one_below(tmp_path: P
     assert proc.returncode == 0, proc.stderr
     steps = [line.split()[0] for line in proc.stdout.splitlines() if not line.startswith("#")]
     cmds = [shlex.split(line[2:]) for line in proc.stdout.splitlines() if line.startswith("# sbatch")]
-    assert steps[2:6] == ["stage0", "stage1", "stage2", "probe-stage0"] and steps[-2:] == ["merge", "export"]
+    assert steps[2:6] == ["level0", "level1", "level2", "probe-level0"] and steps[-2:] == ["merge", "export"]
     deps = dict(zip(steps, map(_dependency, cmds)))
-    assert deps["stage2"] == ["stage1"] and deps["probe-stage2"] == ["stage2"] and deps["probe-stage1"] == ["stage1"]
+    assert deps["level2"] == ["level1"] and deps["probe-level2"] == ["level2"] and deps["probe-level1"] == ["level1"]
     assert [c[-1] for c in cmds if "pretrain.sbatch" in c[-2]] == ["0", "1", "2"]
     bad = subprocess.run(
         ["bash", str(SLURM / "pipeline.sh"), "--depth", "0"], env=env, cwd=tmp_path, capture_output=True, text=True
@@ -196,13 +208,13 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_SRC": "{tmp}/no such corpus"}, "ECGPOS_SRC"),
         ({"ECGPOS_DATA_ROOT": "{tmp}/missing"}, "ECGPOS_DATA_ROOT"),
         ({"ECGPOS_SPLITS": "{tmp}/missing"}, "ECGPOS_SPLITS"),
-        ({"ECGPOS_STAGE1_CONFIG": "configs/stage1.yml"}, "ECGPOS_STAGE1_CONFIG"),
-        ({"ECGPOS_STEPS": "stage1 probes merge export"}, "ECGPOS_STEPS"),
+        ({"ECGPOS_LATENT_CONFIG": "configs/level1.yml"}, "ECGPOS_LATENT_CONFIG"),
+        ({"ECGPOS_STEPS": "level1 probes merge export"}, "ECGPOS_STEPS"),
         ({"ECGPOS_STEPS": " "}, "ECGPOS_STEPS"),
         ({"ECGPOS_PROBE_TASKS": "ptbxl-super ptbxl-rhytm"}, "ECGPOS_PROBE_TASKS"),
         ({"ECGPOS_PROBE_TASKS": " "}, "ECGPOS_PROBE_TASKS"),
         # a chain that starts later needs the earlier steps' outputs on disk
-        ({"ECGPOS_STEPS": "stage1 probe merge export"}, "ECGPOS_SHARDS"),
+        ({"ECGPOS_STEPS": "level1 probe merge export"}, "ECGPOS_SHARDS"),
         ({"ECGPOS_STEPS": "export"}, "ECGPOS_EXPORT_RUN"),
         # what the jobs would run first, and the overrides of `ecgpos pretrain`, resolved by its own config loader
         ({"ECGPOS_SETUP": "source {tmp}/env.sh; if then"}, "ECGPOS_SETUP"),
@@ -222,10 +234,10 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         ({"ECGPOS_DATASET": "code15", "ECGPOS_SUBSET": "ningbo"}, "ECGPOS_SUBSET"),  # code15 refuses --subset
         # the encoders to probe: one setting or the other, folders that exist or that the chain trains,
         # folder names that keep their probes apart
-        ({"ECGPOS_PROBE_ENCODER": "random:tiny/stage1", "ECGPOS_PROBE_ENCODERS": "{tmp}"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_PROBE_ENCODER": "random:tiny/level1", "ECGPOS_PROBE_ENCODERS": "{tmp}"}, "ECGPOS_PROBE_ENCODERS"),
         ({"ECGPOS_STEPS": "probe merge"}, "ECGPOS_PROBE_ENCODERS"),
         ({"ECGPOS_STEPS": "probe merge", "ECGPOS_PROBE_ENCODER": "{tmp}/run"}, "ECGPOS_PROBE_ENCODER"),
-        ({"ECGPOS_PROBE_ENCODERS": "{tmp}/data/raw {tmp}/work/runs/stage0 {tmp}/data/raw/"}, "ECGPOS_PROBE_ENCODERS"),
+        ({"ECGPOS_PROBE_ENCODERS": "{tmp}/data/raw {tmp}/work/runs/level0 {tmp}/data/raw/"}, "ECGPOS_PROBE_ENCODERS"),
         ({"ECGPOS_PROBE_ENCODERS": "{tmp}/summary"}, "ECGPOS_PROBE_ENCODERS"),  # probes/summary is the merge's
         ({"ECGPOS_PROBE_REFERENCE": "papr"}, "ECGPOS_PROBE_REFERENCE"),
     ],
@@ -253,8 +265,8 @@ def test_pipeline_accepts_shipped_config_names(tmp_path: Path) -> None:
         ECGPOS_DRY_RUN="1",
         ECGPOS_SRC=str(data / "raw"),
         ECGPOS_DATA_ROOT=str(data),
-        ECGPOS_STAGE0_CONFIG="tiny/stage0",
-        ECGPOS_STAGE1_CONFIG="tiny/stage1.yaml",
+        ECGPOS_LEVEL0_CONFIG="tiny/level0",
+        ECGPOS_LATENT_CONFIG="tiny/level1.yaml",
         ECGPOS_PROBE_TASKS=f"ptbxl-super csn custom:{data}",
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
@@ -275,18 +287,18 @@ def test_pipeline_notes_setup_files_missing_here_and_submits(tmp_path: Path) -> 
         tmp_path, ECGPOS_DRY_RUN="1", ECGPOS_SRC=str(data / "raw"), ECGPOS_DATA_ROOT=str(data), ECGPOS_SETUP=setup
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert proc.returncode == 0 and "stage1 <stage1>" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "level1 <level1>" in proc.stdout, proc.stderr
     notes = [line for line in proc.stderr.splitlines() if "note: ECGPOS_SETUP" in line]
     assert len(notes) == 1 and f"source {tmp_path}/no-such-env/bin/activate: no such file here" in notes[0], notes
 
 
 def test_pipeline_checks_pretrain_overrides_with_the_config_loader(tmp_path: Path, capsys) -> None:
-    """A misspelt ECGPOS_PRETRAIN_SET key was found only when the stage job started, hours later in the
+    """A misspelt ECGPOS_PRETRAIN_SET key was found only when the level job started, hours later in the
     queue; `ecgpos pretrain --check-config` resolves the config as the job will, and nothing more."""
     from ecgpos.cli import main
 
     assert (
-        main(["pretrain", "--stage", "0", "--config", "tiny/stage0", "--set", "optim.steps=7", "--check-config"]) == 0
+        main(["pretrain", "--level", "0", "--config", "tiny/level0", "--set", "optim.steps=7", "--check-config"]) == 0
     )
     assert "  steps: 7\n" in capsys.readouterr().out
     data = probe_data_stand_ins(tmp_path)
@@ -301,12 +313,12 @@ def test_pipeline_checks_pretrain_overrides_with_the_config_loader(tmp_path: Pat
         ECGPOS_PRETRAIN_SET="optim.steps=3 train.batch_size=8",
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
-    assert proc.returncode == 0 and "stage1 <stage1>" in proc.stdout, proc.stderr
+    assert proc.returncode == 0 and "level1 <level1>" in proc.stdout, proc.stderr
     env["ECGPOS_PRETRAIN_SET"] = "optim.steps=3 train.batch_sise=8"
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "error: stage 0 config ECGPOS_STAGE0_CONFIG=" in lines[0], proc.stderr
+    assert len(lines) == 1 and "error: level 0 config ECGPOS_LEVEL0_CONFIG=" in lines[0], proc.stderr
     assert 'ECGPOS_PRETRAIN_SET="optim.steps=3 train.batch_sise=8"' in lines[0] and "train.batch_sise" in lines[0]
 
 
@@ -341,13 +353,13 @@ def test_list_settings_keep_quoted_blanks_inside_one_word(tmp_path: Path) -> Non
         ECGPOS_DRY_RUN="1",
         ECGPOS_DATA_ROOT=str(data),
         ECGPOS_STEPS="probe merge",
-        ECGPOS_PROBE_ENCODER="random:tiny/stage1",
+        ECGPOS_PROBE_ENCODER="random:tiny/level1",
         **lists,
     )
     proc = subprocess.run(["bash", str(SLURM / "pipeline.sh")], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "--array=0-1" in proc.stdout
-    env.update(ECGPOS_STAGE0_CONFIG="tiny/stage0", ECGPOS_PRETRAIN_SET="optim.steps=3 'optim.betas=[0.9, 0.95]'")
+    env.update(ECGPOS_LEVEL0_CONFIG="tiny/level0", ECGPOS_PRETRAIN_SET="optim.steps=3 'optim.betas=[0.9, 0.95]'")
     check = f". {shlex.quote(str(SLURM / 'common.sh'))}; ecgpos_check_pretrain_config 0"
     proc = subprocess.run(["bash", "-c", check], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
@@ -393,7 +405,7 @@ def test_counts_written_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
     env = _clean_env(
         tmp_path,
         ECGPOS_DRY_RUN="1",
-        ECGPOS_STEPS="preprocess check",  # the stages would only add their slow config checks
+        ECGPOS_STEPS="preprocess check",  # the level steps would only add their slow config checks
         ECGPOS_SRC=str(data / "raw"),
         ECGPOS_PREPROCESS_PARTS="08",
         ECGPOS_GPUS_PER_NODE="08",  # the probes' GPU count is derived from it
@@ -406,7 +418,7 @@ def test_counts_written_with_leading_zeros_are_decimal(tmp_path: Path) -> None:
 def test_pretrain_script_leaves_a_finished_run_to_the_trainer(tmp_path: Path) -> None:
     # the trainer compares the config (ECGPOS_PRETRAIN_SET may have changed since) with the finished run's;
     # the script must not report the old run as this job's result without asking it
-    run_dir = tmp_path / "work" / "runs" / "stage0"
+    run_dir = tmp_path / "work" / "runs" / "level0"
     run_dir.mkdir(parents=True)
     (run_dir / "run_info.json").write_text('{"finished": true}')
     bin_dir = tmp_path / "bin"
@@ -425,7 +437,7 @@ def test_pretrain_script_leaves_a_finished_run_to_the_trainer(tmp_path: Path) ->
     proc = subprocess.run(
         ["bash", str(SLURM / "pretrain.sbatch"), "0"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
-    assert proc.returncode == 0 and "stage 0 finished" in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "level 0 finished" in proc.stderr, proc.stderr
     assert (tmp_path / "srun.log").read_text() == "srun started\n"
 
 

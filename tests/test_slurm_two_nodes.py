@@ -55,7 +55,7 @@ def test_pretrain_sbatch_on_two_nodes(two_node_cluster: SlurmCluster, shards: Pa
         ECGPOS_LOG_DIR=str(work / "logs"),
         ECGPOS_GPUS_PER_NODE="0",
         ECGPOS_SHARDS=str(shards),
-        ECGPOS_STAGE0_CONFIG=str(REPO / "configs" / "tiny" / "stage0.yaml"),
+        ECGPOS_LEVEL0_CONFIG=str(REPO / "configs" / "tiny" / "level0.yaml"),
         ECGPOS_PRETRAIN_SET="optim.steps=4 train.checkpoint_every=2 train.batch_size=8 train.num_workers=0",
         OMP_NUM_THREADS="1",
     )
@@ -74,6 +74,6 @@ def test_pretrain_sbatch_on_two_nodes(two_node_cluster: SlurmCluster, shards: Pa
     state = cluster.run("scontrol", "-o", "show", "job", job, check=False).stdout
     assert "JobState=COMPLETED" in state and "NodeList=" in state, text[-3000:] + cluster.log_tail()
     assert f"NodeList={cluster.nodes[0]},{cluster.nodes[1]}" in state or "NumNodes=2" in state, state
-    info = json.loads((work / "runs" / "stage0" / "run_info.json").read_text())
+    info = json.loads((work / "runs" / "level0" / "run_info.json").read_text())
     assert info["finished"] is True and info["num_processes"] == 2, text[-3000:]
-    assert "stage 0: 2 node(s) x 0 GPU(s)" in text and "stage 0 finished" in text
+    assert "level 0: 2 node(s) x 0 GPU(s)" in text and "level 0 finished" in text

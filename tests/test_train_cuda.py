@@ -1,7 +1,7 @@
 """The trainer on a GPU (skipped without one): bf16 learns, steady-state steps never wait for the
 device, the compiled model follows the eager one (also when gradients accumulate over two
 micro-batches, compiled without CUDA graphs), compiled latent levels 1 and 2 follow theirs, `pretrain
---stage 1` and fine-tuning run with their defaults (compiled, bf16), and Stage 1's frozen Stage-0 pass
+--level 1` and fine-tuning run with their defaults (compiled, bf16), and level 1's frozen level-0 pass
 runs in the caller's precision. The suite itself hides CUDA (conftest.py), so each check runs in a subprocess that sees
 the machine's devices (tests/cuda_checks.py)."""
 
@@ -21,9 +21,9 @@ CHECK_NAMES = (
     "no-sync",
     "compiled-agrees",
     "compiled-accum-agrees",
-    "stage0-precision",
+    "level0-precision",
     "compiled-latent-agrees",
-    "stage1-default-compile",
+    "level1-default-compile",
     "finetune-bf16",
 )
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

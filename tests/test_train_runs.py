@@ -1,4 +1,4 @@
-"""`ecgpos pretrain` end to end on tiny shards: outputs, resume, Stage 1, processes, logged statistics."""
+"""`ecgpos pretrain` end to end on tiny shards: outputs, resume, level 1, processes, logged statistics."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_lr_schedule_paper_values() -> None:
-    optim = load_run_config(CONFIG_DIR / "stage0.yaml").optim
+    optim = load_run_config(CONFIG_DIR / "level0.yaml").optim
     assert lr_at(0, optim) == pytest.approx(3.75e-5 / 15000)
     assert lr_at(7499, optim) == pytest.approx(3.75e-5 / 2)
     assert lr_at(14999, optim) == pytest.approx(3.75e-5)  # warm-up reaches the peak
@@ -84,7 +84,7 @@ def test_tiny_levels_beat_the_mean_predictor(tmp_path: Path) -> None:
     )
 
 
-def test_tiny_stage0_run_writes_everything(run0: Path) -> None:
+def test_tiny_level0_run_writes_everything(run0: Path) -> None:
     records = [r for r in metrics(run0) if "loss" in r]
     assert [r["step"] for r in records] == list(range(1, 41))
     assert {"step", "loss", "lr", "grad_norm", "samples_per_s", "epoch"} <= records[0].keys()
@@ -102,7 +102,7 @@ def test_tiny_stage0_run_writes_everything(run0: Path) -> None:
     modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in newest_checkpoint(run0).iterdir()}
     assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}, modes
     info = json.loads((run0 / "run_info.json").read_text())
-    assert info["finished"] and info["step"] == 40 and info["stage"] == 0 and info["base"] is None
+    assert info["finished"] and info["step"] == 40 and info["level"] == 0 and info["base"] is None
     for name in ("recon-step-0000020.png", "recon-step-0000040.png", "curves.png"):
         png = (run0 / "figures" / name).read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
@@ -123,25 +123,25 @@ def test_resume_mid_epoch_equals_uninterrupted(run0: Path, shards: Path, tmp_pat
     assert not (crashed / "checkpoints" / "step-0000030.tmp").exists()
 
 
-def test_stage1_on_tiny_stage0(run0: Path, shards: Path, tmp_path: Path) -> None:
-    stage0_file = newest_checkpoint(run0) / "model.safetensors"
-    before = stage0_file.read_bytes()
-    run1 = tmp_path / "stage1"
-    stage1_args = ("--stage0", str(run0), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15")
-    assert pretrain(1, shards, run1, *stage1_args) == 0
-    assert stage0_file.read_bytes() == before
-    crashed = tmp_path / "stage1-crashed"  # resume equivalence, as for Stage 0 (15 = 2 x 6 + 3: mid-epoch)
+def test_level1_on_tiny_level0(run0: Path, shards: Path, tmp_path: Path) -> None:
+    level0_file = newest_checkpoint(run0) / "model.safetensors"
+    before = level0_file.read_bytes()
+    run1 = tmp_path / "level1"
+    level1_args = ("--base", str(run0), "--set", "optim.steps=30", "--set", "train.checkpoint_every=15")
+    assert pretrain(1, shards, run1, *level1_args) == 0
+    assert level0_file.read_bytes() == before
+    crashed = tmp_path / "level1-crashed"  # resume equivalence, as for level 0 (15 = 2 x 6 + 3: mid-epoch)
     shutil.copytree(run1, crashed)
     shutil.rmtree(crashed / "checkpoints" / "step-0000030")
-    assert pretrain(1, shards, crashed, *stage1_args, "--resume", "auto") == 0
+    assert pretrain(1, shards, crashed, *level1_args, "--resume", "auto") == 0
     assert max_diff(weights(crashed), weights(run1)) <= 1e-6
     records = [r for r in metrics(run1) if "loss" in r]
     assert "recon_loss" in records[0]
-    # The frozen Stage-0 inside the Stage-1 checkpoint is bit-identical to the Stage-0 run's encoder.
+    # The frozen level-0 inside the level-1 checkpoint is bit-identical to the level-0 run's encoder.
     encoder0 = load_run_encoder(run0).module
-    stage1_state = weights(run1)
+    level1_state = weights(run1)
     for name, tensor in encoder0.state_dict().items():
-        assert torch.equal(stage1_state[f"base.{name}"], tensor), name
+        assert torch.equal(level1_state[f"base.{name}"], tensor), name
     nested = load_run_encoder(run1)
     assert nested.arch["kind"] == "nested" and not nested.module.training
     assert weights_hash(nested.module.levels[0]) == weights_hash(encoder0)
@@ -157,7 +157,7 @@ def test_tiny_config_on_real_sample_shards(arrhythmia_shards: Path, tmp_path: Pa
     run = tmp_path / "real"
     args = [
         "pretrain",
-        "--stage",
+        "--level",
         "0",
         "--config",
         str(TINY0),
@@ -191,7 +191,7 @@ def test_two_processes_match_one_process_with_accumulation(shards: Path, tmp_pat
     """2 processes (gloo) x accum 1 and 1 process x accum 2 see the same global batches, masks and lr:
     same losses, validation losses and parameters. So a 2-process run resumes exactly on 1 process
     with accum 2, and on 1 process with accum 1 (other masks) it is refused in one line."""
-    common = ["--stage", "0", "--config", str(TINY0), "--shards", str(shards), *FAST, "--set", "optim.steps=4"]
+    common = ["--level", "0", "--config", str(TINY0), "--shards", str(shards), *FAST, "--set", "optim.steps=4"]
     common += ["--set", "train.checkpoint_every=2", "--set", "train.val_fraction=0.25", "--set", "train.val_every=2"]
     # CPU and gloo for both, also on a machine with one GPU (where --multi_gpu would start two ranks on it)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(PROJECT_ROOT), "CUDA_VISIBLE_DEVICES": ""}
@@ -249,7 +249,7 @@ def _direct_step0(shards: Path, cfg: RunConfig, micro: int) -> tuple[float, floa
     from ecgpos.pretrain.data import ShardDataset
     from ecgpos.pretrain.records import read_index
     from ecgpos.pretrain.schedule import step_generator
-    from ecgpos.runs.stages import build_model
+    from ecgpos.runs.levels import build_model
 
     index = read_index(shards)
     data = ShardDataset(index, cfg.preprocess.window, train=True, seed=cfg.train.seed)
@@ -291,7 +291,7 @@ def test_sparsity_term_is_logged_with_its_share_of_the_loss(run0: Path, shards: 
             1,
             shards,
             run,
-            "--stage0",
+            "--base",
             str(run0),
             "--set",
             "optim.steps=4",

@@ -50,7 +50,7 @@ def _launch_line(tmp_path: Path, shards: Path, runs: Path, nodes: int, gpus: int
         ECGPOS_WORK=str(tmp_path),
         ECGPOS_SHARDS=str(shards),
         ECGPOS_RUNS=str(runs),
-        ECGPOS_STAGE0_CONFIG=str(TINY0),
+        ECGPOS_LEVEL0_CONFIG=str(TINY0),
         ECGPOS_PRETRAIN_SET=SETTINGS,
     )
     proc = subprocess.run(
@@ -145,7 +145,7 @@ def test_two_machines_through_the_sbatch_launch_line(tmp_path: Path, shards: Pat
     assert "--machine_rank $SLURM_PROCID" in two and "--main_process_ip 127.0.0.1" in two
     done = _finish([_machine(two, rank, bin_dir) for rank in (0, 1)])
     assert [rc for rc, _ in done] == [0, 0], done[0][1][-3000:] + done[1][1][-3000:]
-    run = tmp_path / "two" / "stage0"
+    run = tmp_path / "two" / "level0"
     info = json.loads((run / "run_info.json").read_text())
     assert info["finished"] is True and (info["num_processes"], info["global_batch"]) == (2, 8)  # they met
     # only the main process (machine 0) logs and writes: one log line per step, one checkpoint per save
@@ -156,12 +156,12 @@ def test_two_machines_through_the_sbatch_launch_line(tmp_path: Path, shards: Pat
     newest = run / "checkpoints" / "step-0000008"
     assert sorted(p.name for p in newest.iterdir()) == sorted([*CHECKPOINT_FILES, "trainer_state.json"])
     assert len(json.loads((newest / "trainer_state.json").read_text())["rng"]) == 2
-    _same_run(run, tmp_path / "one" / "stage0")
+    _same_run(run, tmp_path / "one" / "level0")
 
     # machine 1 dies after the first checkpoint: machine 0 ends too, and the requeued pair resumes exactly
     killed = _launch_line(tmp_path, shards, tmp_path / "killed", nodes=2, gpus=0)
     procs = [_machine(killed, rank, bin_dir) for rank in (0, 1)]
-    first = tmp_path / "killed" / "stage0" / "checkpoints" / "step-0000002"
+    first = tmp_path / "killed" / "level0" / "checkpoints" / "step-0000002"
     deadline = time.monotonic() + 240
     while not first.is_dir() and time.monotonic() < deadline and procs[0].poll() is None:
         time.sleep(0.005)  # a step takes ~0.1 s: machine 1 is stopped within the next few
@@ -175,11 +175,11 @@ def test_two_machines_through_the_sbatch_launch_line(tmp_path: Path, shards: Pat
     started = time.monotonic()
     (rc0, text0), _ = _finish(procs, timeout=120)
     assert rc0 != 0 and "step 8/8" not in text0 and time.monotonic() - started < 120, text0[-3000:]
-    assert not (tmp_path / "killed" / "stage0" / "run_info.json").is_file() or not json.loads(
-        (tmp_path / "killed" / "stage0" / "run_info.json").read_text()
+    assert not (tmp_path / "killed" / "level0" / "run_info.json").is_file() or not json.loads(
+        (tmp_path / "killed" / "level0" / "run_info.json").read_text()
     ).get("finished")
     done = _finish([_machine(killed, rank, bin_dir) for rank in (0, 1)])
     assert [rc for rc, _ in done] == [0, 0], done[0][1][-3000:] + done[1][1][-3000:]
-    resumed = json.loads((tmp_path / "killed" / "stage0" / "run_info.json").read_text())
+    resumed = json.loads((tmp_path / "killed" / "level0" / "run_info.json").read_text())
     assert resumed["finished"] is True and "resumed_from" in resumed
-    _same_run(tmp_path / "killed" / "stage0", run)
+    _same_run(tmp_path / "killed" / "level0", run)

@@ -7,11 +7,11 @@ from pathlib import Path
 from ecgpos.cli import main
 
 
-def pretrain_tiny(stage: int, shards: Path, run_dir: Path, *extra: str, stage0: Path | None = None) -> Path:
-    """`ecgpos pretrain` with the shipped tiny config of `stage` (+ `extra` flags); asserts it finished."""
-    args = ["pretrain", "--stage", str(stage), "--config", f"tiny/stage{stage}", "--shards", str(shards)]
-    if stage0 is not None:
-        args += ["--stage0", str(stage0)]
+def pretrain_tiny(level: int, shards: Path, run_dir: Path, *extra: str, base: Path | None = None) -> Path:
+    """`ecgpos pretrain` with the shipped tiny config of `level` (+ `extra` flags); asserts it finished."""
+    args = ["pretrain", "--level", str(level), "--config", f"tiny/level{min(level, 1)}", "--shards", str(shards)]
+    if base is not None:
+        args += ["--base", str(base)]
     assert main([*args, "--run-dir", str(run_dir), *extra]) == 0
     return run_dir
 

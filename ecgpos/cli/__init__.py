@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preprocess": ("preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
     "pretrain": (
         "ecgpos.cli.pretrain",
-        "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate",
+        "pretrain level 0 (masked ECG transformer) or a level N >= 1 (latent MAE) with Accelerate",
     ),
     "probe": ("probes.linear.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
     "finetune": (

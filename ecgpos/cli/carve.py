@@ -1,7 +1,7 @@
 """`ecgpos carve`: the depth loop. Train level 0, then level 1 on it, and so on, until the carving
 criterion says stop.
 
-    ecgpos carve --config stage0 --latent-config stage1 --shards DIR [DIR ...] --run-dir RUNS
+    ecgpos carve --config level0 --latent-config level1 --shards DIR [DIR ...] --run-dir RUNS
                  [--max-levels 4] [--stop-below 0.05] [--min-drop 0.01] [--val-fraction 0.1]
                  [--criterion-map trained|masked|unmasked]
                  [--set key=value ...] [--latent-set key=value ...]
@@ -9,7 +9,7 @@ criterion says stop.
                  [--geometry-task TASK --nominal A,B --anomalous C [--geometry-args "..."]]
     accelerate launch -m ecgpos carve ...        (each level trains on every process)
 
-Level l trains into RUNS/level<l> (`ecgpos pretrain --stage N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
+Level l trains into RUNS/level<l> (`ecgpos pretrain --level N` with N = l, on the frozen RUNS/level<l-1> for l >= 1)
 with train.val_fraction set to --val-fraction at every level, so all levels hold out the same records.
 After each level the calibrated criterion (ecgpos.objectives.calibrated: a structured perturbation at twice
 the level's own clean reconstruction error, read through the map the level trained as; with pass-through and
@@ -27,9 +27,10 @@ into RUNS/probes/level<l>); with --geometry-task, --nominal and --anomalous each
 `ecgpos geometry --level L` with L = l (into RUNS/geometry/level<l>), whose Delta % per metric carve.md tabulates.
 
 `--decide LEVEL` trains nothing: levels 0..LEVEL are finished runs trained elsewhere (slurm/pipeline.sh
---depth auto, whose runs are RUNS/stage<l>: `--level-prefix stage`); it measures them (reusing carve.json's
-measurements of the same runs), decides after each as above and rewrites carve.*. The last level in carve.json
-and its decision say whether to carve level LEVEL + 1 (slurm/decide.sbatch reads them).
+--depth auto, whose runs are RUNS/level<l>; `--level-prefix stage` reads runs named RUNS/stage<l>); it
+measures them (reusing carve.json's measurements of the same runs), decides after each as above and
+rewrites carve.*. The last level in carve.json and its decision say whether to carve level LEVEL + 1
+(slurm/decide.sbatch reads them).
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos carve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--config", default="stage0", help="level-0 run config (default stage0; tiny/stage0 for tests)")
-    p.add_argument("--latent-config", default="stage1", help="config of every level >= 1 (default stage1)")
+    p.add_argument("--config", default="level0", help="level-0 run config (default level0; tiny/level0 for tests)")
+    p.add_argument("--latent-config", default="level1", help="config of every level >= 1 (default level1)")
     p.add_argument("--shards", type=user_path, nargs="+", required=True, metavar="DIR", help="the pretraining pool")
     p.add_argument("--run-dir", type=user_path, required=True, help="folder of the level runs and carve.*")
     p.add_argument("--max-levels", type=int, default=4, help="at most this many levels (default 4)")
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--level-prefix",
         choices=("level", "stage"),
         default="level",
-        help="run folders are RUN_DIR/<prefix><l>: level (default) or stage (slurm/pipeline.sh's runs)",
+        help="with --decide: the runs are RUN_DIR/<prefix><l>, level (default) or stage (run folders named stage<l>)",
     )
     return p
 
@@ -139,10 +140,10 @@ def _level_run(args: argparse.Namespace, level: int) -> Path:
 
 def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
     run = _level_run(args, level)
-    argv = ["--stage", str(level), "--config", level_config_name(args, level)]
+    argv = ["--level", str(level), "--config", level_config_name(args, level)]
     argv += ["--shards", *map(str, args.shards), "--run-dir", str(run), "--resume", "auto"]
     if level >= 1:
-        argv += ["--stage0" if level == 1 else "--base", str(_level_run(args, level - 1))]
+        argv += ["--base", str(_level_run(args, level - 1))]
     for override in level_overrides(args, level):
         argv += ["--set", override]
     return argv
@@ -237,9 +238,9 @@ def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[fl
 
     from ecgpos.cli import run_command
 
-    out = args.run_dir / "probes" / f"{args.level_prefix}{level}"
+    out = args.run_dir / "probes" / f"level{level}"
     argv = ["--encoder", str(_level_run(args, level)), "--task", args.probe_task, "--out", str(out)]
-    argv += ["--name", f"{args.level_prefix}{level}"]
+    argv += ["--name", f"level{level}"]
     argv += ["--data-root", str(args.data_root)] if args.data_root else []
     argv += ["--splits", str(args.splits)] if args.splits else []
     argv += args.probe_args.split()
@@ -258,7 +259,7 @@ def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
 
     from ecgpos.cli import run_command
 
-    out = args.run_dir / "geometry" / f"{args.level_prefix}{level}"
+    out = args.run_dir / "geometry" / f"level{level}"
     argv = ["--encoder", str(_level_run(args, level)), "--level", str(level), "--task", args.geometry_task]
     argv += ["--nominal", args.nominal, "--anomalous", args.anomalous, "--out", str(out)]
     argv += ["--data-root", str(args.data_root)] if args.data_root else []

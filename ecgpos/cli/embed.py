@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_record_options(
     parser: argparse.ArgumentParser,
     windows_default: str = "1: the centre window",
-    level_help: str = "features of levels 0..LEVEL of a nested export (0 = Stage 0; default: the top level)",
+    level_help: str = "features of levels 0..LEVEL of a nested export (default: the top level)",
 ) -> None:
     """The options that say which records are read and how: shared by `ecgpos embed` and `ecgpos predict`
     (whose --num-windows defaults to None: the model's own, `windows_default` says so; its --level is refused,

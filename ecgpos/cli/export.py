@@ -53,7 +53,7 @@ from ecgpos.files import make_output_folder, make_public, recover_replaced, repl
 from ecgpos.inference.resolve import artifact_above, load_run_encoder, unfinished_note
 from ecgpos.inference.scoring import load_recon_models
 from ecgpos.models.factory import depth_of
-from ecgpos.models.nested import level_names
+from ecgpos.models.nested import level_names, parse_level_name, recorded_level
 from ecgpos.runs.run_folder import is_run_dir, read_run_info, run_chain, training_summary
 
 T = TypeVar("T")
@@ -168,15 +168,15 @@ def cut_summary(run_dir: Path, top: dict, level: int) -> dict:
     """The training facts of levels 0..level of `run_dir`'s nest (`top`: the run's own): below the run's level,
     those of level `level`'s own run as the run's chain records it (its steps, checkpoint and data), or the
     chain's record of it when that run is not at hand; never the top level's steps and checkpoint."""
-    stage = top.get("stage")
-    if not isinstance(stage, int) or level >= stage:
+    top_level = recorded_level(top)
+    if not isinstance(top_level, int) or level >= top_level:
         return {**top, "exported_levels": f"0..{level}"}
     entry = next((e for e in run_chain(read_run_info(run_dir)) if e.get("level") == level), {})
     source = entry.get("source")
     if entry.get("kind") == "run" and isinstance(source, str) and is_run_dir(source):
         summary = training_summary(Path(source), {}, {})
     else:  # an export, or a run folder no longer there: what the chain says of the level
-        summary = {"stage": level, **({"source": source} if isinstance(source, str) else {})}
+        summary = {"level": level, **({"source": source} if isinstance(source, str) else {})}
         summary["shards"] = top.get("shards")
     return {**summary, "exported_levels": f"0..{level}", "cut_from": str(run_dir.resolve())}
 
@@ -278,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         onnx_note = f", {ONNX_FILE} ({config['onnx']['exporter']} exporter, max rel err {worst:.1e})"
     decoder_note = ""
     if "decoders" in config:
-        levels = ", ".join(k for k in config["decoders"] if k.startswith("stage"))
+        levels = ", ".join(k for k in config["decoders"] if parse_level_name(k) is not None)
         decoder_note = f", {config['decoders']['file']} ({levels})"
     verb = "re-exported" if replacing else "exported"
     print(

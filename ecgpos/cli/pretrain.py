@@ -1,10 +1,10 @@
 """`ecgpos pretrain`: level 0 (masked ECG transformer) or level N >= 1 (latent MAE on the frozen
 levels 0..N-1) with Accelerate.
 
-    ecgpos pretrain --stage N --config FILE --shards DIR --run-dir DIR
+    ecgpos pretrain --level N --config FILE --shards DIR --run-dir DIR
                     [--base RUN_OR_EXPORT_DIR] [--set key=value ...] [--resume auto]
-    ecgpos pretrain --stage N --config FILE [--set key=value ...] --check-config
-    (--stage0 DIR is --base DIR for --stage 1)
+    ecgpos pretrain --level N --config FILE [--set key=value ...] --check-config
+    (hidden aliases: --stage N is --level N; --stage0 DIR is --base DIR for --level 1)
     python -m ecgpos.pretrain ...            (one process)
     accelerate launch [--num_processes N] -m ecgpos.pretrain ...   (any number of processes / nodes)
 
@@ -46,18 +46,19 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         "or stopped cleanly by SIGUSR1/SIGTERM; 130 stopped by Ctrl-C; "
         "1 non-finite loss (stopped before the bad update; the last good checkpoint is kept); 2 bad input.",
     )
-    parser.add_argument(
-        "--stage",
+    levels = parser.add_mutually_exclusive_group(required=True)
+    levels.add_argument(
+        "--level",
         type=level_number,
-        required=True,
         metavar="N",
         help="level to train: 0 on the shards; N >= 1 on the frozen --base encoder of levels 0..N-1",
     )
+    levels.add_argument("--stage", dest="level", type=level_number, help=argparse.SUPPRESS)  # --level's alias
     parser.add_argument(
         "--config",
         required=True,
-        help="run config YAML, or a shipped config by name: stage0, stage1, stmem12, tiny/stage0, "
-        "tiny/stage1 (see configs/README.md); a latent config (stage1) serves every level N >= 1",
+        help="run config YAML, or a shipped config by name: level0, level1, stmem12, tiny/level0, "
+        "tiny/level1 (see configs/README.md); a latent config (level1) serves every level N >= 1",
     )
     parser.add_argument(
         "--shards",
@@ -77,9 +78,7 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
         help="level N >= 1: the frozen levels 0..N-1, a finished level-(N-1) run folder, an export of N levels "
         "or hf://ORG/NAME",
     )
-    parser.add_argument(
-        "--stage0", type=model_ref, help="--stage 1 only: the same as --base (a Stage-0 run, export or hf://ORG/NAME)"
-    )
+    parser.add_argument("--stage0", type=model_ref, help=argparse.SUPPRESS)  # --base's alias at --level 1
     add_set_option(parser, "a config key", "optim.steps=200")
     parser.add_argument(
         "--resume",
@@ -90,14 +89,14 @@ def build_parser(check_only: bool = False) -> argparse.ArgumentParser:
     parser.add_argument(
         "--check-config",
         action="store_true",
-        help="only resolve --config with --stage and the --set overrides, print it as YAML and exit "
+        help="only resolve --config with --level and the --set overrides, print it as YAML and exit "
         "(exit 2 naming an unknown key or a bad value); --shards and --run-dir are not needed",
     )
     return parser
 
 
 def level_number(text: str) -> int:
-    """argparse type of --stage: an integer >= 0."""
+    """argparse type of --level: an integer >= 0."""
     try:
         value = int(text)
     except ValueError:
@@ -123,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ecgpos.config import to_dict
         from ecgpos.runs.run_config import load_run_config
 
-        cfg = load_run_config(args.config, args.overrides, stage=args.stage)
+        cfg = load_run_config(args.config, args.overrides, level=args.level)
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
     plan = prepare(args)

@@ -4,8 +4,8 @@ Per-record reconstruction anomaly scores per level (see ecgpos.inference.scoring
 a run folder of any level, or an export written with `--with-decoders`. RECORDS are read
 exactly as `ecgpos embed` reads them: a WFDB record or folder, a shard folder or file, or a `.npy`
 array with --fs and --leads; bad records are reported with their reason and skipped.
-Writes --out (a .csv file) with columns record_id,stage0_score,...,stage<L-1>_score, one per level
-that can reconstruct (a Stage-0 run has Stage-0 scores only; --level l keeps levels 0..l), and FILE's
+Writes --out (a .csv file) with columns record_id,level0_score,...,level<L-1>_score, one per level
+that can reconstruct (a level-0 run has level-0 scores only; --level l keeps levels 0..l), and FILE's
 `.skipped.csv` (record_id, reason, detail) as `embed` does; a record
 longer than 300 s is scored on its centre 300 s, counted in the closing line and listed in FILE's
 `.long.csv` (record_id, duration_s, used_from_s, used_to_s; written only when there is one).
@@ -16,12 +16,12 @@ record id listed twice with different labels is refused before any record is sco
 match no record and labelled records that were skipped are named (stderr and the summary), and a class
 left with fewer than 2 scored records is refused.
 With --calibration LABEL[,LABEL...] as well (held-out nominal records, D_fit; every level needed): the
-preprint's OR rule over the levels' channels (ecgpos.inference.flags). Channel l fires when the stage<l>
+preprint's OR rule over the levels' channels (ecgpos.inference.flags). Channel l fires when the level<l>
 score is above t_l, every t_l at the one common percentile q* of D_fit whose OR-rule rate there is at most
 --fpr (default 0.05). The summary gains q*, the thresholds, the realised rates on D_fit and on the nominal
-records, and per nominal and anomalous label each channel's rate and the first level that fired (with two
-levels also the appendix's A = stage0, B = stage1 table: A and not B, not A and B, neither, r_latent);
-FILE's `.flags.csv` gets record_id,label, one 0/1 column per channel (A,B with two levels), flag and
+records, and per nominal and anomalous label each channel's rate, the first level that fired and the
+share first flagged below level 0 (the appendix's r_latent with two levels); FILE's `.flags.csv` gets
+record_id,label, one 0/1 column per channel (level0, level1, ...), flag and
 first_level for every scored record.
 These files are replaced together: a run without --labels deletes an earlier run's FILE.summary.md,
 a run without --calibration its FILE.flags.csv, a run without a record longer than 300 s its
@@ -320,9 +320,9 @@ def _calibration(
 
 
 def write_flags(path: Path, ids: Sequence[str], labels: dict[str, str], report: FlagReport) -> None:
-    """FILE.flags.csv: record_id,label, one 0/1 column per level's channel (A,B with two levels), flag,
+    """FILE.flags.csv: record_id,label, one 0/1 column per level's channel (level0, level1, ...), flag,
     and first_level (the first level that fired, empty when none) of every scored record."""
-    names = ["A", "B"] if len(report.levels) == 2 else report.levels
+    names = report.levels
     first = first_fired(report.flags)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
@@ -341,37 +341,19 @@ def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str]
     cal, pooled, levels = report.calibration, report.nominal_first, report.levels
     thresholds = ", ".join(f"t_{level} = {t:.6g}" for level, t in zip(levels, cal.thresholds))
     lines = [
-        f"## {'Two' if len(levels) == 2 else len(levels)}-channel flags (OR rule)",
+        f"## {len(levels)}-channel flags (OR rule)",
         "",
         "Channel l fires when the level-l score is strictly greater than its threshold t_l; a record is "
-        + "flagged when any channel fires."
-        + (" A: stage0 score > t_rec; B: stage1 score > t_sub." if len(levels) == 2 else ""),
+        + "flagged when any channel fires.",
         f"Calibrated on D_fit, the {cal.n_fit} records labelled {', '.join(fit_labels)}: common percentile "
-        f"q* = {cal.q:.2f}"
-        + (f", t_rec = {cal.t_rec:.6g}, t_sub = {cal.t_sub:.6g}" if len(levels) == 2 else f", {thresholds}")
+        f"q* = {cal.q:.2f}, {thresholds}"
         + f"; realised false-positive rate on D_fit {cal.fit_rate:.3f} (target {cal.target:g}).",
         f"False-positive rate over the {pooled.n} nominal evaluation records: "
         f"{_fraction(pooled.share(pooled.n - pooled.neither))}.",
         "",
     ]
-    if len(levels) == 2:
-        lines += [
-            "| label | role | n | Pr(A) | Pr(B) | A∧¬B | ¬A∧B | ¬A∧¬B | r_latent |",
-            "|---|---|---|---|---|---|---|---|---|",
-        ]
-        for label, d in report.groups.items():
-            role = "nominal" if label in nominal else "anomalous"
-            shares = [_fraction(d.share(c)) for c in (d.a, d.b, d.a_only, d.b_only, d.neither)]
-            latent = "—" if role == "nominal" else _fraction(d.r_latent)
-            lines.append(f"| {label} | {role} | {d.n} | {' | '.join(shares)} | {latent} |")
-        lines += [
-            "",
-            "Pr(A∧B) = Pr(A) − Pr(A∧¬B). r_latent = Pr(¬A∧B) / Pr(A∨B), the share of flagged records the "
-            "Stage-0 score alone would miss (— for nominal labels and when nothing is flagged).",
-            "",
-        ]
     head = ["label", "role", "n", *(f"Pr({level} fired)" for level in levels)]
-    head += [*(f"first {level}" for level in levels), "none", "first below stage0"]
+    head += [*(f"first {level}" for level in levels), "none", "first below level0"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, d in report.first.items():
         role = "nominal" if label in nominal else "anomalous"
@@ -381,8 +363,8 @@ def flags_markdown(report: FlagReport, fit_labels: list[str], nominal: list[str]
     lines += [
         "",
         "first <level>: the share of the label's records whose first (shallowest) firing channel is that level; "
-        "first below stage0 = the share of flagged records that Stage 0 alone would miss (r_latent with two "
-        f"levels). Per-record flags: {flags_file}.",
+        "first below level0 = the share of flagged records that level 0 alone would miss (the appendix's "
+        f"r_latent with two levels). Per-record flags: {flags_file}.",
     ]
     return "\n".join(lines) + "\n"
 

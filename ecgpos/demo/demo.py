@@ -35,8 +35,8 @@ class DemoSize:
     wfdb_records: int
     code15_exams: int
     probe_per_class: int
-    stage0_steps: int
-    stage1_steps: int  # every level >= 1
+    level0_steps: int
+    latent_steps: int  # every level >= 1
     levels: int
     probe_epochs: int
     probe_seeds: int
@@ -50,8 +50,8 @@ QUICK = DemoSize(
     wfdb_records=24,
     code15_exams=12,
     probe_per_class=24,
-    stage0_steps=150,
-    stage1_steps=100,
+    level0_steps=150,
+    latent_steps=100,
     levels=2,
     probe_epochs=30,
     probe_seeds=2,
@@ -60,8 +60,8 @@ FULL = DemoSize(
     wfdb_records=96,
     code15_exams=48,
     probe_per_class=60,
-    stage0_steps=1500,
-    stage1_steps=1000,
+    level0_steps=1500,
+    latent_steps=1000,
     levels=3,
     probe_epochs=100,
     probe_seeds=5,
@@ -159,7 +159,7 @@ def write_geometry_task(probe_root: Path, root: Path) -> Path:
 
 
 def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
-    """Run every stage into `out`; returns the path of the probe summary."""
+    """Run every step of the demo into `out`; returns the path of the probe summary."""
     step = Steps(8 if size.finetune_epochs else 7)
     out.mkdir(parents=True, exist_ok=True)
     step(
@@ -191,29 +191,29 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     probe_task = f"custom:{out / 'raw' / PROBE_TASK}"
     geometry_task = write_geometry_task(out / "raw" / PROBE_TASK, out / "raw" / GEOMETRY_TASK)
     step(
-        f"carving {size.levels} levels: level 0 ({size.stage0_steps} steps), then each level on the frozen ones below "
-        f"({size.stage1_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
+        f"carving {size.levels} levels: level 0 ({size.level0_steps} steps), then each level on the frozen ones below "
+        f"({size.latent_steps} steps); after each, the push-margin criterion on held-out records, a linear probe "
         "(brady/normal/tachy + noisy) and PoS geometry (rhythm classes nominal, noisy anomalous)"
     )
     verdict = _carve(
         runs,
         size.levels,
         "--config",
-        config_path("tiny/stage0"),
+        config_path("tiny/level0"),
         "--latent-config",
-        config_path("tiny/stage1"),
+        config_path("tiny/level1"),
         "--shards",
         *pool,
         "--set",
         "train.num_workers=0",
         "--set",
-        f"optim.steps={size.stage0_steps}",
+        f"optim.steps={size.level0_steps}",
         "--set",
-        f"optim.warmup_steps={size.stage0_steps // 10}",
+        f"optim.warmup_steps={size.level0_steps // 10}",
         "--latent-set",
-        f"optim.steps={size.stage1_steps}",
+        f"optim.steps={size.latent_steps}",
         "--latent-set",
-        f"optim.warmup_steps={size.stage1_steps // 10}",
+        f"optim.warmup_steps={size.latent_steps // 10}",
         "--probe-task",
         probe_task,
         "--probe-args",
@@ -232,7 +232,7 @@ def run_demo(out: Path, size: DemoSize, seed: int = 0) -> Path:
     _run(
         "probe",
         "--encoder",
-        f"random:{config_path('tiny/stage0')}",
+        f"random:{config_path('tiny/level0')}",
         "--name",
         "random-init",
         "--out",

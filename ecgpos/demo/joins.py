@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ecgpos.models.nested import parse_level_name
+
 
 def write_join_records(probe_root: Path, root: Path, count: int) -> Path:
     """`count` WFDB records under root/records, each the mix (a + b) / sqrt(2) of two clean probe
@@ -64,9 +66,7 @@ def join_aurocs(scores_csv: Path, labels_csv: Path, join_csv: Path, nominal: lis
     for column in [c for c in join_rows[0] if c.endswith("_score")]:
         values = np.array([float(r[column]) for r in nominal_rows + join_rows])
         y = np.r_[np.zeros(len(nominal_rows)), np.ones(len(join_rows))]
-        out[int(column.removeprefix("stage").removesuffix("_score"))] = float(
-            auroc_columns(values[:, None], y[:, None])[0]
-        )
+        out[parse_level_name(column.removesuffix("_score"))] = float(auroc_columns(values[:, None], y[:, None])[0])
     return out
 
 

@@ -2,7 +2,7 @@
 
 It is written with every shard set (HDF5 attributes and preprocess.json), saved in every
 run folder and export, and read back by pretraining, probes and `embed`, so no later
-stage repeats these constants.
+step repeats these constants.
 """
 
 from __future__ import annotations

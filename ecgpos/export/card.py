@@ -10,6 +10,8 @@ from typing import Any
 from ecgpos.errors import EcgposError
 from ecgpos.export.hub_card import DEFAULT_LICENSE, front_matter, probe_index_results
 from ecgpos.export.probe_scores import check_probe_results, read_result_rows
+from ecgpos.models.factory import arch_levels
+from ecgpos.models.nested import parse_level_name, recorded_level
 
 PAPER_TITLE = (
     "When Does Unsupervised Learning Succeed or Fail? A PoS Perspective on Reconstruction-Based Anomaly Detection"
@@ -32,14 +34,14 @@ def _describe_arch(arch: dict[str, Any]) -> str:
         return ", ".join(f"{k} {cfg[k]}" for k in keys if k in cfg)
 
     if arch.get("kind") == "nested":
-        levels = arch.get("levels") or [arch.get("stage0", {}), arch.get("stage1", {})]  # the two-level form
+        levels = arch_levels(arch)
         latent = "; ".join(f"level {i} ({one(cfg)})" for i, cfg in enumerate(levels[1:], start=1))
         return (
-            f"nested encoder of {len(levels)} levels: Stage 0 ST-MEM-style transformer ({one(levels[0])}) "
+            f"nested encoder of {len(levels)} levels: Level 0 ST-MEM-style transformer ({one(levels[0])}) "
             f"followed by latent transformers, {latent}, each trained by nested manifold carving on the "
             "frozen tokens of the levels below"
         )
-    return f"Stage 0 ST-MEM-style masked ECG transformer ({one(arch.get('encoder', {}))})"
+    return f"level 0 ST-MEM-style masked ECG transformer ({one(arch.get('encoder', {}))})"
 
 
 def _table(rows: list[dict[str, str]]) -> str:
@@ -116,12 +118,12 @@ def check_probed_encoder(folder: str | Path, weights_sha256: str, what: str) -> 
 
 def _training_lines(training: dict[str, Any]) -> list[str]:
     lines = []
-    stage = training.get("stage")
-    if stage is not None:
+    level = recorded_level(training)
+    if level is not None:
         below = (
-            f" (level {stage} on top of the frozen levels 0..{stage - 1})" if isinstance(stage, int) and stage else ""
+            f" (level {level} on top of the frozen levels 0..{level - 1})" if isinstance(level, int) and level else ""
         )
-        lines.append(f"- Stage: {stage}{below}")
+        lines.append(f"- Level: {level}{below}")
     if training.get("exported_levels") is not None:
         cut = (
             f"cut from the nest of {training['cut_from']}"
@@ -174,9 +176,11 @@ def render_card(
         else ""
     )
     decoders = config.get("decoders")
+    named = [k for k in decoders if parse_level_name(k) is not None] if isinstance(decoders, dict) else []
+    decoder_levels = ", ".join(named)
     decoders_line = (
         f"- `{decoders.get('file', 'decoders.safetensors')}`: the reconstruction decoders of levels "
-        f"{', '.join(k for k in decoders if k.startswith('stage'))}, for `ecgpos score` (sha256 in config.json).\n"
+        f"{decoder_levels}, for `ecgpos score` (sha256 in config.json).\n"
         if isinstance(decoders, dict)
         else ""
     )

@@ -2,11 +2,12 @@
 
 The clinical export is encoder-only. Reconstruction-based anomaly scores (`ecgpos score`) and the
 carving criterion need each level's decoder as well, so an export may carry them in
-`decoders.safetensors` (keys `stage<l>.*` = the per-lead decoder of level l: `stage0.*` Stage 0's,
-`stage1.*` Stage 1's, ...) with their settings under `decoders` in config.json:
+`decoders.safetensors` (keys `level<l>.*` = the per-lead decoder of level l: `level0.*` level 0's,
+`level1.*` level 1's, ...) with their settings under `decoders` in config.json:
     {"file", "sha256", "encoder_sha256", "settings_sha256",
-     "stage0": {"decoder", "mask_ratio", "norm_target"[, "push_pull"]},
-     "stage<l>": {"decoder", "mask_ratio", "norm_target", "push_pull"}, ...}
+     "level0": {"decoder", "mask_ratio", "norm_target"[, "push_pull"]},
+     "level<l>": {"decoder", "mask_ratio", "norm_target", "push_pull"}, ...}
+Exports whose entries and keys spell the levels `stage<l>` load alike.
 A level is present only when its decoder was available at export time. `sha256` binds the decoder
 weights, `encoder_sha256` the encoder weights they were trained with (config.json's weights_sha256:
 decoders copied from another run's export, entry and all, are refused), `settings_sha256` the rest of
@@ -32,11 +33,11 @@ from ecgpos.export.load import load_encoder
 from ecgpos.files import read_safetensors
 from ecgpos.models.decoder import DecoderConfig
 from ecgpos.models.factory import cut_encoder, levels_of, state_mismatch
-from ecgpos.models.nested import level_names
+from ecgpos.models.nested import level_names, parse_level_name
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 from ecgpos.objectives.level import LevelObjective
+from ecgpos.objectives.level0_mae import MaskedECGAutoencoder
 from ecgpos.objectives.push_pull import PushPullConfig
-from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
 
 DECODERS_FILE = "decoders.safetensors"
 _warned_unbound: set[str] = set()
@@ -53,7 +54,7 @@ def decoder_settings(model: LevelObjective) -> dict[str, Any]:
         "mask_ratio": model.mask_ratio,
         "norm_target": model.norm_target,
     }
-    if model.is_latent or model.push_pull.enabled:  # a Stage-0 entry without
+    if model.is_latent or model.push_pull.enabled:  # a level-0 entry without
         out["push_pull"] = dataclasses.asdict(model.push_pull)  # push-pull stays as two-level exports wrote it
     return out
 
@@ -118,7 +119,7 @@ def _load_decoder(model: nn.Module, state: Mapping[str, torch.Tensor], level: st
 
 
 def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn.Module]:
-    """The reconstruction models of an export with decoders: "stage<l>" -> MaskedECGAutoencoder (level 0)
+    """The reconstruction models of an export with decoders: "level<l>" -> MaskedECGAutoencoder (level 0)
     / LatentMaskedAutoencoder on levels 0..l-1 (level l >= 1), frozen, float32, CPU, for the levels
     whose decoder the export holds. EcgposError when the export has none."""
     folder = Path(folder)
@@ -136,15 +137,19 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
     encoder = load_encoder(folder).encoder
     levels = levels_of(encoder)
     what = str(folder / DECODERS_FILE)
-    unknown = [k for k in entry if k.startswith("stage") and k not in level_names(len(levels))]
+    named = {k: parse_level_name(k) for k in entry if parse_level_name(k) is not None}
+    unknown = [k for k, level in named.items() if level >= len(levels)]
     if unknown:
         raise EcgposError(f"{what}: decoders of {', '.join(unknown)} in an export of levels 0..{len(levels) - 1}")
     models: dict[str, LevelObjective] = {}
     try:
         for level, name in enumerate(level_names(len(levels))):
-            if name not in entry:
+            spelt = [k for k, at in named.items() if at == level]  # level<l>, or stage<l> in an older export
+            if not spelt:
                 continue
-            s = entry[name]
+            if len(spelt) > 1:
+                raise EcgposError(f"config.json: the decoders entry names level {level} twice ({', '.join(spelt)})")
+            s = entry[spelt[0]]
             push_pull = PushPullConfig(**s.get("push_pull", {}))
             decoder = DecoderConfig(**s["decoder"])
             if level == 0:
@@ -154,7 +159,7 @@ def load_decoders(folder: str | Path, config: Mapping[str, Any]) -> dict[str, nn
                 model = LatentMaskedAutoencoder(
                     base, levels[level], decoder, s["mask_ratio"], s["norm_target"], push_pull
                 )
-            models[name] = _load_decoder(model, state, name, what)
+            models[name] = _load_decoder(model, state, spelt[0], what)
     except (TypeError, KeyError) as err:
         raise EcgposError(f"config.json: malformed decoders entry ({type(err).__name__}: {err})") from None
     return models

@@ -80,7 +80,7 @@ def verify(folder: Path, device: str = "cpu") -> tuple[bool, list[str]]:
         try:
             levels = ", ".join(load_decoders(folder, config))
             if not levels:  # `score` would find no level to score
-                raise EcgposError("config.json's decoders entry names no level (stage0, stage1)")
+                raise EcgposError("config.json's decoders entry names no level (level0, level1, ...)")
             lines.append(_line(True, DECODERS_FILE, f"sha256 matches, levels {levels} loaded strictly"))
         except EcgposError as err:
             lines.append(_line(False, DECODERS_FILE, str(err)))

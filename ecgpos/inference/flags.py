@@ -1,19 +1,17 @@
-"""The preprint's two-channel flag decomposition (appendix on the latent score analysis), over L levels.
+"""The preprint's flag decomposition (appendix on the latent score analysis), over the L levels of an encoder.
 
-Each record has two scores: e_rec, the Stage-0 reconstruction error, and e_sub, the Stage-1 latent
-error. For a percentile q, t_c(q) is the q-th percentile of score c over D_fit, held-out nominal
-records used neither for training nor for evaluation. A record's channels fire when its score is
-strictly greater than the threshold: A = [e_rec > t_rec(q)], B = [e_sub > t_sub(q)]; it is flagged
-when either fires (the OR rule). One common percentile q* is chosen on D_fit so that the OR rule's
-false-positive rate there is at most the target: the smallest such q, computed exactly.
+Each record has one score per level l, its channel: level 0's reconstruction error (the appendix's
+e_rec), level 1's latent error (its e_sub), and so on. For a percentile q, t_l(q) is the q-th
+percentile of level l's score over D_fit, held-out nominal records used neither for training nor for
+evaluation. A channel fires when its score is strictly greater than its threshold; a record is flagged
+when any fires (the OR rule), and its first level is the shallowest that fired. One common percentile
+q* is chosen on D_fit so that the OR rule's false-positive rate there is at most the target: the
+smallest such q, computed exactly.
 
 Percentiles are numpy's default (linear interpolation between order statistics). The rate on D_fit
-only changes where a threshold reaches a D_fit score, and both channels have the same n_fit scores,
+only changes where a threshold reaches a D_fit score, and every channel has the same n_fit scores,
 so it is constant on each [100 k/(n-1), 100 (k+1)/(n-1)); the smallest q is therefore one of these
-points, where t_c is exactly the (k+1)-th smallest D_fit score of channel c.
-
-An encoder of L levels has L channels, one per level's score: the same OR rule over all of them, every
-threshold at the one common percentile, and per record the first (shallowest) level that fired.
+points, where t_l is exactly the (k+1)-th smallest D_fit score of channel l.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ecgpos.errors import EcgposError
+from ecgpos.models.nested import level_name
 
 
 @dataclass(frozen=True)
@@ -36,42 +35,6 @@ class Calibration:
     n_fit: int
     fit_rate: float
     target: float
-
-    @property
-    def t_rec(self) -> float:
-        """The Stage-0 threshold (the appendix's t_rec)."""
-        return self.thresholds[0]
-
-    @property
-    def t_sub(self) -> float:
-        """The Stage-1 threshold (the appendix's t_sub)."""
-        return self.thresholds[1]
-
-
-@dataclass(frozen=True)
-class Decomposition:
-    """Counts of one group of records: each channel's firings and the disjoint outcomes."""
-
-    n: int
-    a: int
-    b: int
-    a_only: int
-    b_only: int
-    neither: int
-
-    def share(self, count: int) -> float | None:
-        """count / n; None for an empty group."""
-        return count / self.n if self.n else None
-
-    @property
-    def flagged(self) -> int:
-        return self.n - self.neither
-
-    @property
-    def r_latent(self) -> float | None:
-        """Pr(not A and B) / Pr(A or B): the share of detections the Stage-0 score alone would miss;
-        None when nothing is flagged."""
-        return self.b_only / self.flagged if self.flagged else None
 
 
 def min_fit_records(target: float) -> int:
@@ -105,23 +68,9 @@ def _scores(values: Sequence[float] | np.ndarray, what: str) -> np.ndarray:
     return array
 
 
-def _pair(
-    rec: Sequence[float] | np.ndarray, sub: Sequence[float] | np.ndarray, what: str
-) -> tuple[np.ndarray, np.ndarray]:
-    e_rec, e_sub = _scores(rec, f"{what} (Stage-0 scores)"), _scores(sub, f"{what} (Stage-1 scores)")
-    if e_rec.shape != e_sub.shape:
-        raise EcgposError(f"{what}: {e_rec.size} Stage-0 but {e_sub.size} Stage-1 scores")
-    return e_rec, e_sub
-
-
-def or_rate(rec: np.ndarray, sub: np.ndarray, t_rec: float, t_sub: float) -> float:
-    """The fraction of records the two-channel OR rule flags at these thresholds (strictly greater fires)."""
-    return float(np.mean((rec > t_rec) | (sub > t_sub))) if rec.size else 0.0
-
-
 def _channels(channels: Sequence[Sequence[float] | np.ndarray], what: str) -> np.ndarray:
     """Scores (n, L), one column per level, checked: no NaN, equal lengths, at least two levels."""
-    arrays = [_scores(c, f"{what} (stage{level} scores)") for level, c in enumerate(channels)]
+    arrays = [_scores(c, f"{what} ({level_name(level)} scores)") for level, c in enumerate(channels)]
     if len(arrays) < 2:
         raise EcgposError(f"{what}: the OR rule needs the scores of at least two levels, got {len(arrays)}")
     if len({a.size for a in arrays}) != 1:
@@ -156,26 +105,10 @@ def calibrate_levels(fit: Sequence[Sequence[float] | np.ndarray], target: float 
     return Calibration(q=100.0 * lo / (n - 1), thresholds=thresholds, n_fit=n, fit_rate=rate(lo), target=target)
 
 
-def calibrate(
-    fit_rec: Sequence[float] | np.ndarray, fit_sub: Sequence[float] | np.ndarray, target: float = 0.05
-) -> Calibration:
-    """The two-level calibration of the appendix: `calibrate_levels([fit_rec, fit_sub], target)`."""
-    _pair(fit_rec, fit_sub, "D_fit")
-    return calibrate_levels([fit_rec, fit_sub], target)
-
-
 def level_flags(channels: Sequence[Sequence[float] | np.ndarray], cal: Calibration) -> np.ndarray:
     """(n, L) bool: each level's score strictly greater than its threshold."""
     scores = _channels(channels, "scores")
     return scores > np.asarray(cal.thresholds)[None, :]
-
-
-def channel_flags(
-    rec: Sequence[float] | np.ndarray, sub: Sequence[float] | np.ndarray, cal: Calibration
-) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) per record: boolean arrays, each score strictly greater than its threshold."""
-    e_rec, e_sub = _pair(rec, sub, "scores")
-    return e_rec > cal.t_rec, e_sub > cal.t_sub
 
 
 def first_fired(flags: np.ndarray) -> np.ndarray:
@@ -198,8 +131,8 @@ class FirstLevel:
 
     @property
     def deeper(self) -> float | None:
-        """The share of flagged records first flagged below level 0: those the Stage-0 score alone would
-        miss (r_latent with two levels); None when nothing is flagged."""
+        """The share of flagged records first flagged below level 0: those the level-0 score alone would
+        miss (the appendix's r_latent with two levels); None when nothing is flagged."""
         flagged = self.n - self.neither
         return sum(self.first[1:]) / flagged if flagged else None
 
@@ -214,17 +147,4 @@ def decompose_levels(flags: np.ndarray) -> FirstLevel:
         fired=tuple(int(v) for v in flags.sum(axis=0)),
         first=tuple(int((first == level).sum()) for level in range(depth)),
         neither=int((first == -1).sum()),
-    )
-
-
-def decompose(a: np.ndarray, b: np.ndarray) -> Decomposition:
-    """The counts of one group's channel flags (A, B boolean arrays of equal length)."""
-    a, b = np.asarray(a, dtype=bool), np.asarray(b, dtype=bool)
-    return Decomposition(
-        n=int(a.size),
-        a=int(a.sum()),
-        b=int(b.sum()),
-        a_only=int((a & ~b).sum()),
-        b_only=int((~a & b).sum()),
-        neither=int((~a & ~b).sum()),
     )

@@ -32,20 +32,20 @@ def _freeze(module: nn.Module) -> nn.Module:
 
 def load_run_encoder(run_dir: str | Path) -> ExportedEncoder:
     """Encoder of a run's newest complete checkpoint: STMEMEncoder (level 0) or NestedEncoder (levels 0..N)."""
-    from ecgpos.runs.stages import trainable_encoder
+    from ecgpos.runs.levels import trainable_encoder
 
     model, cfg, checkpoint, info = load_run_model(run_dir)
     module = _freeze(trainable_encoder(model))
     step = read_trainer_state(checkpoint)["step"]
     details = {
-        "stage": cfg.stage,
+        "level": cfg.level,
         "step": step,
         "checkpoint": str(checkpoint),
         "run_dir": str(Path(run_dir)),
         "steps": cfg.optim.steps,
         "finished": bool(info.get("finished", False)) and step >= cfg.optim.steps,
     }
-    if cfg.stage >= 1:
+    if cfg.level >= 1:
         details["base"] = base_source(info)
     return ExportedEncoder(module, cfg.preprocess, source=str(Path(run_dir)), info=details)
 
@@ -66,16 +66,16 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> ExportedEncoder:
     """Randomly initialised encoder of a run config (the random-init baseline).
 
     A level-0 config gives an STMEMEncoder; a level-N config a NestedEncoder of N + 1 levels, each at
-    its own configured size: level 0 from the `stage0.yaml` beside the config (configs/stage0.yaml
-    for configs/stage1.yaml) when it has the same width and token layout, else from the config's
+    its own configured size: Level 0 from the `level0.yaml` beside the config (configs/level0.yaml
+    for configs/level1.yaml) when it has the same width and token layout, else from the config's
     encoder section; levels 1..N from the config's encoder section.
     """
     cfg = load_run_config(config_path)
     encoder = dataclasses.asdict(cfg.encoder)
     arch = (
-        {"kind": "stage0", "encoder": encoder}
-        if cfg.stage == 0
-        else {"kind": "nested", "levels": [level0_config(config_path, cfg), *[encoder] * cfg.stage]}
+        {"kind": "level0", "encoder": encoder}
+        if cfg.level == 0
+        else {"kind": "nested", "levels": [level0_config(config_path, cfg), *[encoder] * cfg.level]}
     )
     module = random_init(arch, seed)
     return ExportedEncoder(
@@ -83,18 +83,18 @@ def random_encoder(config_path: str | Path, seed: int = 0) -> ExportedEncoder:
         cfg.preprocess,
         arch,
         source=f"random:{config_path}",
-        info={"stage": cfg.stage, "seed": seed, "random_init": True, "encoder": encoder},
+        info={"level": cfg.level, "seed": seed, "random_init": True, "encoder": encoder},
     )
 
 
 def level0_config(config_path: str | Path, cfg: RunConfig) -> dict:
-    """Level 0 of a latent config's random baseline: the encoder of the `stage0.yaml` beside it when
+    """Level 0 of a latent config's random baseline: the encoder of the `level0.yaml` beside it when
     that is a level-0 config of the same width and token layout, else the latent encoder section."""
-    sibling = config_path_of(config_path).parent / "stage0.yaml"
+    sibling = config_path_of(config_path).parent / "level0.yaml"
     if sibling.is_file():
-        stage0 = load_run_config(sibling)
-        if stage0.stage == 0 and all(getattr(stage0.encoder, k) == getattr(cfg.encoder, k) for k in SHARED_LAYOUT):
-            return dataclasses.asdict(stage0.encoder)
+        level0 = load_run_config(sibling)
+        if level0.level == 0 and all(getattr(level0.encoder, k) == getattr(cfg.encoder, k) for k in SHARED_LAYOUT):
+            return dataclasses.asdict(level0.encoder)
     return dataclasses.asdict(cfg.encoder)
 
 

@@ -1,11 +1,11 @@
 """Reconstruction-based anomaly scores per record and per level (the preprint's use of these models).
 
-Stage 0: mean masked-patch reconstruction error in the Stage-0 loss's target space (per-patch
-normalised signal patches when norm_target). Stage 1: the same for the Stage-0 latent tokens through
-the Stage-1 decoder. Each is averaged over `masks` fixed masks (mask m is drawn from seed m, the same
+Level 0: mean masked-patch reconstruction error in the level-0 loss's target space (per-patch
+normalised signal patches when norm_target). Level 1: the same for the level-0 latent tokens through
+the level-1 decoder. Each is averaged over `masks` fixed masks (mask m is drawn from seed m, the same
 for every record and batch) and over the record's windows, so a record always gets the same score.
-The preprint's Stage-1 score is instead the input-space error of the complete reconstruction, decoded
-back through the Stage-0 decoder; the Stage-1 score here is the counterpart of its latent error e_sub,
+The preprint's Stage-1 score (our level 1) is instead the input-space error of the complete reconstruction, decoded
+back through the level-0 decoder; the level-1 score here is the counterpart of its latent error e_sub,
 on masked tokens as in the loss.
 
 With two levels or more, `flags_by_label` applies the appendix's OR rule over every level's channel
@@ -31,18 +31,16 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
 from ecgpos.inference.flags import (
     Calibration,
-    Decomposition,
     FirstLevel,
     calibrate_levels,
     check_fit_size,
-    decompose,
     decompose_levels,
     level_flags,
 )
 from ecgpos.inference.inputs import Source, finite_outputs, source_windows
 from ecgpos.models.features import record_means
 from ecgpos.models.masking import expand_masking, score_maskings
-from ecgpos.models.nested import level_name, level_names
+from ecgpos.models.nested import level_name, level_names, parse_level_name
 
 # Every mask is built up front and run on every window: far more than the default 8 only multiplies the
 # work (a huge count exhausted memory in a traceback).
@@ -62,7 +60,7 @@ class ReconModels:
 
 def _level_below(info: dict, level: int) -> tuple[dict[str, nn.Module], dict | None, str | None]:
     """The objectives of levels 0..level-1 reachable from a level-`level` run's base (run_info `info`):
-    ({"stage<l>": model}, the base run's info to walk on from or None, why the walk stops or None)."""
+    ({"level<l>": model}, the base run's info to walk on from or None, why the walk stops or None)."""
     from ecgpos.export.decoders import load_decoders
     from ecgpos.export.format import is_export_dir, weights_hash
     from ecgpos.export.load import read_export_config
@@ -91,7 +89,7 @@ def _level_below(info: dict, level: int) -> tuple[dict[str, nn.Module], dict | N
     else:
         return {}, None, f"{below} scores unavailable: {path} is neither a run nor an export folder"
     for name, model in models.items():
-        want = chain.get(int(name.removeprefix("stage")))
+        want = chain.get(parse_level_name(name))
         if want and weights_hash(model.encoder) != want:
             return (
                 {},
@@ -125,16 +123,16 @@ def load_recon_models(path: str | Path) -> ReconModels:
             notes.append(f"{', '.join(missing)} scores unavailable: the export carries no decoder for them")
     elif is_run_dir(path):
         model, cfg, _, info = load_run_model(path)
-        spec, depth = cfg.preprocess, cfg.stage + 1
-        levels = {level_name(cfg.stage): model}
-        level = cfg.stage
+        spec, depth = cfg.preprocess, cfg.level + 1
+        levels = {level_name(cfg.level): model}
+        level = cfg.level
         while level > 0 and info is not None:  # walk down the chain of bases
             found, info, note = _level_below(info, level)
             if note:
                 notes.append(note)
                 break
             levels.update(found)
-            level = min(int(k.removeprefix("stage")) for k in levels)
+            level = min(parse_level_name(k) for k in levels)
     else:
         raise EcgposError(f"{path} is neither a training run folder nor an export folder")
     for model in levels.values():
@@ -244,23 +242,13 @@ def auroc_by_level(
 @dataclass
 class FlagReport:
     """The OR rule over every level, calibrated on D_fit and applied to every scored record (rows in the
-    order of the ids). Two levels also keep the appendix's A/B decomposition (`groups`, `a`, `b`)."""
+    order of the ids)."""
 
     calibration: Calibration
     levels: list[str]
     flags: np.ndarray  # (n, L) bool: level l's channel fired
     first: dict[str, FirstLevel]  # per nominal label, then per anomalous label: the first level that fired
     nominal_first: FirstLevel  # the nominal evaluation records together: their false-positive rate
-    groups: dict[str, Decomposition] = field(default_factory=dict)  # two levels only
-    nominal: Decomposition | None = None  # two levels only
-
-    @property
-    def a(self) -> np.ndarray:
-        return self.flags[:, 0]
-
-    @property
-    def b(self) -> np.ndarray:
-        return self.flags[:, 1]
 
 
 def flags_by_label(
@@ -278,8 +266,8 @@ def flags_by_label(
     levels = level_names(len(scores))
     if list(scores) != levels or len(levels) < 2:
         raise EcgposError(
-            f"the flag decomposition needs the scores of every level of a nested encoder (at least both levels "
-            f"stage0, stage1), not {', '.join(scores) or 'none'}"
+            f"the flag decomposition needs the scores of every level of a nested encoder (at least levels "
+            f"level0, level1), not {', '.join(scores) or 'none'}"
         )
     values = [np.asarray(scores[level], dtype=np.float64) for level in levels]
     for level, column in zip(levels, values):
@@ -300,14 +288,10 @@ def flags_by_label(
     flags = level_flags(values, cal)
     labelled = [*nominal, *anomalous]
     is_nominal = rows(nominal)
-    report = FlagReport(
+    return FlagReport(
         cal,
         levels,
         flags,
         {label: decompose_levels(flags[rows([label])]) for label in labelled},
         decompose_levels(flags[is_nominal]),
     )
-    if len(levels) == 2:
-        report.groups = {label: decompose(*flags[rows([label])].T) for label in labelled}
-        report.nominal = decompose(*flags[is_nominal].T)
-    return report

@@ -1,7 +1,7 @@
-"""The per-lead transformer decoder shared by both stages.
+"""The per-lead transformer decoder shared by every level.
 
 Each lead's N + 2 tokens (SEP, patches, SEP) are decoded on their own, with the blocks' weights
-shared across leads; Stage 0 decodes to signal patches (P values), Stage 1 to latent tokens (W).
+shared across leads; level 0 decodes to signal patches (P values), level 1 to latent tokens (W).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ecgpos.models.st_mem import check_transformer_config, init_weights, sincos_
 
 @dataclass
 class DecoderConfig:
-    """Per-lead decoder of both stages: 4 blocks in the paper; 256 wide with 4 heads as in ST-MEM."""
+    """Per-lead decoder of every level: 4 blocks in the paper; 256 wide with 4 heads as in ST-MEM."""
 
     width: int = 256
     depth: int = 4

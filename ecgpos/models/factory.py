@@ -1,10 +1,10 @@
 """Build encoders from JSON-able architecture dicts and load weights strictly (export, runs, probes).
 
 arch formats:
-    {"kind": "stage0", "encoder": {EncoderConfig fields}}                  -> STMEMEncoder (one level)
+    {"kind": "level0", "encoder": {EncoderConfig fields}}                  -> STMEMEncoder (one level)
     {"kind": "nested", "levels": [{EncoderConfig}, {EncoderConfig}, ...]}  -> NestedEncoder (>= 2 levels)
-The two-level form written by earlier versions, {"kind": "nested", "stage0": {...}, "stage1": {...}},
-is read as levels [stage0, stage1]. `encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
+The two-level form {"kind": "nested", "stage0": {...}, "stage1": {...}} is read as those two levels,
+and kind "stage0" as "level0" (`OTHER_KINDS`). `encoder_arch(module)` is the inverse of `module_from_arch(arch)`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,11 @@ from ecgpos.models.nested import levels_of as levels_of
 from ecgpos.models.nested import nested_of as nested_of
 from ecgpos.models.st_mem import EncoderConfig, STMEMEncoder
 
-ENCODER_KINDS = ("stage0", "stage1")
-ARCH_KINDS = ("stage0", "nested")
+ENCODER_KINDS = ("level0", "latent")
+ARCH_KINDS = ("level0", "nested")
+# Other spellings of the kinds, read as the kind: level 0's, and a latent level's (any level >= 1)
+OTHER_KINDS = {"stage0": "level0", "stage1": "latent"}
+TWO_LEVEL_KEYS = ("stage0", "stage1")  # the levels of a two-level nested arch, without a levels list
 
 
 def encoder_config(cfg: EncoderConfig | Mapping[str, Any]) -> EncoderConfig:
@@ -40,18 +43,19 @@ def encoder_config(cfg: EncoderConfig | Mapping[str, Any]) -> EncoderConfig:
 
 
 def build_encoder(kind: str, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
-    """Freshly initialised encoder: kind 'stage0' -> STMEMEncoder (level 0), 'stage1' -> LatentEncoder
+    """Freshly initialised encoder: kind 'level0' -> STMEMEncoder (level 0), 'latent' -> LatentEncoder
     (any level >= 1)."""
-    if kind == "stage0":
+    kind = OTHER_KINDS.get(kind, kind)
+    if kind == "level0":
         return STMEMEncoder(encoder_config(cfg))
-    if kind == "stage1":
+    if kind == "latent":
         return LatentEncoder(encoder_config(cfg))
     raise ConfigError(f"unknown encoder kind {kind!r} (expected one of {', '.join(ENCODER_KINDS)})")
 
 
 def build_level(level: int, cfg: EncoderConfig | Mapping[str, Any]) -> STMEMEncoder | LatentEncoder:
     """Freshly initialised encoder of one level: an STMEMEncoder at level 0, a LatentEncoder above."""
-    return build_encoder("stage0" if level == 0 else "stage1", cfg)
+    return build_encoder("level0" if level == 0 else "latent", cfg)
 
 
 def build_nested(levels: Sequence[EncoderConfig | Mapping[str, Any]]) -> STMEMEncoder | NestedEncoder:
@@ -67,7 +71,7 @@ def depth_of(module: nn.Module) -> int:
 def encoder_arch(module: nn.Module) -> dict[str, Any]:
     """JSON-able arch dict of an STMEMEncoder or NestedEncoder (inverse of module_from_arch)."""
     if isinstance(module, STMEMEncoder):
-        return {"kind": "stage0", "encoder": dataclasses.asdict(module.cfg)}
+        return {"kind": "level0", "encoder": dataclasses.asdict(module.cfg)}
     if isinstance(module, NestedEncoder):
         return {"kind": "nested", "levels": [dataclasses.asdict(m.cfg) for m in module.levels]}
     raise EcgposError(f"no encoder arch for {type(module).__name__} (expected STMEMEncoder or NestedEncoder)")
@@ -76,22 +80,23 @@ def encoder_arch(module: nn.Module) -> dict[str, Any]:
 def arch_levels(arch: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The level configs an arch describes, level 0 first (the two-level form too); EcgposError
     (one line) for a malformed arch."""
-    if not isinstance(arch, Mapping) or arch.get("kind") not in ARCH_KINDS:
-        kind = arch.get("kind") if isinstance(arch, Mapping) else None
+    kind = arch.get("kind") if isinstance(arch, Mapping) else None
+    kind = OTHER_KINDS.get(kind, kind) if isinstance(kind, str) else kind
+    if kind not in ARCH_KINDS:
         raise EcgposError(f"unknown encoder arch kind {kind!r} (expected one of {', '.join(ARCH_KINDS)})")
-    if arch["kind"] == "stage0":
+    if kind == "level0":
         if "encoder" not in arch:
-            raise EcgposError("encoder arch of kind 'stage0' lacks encoder")
+            raise EcgposError("encoder arch of kind 'level0' lacks encoder")
         return [arch["encoder"]]
     if "levels" in arch:
         levels = arch["levels"]
         if not isinstance(levels, list) or len(levels) < 2:
             raise EcgposError("encoder arch of kind 'nested' needs levels: a list of at least two encoder configs")
         return list(levels)
-    missing = [k for k in ("stage0", "stage1") if k not in arch]
+    missing = [k for k in TWO_LEVEL_KEYS if k not in arch]
     if missing:
         raise EcgposError(f"encoder arch of kind 'nested' lacks levels (or {', '.join(missing)})")
-    return [arch["stage0"], arch["stage1"]]
+    return [arch[k] for k in TWO_LEVEL_KEYS]
 
 
 def arch_depth(arch: Mapping[str, Any]) -> int:

@@ -1,4 +1,4 @@
-"""Stage-1 encoder: the same transformer as Stage 0's, over frozen Stage-0 tokens instead of signal patches."""
+"""Level-1 encoder: the same transformer as level 0's, over frozen level-0 tokens instead of signal patches."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from ecgpos.models.st_mem import EncoderConfig, TokenEncoder
 
 
 class LatentEncoder(TokenEncoder):
-    """Stage-1 encoder over Stage-0 tokens (B, L * (N + 2), W) -> same interface as STMEMEncoder:
+    """Level-1 encoder over level-0 tokens (B, L * (N + 2), W) -> same interface as STMEMEncoder:
     forward_tokens(tokens) -> (B, L * (N + 2), W), forward_features(tokens) -> (B, W),
     forward_masked(tokens, mask_ratio, generator) -> (latent (B, L, K+2, W), mask, ids_restore).
 
     Token embedding (shared by all tokens) LayerNorm(W) -> Linear(W, W) -> LayerNorm(W), the
-    counterpart of Stage 0's patch embedding; then the same sin-cos position embedding on patch
+    counterpart of level 0's patch embedding; then the same sin-cos position embedding on patch
     tokens and a learnable lead embedding on every token. cfg.seq_len / cfg.patch_size only fix N.
     """
 
@@ -30,7 +30,7 @@ class LatentEncoder(TokenEncoder):
         """Raise EcgposError unless tokens are (B, L * (N + 2), W); only static dims are checked."""
         expected = self.num_leads * self.tokens_per_lead
         if tokens.ndim != 3 or tokens.shape[1] != expected or tokens.shape[2] != self.width:
-            raise EcgposError(f"expected Stage-0 tokens (B, {expected}, {self.width}), got {tuple(tokens.shape)}")
+            raise EcgposError(f"expected level-0 tokens (B, {expected}, {self.width}), got {tuple(tokens.shape)}")
 
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens (B, L*(N+2), W) -> patch tokens (B, L, N, W), SEP tokens (B, L, 2, W)."""

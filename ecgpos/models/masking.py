@@ -1,4 +1,4 @@
-"""Per-lead random masking shared by Stage 0 (signal patches) and Stage 1 (latent patch tokens).
+"""Per-lead random masking shared by level 0 (signal patches) and level 1 (latent patch tokens).
 
 Every lead is masked independently: each keeps exactly `num_kept(N, mask_ratio)` of its N patch
 tokens (7 of 30 at mask_ratio 0.75, the same integer rule ST-MEM uses), so every lead contributes

@@ -12,6 +12,7 @@ load as levels 0 and 1 (`legacy_state`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -26,9 +27,24 @@ SHARED_LAYOUT = ("width", "num_leads", "seq_len", "patch_size")
 LEGACY_PREFIXES = {"stage0.": "levels.0.", "stage1.": "levels.1."}
 
 
+# A level's name is "level<l>"; "stage<l>" is its other spelling in runs, exports and score tables written with it.
+LEVEL_NAME = re.compile(r"(?:level|stage)([0-9]+)")
+
+
 def level_name(level: int) -> str:
-    """The name of a level in score columns, decoder keys and reports: 'stage0', 'stage1', ..."""
-    return f"stage{int(level)}"
+    """The name of a level in score columns, decoder keys and reports: 'level0', 'level1', ..."""
+    return f"level{int(level)}"
+
+
+def parse_level_name(name: str) -> int | None:
+    """The level a name such as 'level2' (or its other spelling 'stage2') names; None for any other text."""
+    match = LEVEL_NAME.fullmatch(name)
+    return int(match[1]) if match else None
+
+
+def recorded_level(record: Mapping[str, object]) -> object:
+    """The "level" of a run_info.json, training summary or checkpoint state (its other spelling "stage" too)."""
+    return record.get("level", record.get("stage"))
 
 
 def level_names(depth: int) -> list[str]:
@@ -36,7 +52,7 @@ def level_names(depth: int) -> list[str]:
     return [level_name(level) for level in range(int(depth))]
 
 
-def check_stages_fit(below: EncoderConfig, above: EncoderConfig, what: str = "the Stage-0 encoder") -> None:
+def check_levels_fit(below: EncoderConfig, above: EncoderConfig, what: str = "the level-0 encoder") -> None:
     """ConfigError (one line) unless a latent encoder config `above` can read the tokens of `below`."""
     for name in SHARED_LAYOUT:
         if getattr(below, name) != getattr(above, name):
@@ -67,7 +83,7 @@ class NestedEncoder(nn.Module):
         if not isinstance(levels[0], STMEMEncoder) or not all(isinstance(m, LatentEncoder) for m in levels[1:]):
             raise ConfigError("a nested encoder is an STMEMEncoder followed by LatentEncoders")
         for level in range(1, len(levels)):
-            check_stages_fit(levels[level - 1].cfg, levels[level].cfg, f"level {level - 1}")
+            check_levels_fit(levels[level - 1].cfg, levels[level].cfg, f"level {level - 1}")
         self.levels = nn.ModuleList(levels)
         top = levels[-1]
         self.cfg = top.cfg
@@ -102,7 +118,7 @@ class NestedEncoder(nn.Module):
         return tokens
 
     def forward_features(self, x: torch.Tensor, level: int | None = None) -> torch.Tensor:
-        """x (B, L, T) -> (B, W) features of `level`, pooled as the Stage-0 encoder pools."""
+        """x (B, L, T) -> (B, W) features of `level`, pooled as the level-0 encoder pools."""
         level = self.check_level(level)
         if level == 0:
             return self.levels[0].forward_features(x)

@@ -1,6 +1,6 @@
-"""Stage 0 encoder: an ST-MEM-style transformer over 12-lead ECG patches (Na et al., ICLR 2024).
+"""Level 0 encoder: an ST-MEM-style transformer over 12-lead ECG patches (Na et al., ICLR 2024).
 
-Token layout (the interface Stage 1, probes and export build on):
+Token layout (the interface level 1, probes and export build on):
     input x (B, L=12, T=2250) -> patches (B, L, N=30, P=75)
     per lead: [SEP, patch_1 .. patch_N, SEP]      -> N + 2 = 32 tokens per lead
     sequence: lead-major, lead 0's 32 tokens, then lead 1's ... -> (B, L * 32, width)
@@ -11,8 +11,8 @@ SEP tokens = one learnable SEP vector + the lead embedding (zero position embedd
 All L * (N + 2) tokens attend to each other jointly (timm Blocks, which use
 F.scaled_dot_product_attention).
 
-`TokenEncoder` holds everything except the input embedding, so the Stage-1 `LatentEncoder`
-(latent_encoder.py) is a network "of the same form" over Stage-0 tokens instead of raw patches.
+`TokenEncoder` holds everything except the input embedding, so the level-1 `LatentEncoder`
+(latent_encoder.py) is a network "of the same form" over level-0 tokens instead of raw patches.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def check_transformer_config(cfg: Any, section: str, extra_positive: tuple[str, 
 
 @dataclass
 class EncoderConfig:
-    """Encoder hyper-parameters; paper Stage 0: depth 6 (ST-MEM: 12); width 768, 12 heads, patch 75 and
-    MLP ratio 4 are ST-MEM's base model, which the paper follows without restating them."""
+    """Encoder hyper-parameters; level 0, the paper's Stage 0: depth 6 (ST-MEM: 12); width 768, 12 heads,
+    patch 75 and MLP ratio 4 are ST-MEM's base model, which the paper follows without restating them."""
 
     num_leads: int = 12
     seq_len: int = 2250

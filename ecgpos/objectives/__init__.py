@@ -1,16 +1,16 @@
 """What pretraining minimises, each objective wrapped around an encoder from ecgpos.models.
 
 LevelObjective (level.py): the declared interface of one level's objective, which both below fill in.
-MaskedECGAutoencoder (Stage 0): masked reconstruction of signal patches.
-LatentMaskedAutoencoder (Stage 1): masked reconstruction of frozen Stage-0 tokens, optionally with
+MaskedECGAutoencoder (level 0): masked reconstruction of signal patches.
+LatentMaskedAutoencoder (level l >= 1): masked reconstruction of the frozen levels' tokens, optionally with
 Dynamic Push and Pull (push_pull.py). Each returns a dict with "loss" (what is minimised) and "log"
 (the scalar terms the trainer records in metrics.jsonl), so a new term is a one-file change.
 """
 
 from ecgpos.objectives.latent_mae import LatentMaskedAutoencoder
 from ecgpos.objectives.level import LevelObjective
+from ecgpos.objectives.level0_mae import MaskedECGAutoencoder, masked_mse, normalise_tokens
 from ecgpos.objectives.push_pull import PushPullConfig, perturb, push_pull_loss
-from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder, masked_mse, normalise_tokens
 
 __all__ = [
     "LatentMaskedAutoencoder",

@@ -16,7 +16,7 @@ trainer's `val_push_violation`, `ecgpos geometry` and `ecgpos carve` all call `r
   many processes share the records.
 - P_l is the level's unmasked reconstruction map: its encoder with every token visible, then its
   decoder (the map a push term of that level trains). At level 0, x~ goes back to signal form
-  (unpatchify) and through the Stage-0 encoder and decoder; the SEP outputs of a latent level stay
+  (unpatchify) and through the level-0 encoder and decoder; the SEP outputs of a latent level stay
   unperturbed (latent_mae.py says why).
 - A record's value is the mean over its windows; the criterion is the mean over records (each
   record weighs the same).

@@ -1,28 +1,28 @@
 """Level l >= 1 (nested manifold carving): a masked autoencoder of the same form on the frozen tokens
-of levels 0..l-1 (the base: Stage 0 alone for Stage 1, a nested encoder above).
+of levels 0..l-1 (the base: Level 0 alone for level 1, a nested encoder above).
 
 The frozen base maps x (B, 12, 2250) to latent tokens (B, 12 * 32, W). Level l treats
-them like Stage 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
+them like level 0 treats signal patches: per lead, its 30 latent patch tokens are masked at random
 (keep int(30 * (1 - mask_ratio))), the two SEP outputs of the lead are always kept and
 serve as that lead's SEP tokens, a LatentEncoder (same blocks/embeddings as STMEMEncoder, W wide)
 encodes the visible tokens, and the per-lead decoder reconstructs the masked latent tokens
-(MSE on masked tokens; targets optionally normalised per token). "Stage 0" / "Stage 1" below read
+(MSE on masked tokens; targets optionally normalised per token). "level 0" / "level 1" below read
 as "the base" / "this level" for any l.
 
-Three stages, as in MAE (the members of `LevelObjective`, level.py), on the base's tokens
+Three named steps, as in MAE (the members of `LevelObjective`, level.py), on the base's tokens
 tokens = level_inputs(x) (B, L * (N + 2), W):
     forward_encoder(tokens, noise)        -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
     forward_decoder(latent, ids_restore)  -> pred (B, L, N, W)
     forward_loss(tokens, pred, mask)      -> loss (scalar), target (B, L, N, W)
 
-Optional Dynamic Push and Pull on the latent level (push_pull.py): x = Stage-0 patch tokens,
-x~ = perturb(x), x^ = P(x~) with P the unmasked Stage-1 encoder + decoder;
-loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |Stage-1 latent|).
-P reads the lead's two Stage-0 SEP outputs beside the patch tokens but reconstructs only the patch
+Optional Dynamic Push and Pull on the latent level (push_pull.py): x = level-0 patch tokens,
+x~ = perturb(x), x^ = P(x~) with P the unmasked level-1 encoder + decoder;
+loss = recon + lambda_pp * L_PP (+ lambda_sp * mean |level-1 latent|).
+P reads the lead's two level-0 SEP outputs beside the patch tokens but reconstructs only the patch
 tokens, so x, and hence e, are the patch tokens alone: the SEP outputs go into P unperturbed, and
 delta = d(x~, x) is the whole perturbation P sees, as the paper's delta_e = d(s~, s) requires.
 The paper leaves the sparsity penalty Omega_sp open; here it is the mean |value| of the visible
-Stage-1 latent patch tokens of the masked pass.
+Level-1 latent patch tokens of the masked pass.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ from torch import nn
 from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
 from ecgpos.models.latent_encoder import LatentEncoder
 from ecgpos.models.masking import check_mask_ratio
-from ecgpos.models.nested import NestedEncoder, check_stages_fit, nested_of
+from ecgpos.models.nested import NestedEncoder, check_levels_fit, nested_of
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.push_pull import PushPullConfig, push_pull_loss
 
 
 class LatentMaskedAutoencoder(LevelObjective):
-    """Stage-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
+    """level-1 objective: raw x (B, 12, 2250) -> dict(loss, log, pred, target, mask);
     log = {recon_loss [, pp_loss, push_active] [, sp_loss]} (scalars the trainer records),
     pred/target (B, 12, 30, W), mask (B, 12, 30) bool.
 
@@ -62,7 +62,7 @@ class LatentMaskedAutoencoder(LevelObjective):
         push_pull: PushPullConfig | None = None,
     ) -> None:
         super().__init__()
-        check_stages_fit(base.cfg, encoder.cfg, "the base encoder")
+        check_levels_fit(base.cfg, encoder.cfg, "the base encoder")
         check_mask_ratio(mask_ratio, encoder.num_patches)
         self.base = base
         self.base.requires_grad_(False)
@@ -74,7 +74,7 @@ class LatentMaskedAutoencoder(LevelObjective):
         self.norm_target = bool(norm_target)
         self.push_pull = push_pull if push_pull is not None else PushPullConfig()
         self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.width)
-        self._register_load_state_dict_pre_hook(_rename_stage0_to_base, with_module=True)
+        self._register_load_state_dict_pre_hook(_two_level_base_names, with_module=True)
 
     def train(self, mode: bool = True) -> LatentMaskedAutoencoder:
         """Switch this level to train/eval; the base always stays in eval mode (frozen)."""
@@ -131,7 +131,7 @@ class LatentMaskedAutoencoder(LevelObjective):
             loss = loss + pp.lambda_pp * pp_loss
             log["pp_loss"], log["push_active"] = pp_loss, active
         if pp.lambda_sp > 0:
-            sp_loss = latent[:, :, 1:-1].float().abs().mean()  # L1 on visible Stage-1 latent tokens
+            sp_loss = latent[:, :, 1:-1].float().abs().mean()  # L1 on visible level-1 latent tokens
             loss = loss + pp.lambda_sp * sp_loss
             log["sp_loss"] = sp_loss
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
@@ -142,7 +142,7 @@ class LatentMaskedAutoencoder(LevelObjective):
         return nested_of([*below, self.encoder])
 
 
-def _rename_stage0_to_base(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
+def _two_level_base_names(module: nn.Module, state: dict, prefix: str, *args: object) -> None:
     """load_state_dict pre-hook: a two-level run's "stage0.*" weights are the base's."""
     for key in [k for k in state if k.startswith(prefix + "stage0.")]:
         state[prefix + "base." + key[len(prefix + "stage0.") :]] = state.pop(key)

@@ -24,12 +24,12 @@ PERTURBATIONS = ("gaussian", "mask")
 
 @dataclass
 class PushPullConfig:
-    """Stage-1 push-pull options (off by default).
+    """Level-1 push-pull options (off by default).
 
     perturbation 'gaussian': e ~ N(0, (scale * std_j)^2) per latent dimension j, std_j measured on
-    the batch; 'mask': each token is zeroed with probability `scale`. Stage 1 perturbs the latent
+    the batch; 'mask': each token is zeroed with probability `scale`. Level 1 perturbs the latent
     patch tokens only (LatentMaskedAutoencoder.perturb_patches).
-    lambda_sp weights an L1 sparsity penalty on the Stage-1 latent (0 = off).
+    lambda_sp weights an L1 sparsity penalty on the level-1 latent (0 = off).
     lambda_pp defaults to 1e-3 because d is a per-sample Euclidean distance over all 360 x width
     latent values (about sqrt(360 * width) times a per-value error), while the reconstruction loss
     is a per-value mean: at width 768 a weight of 1e-3 puts both terms on a similar scale.

@@ -38,6 +38,8 @@ def level_config_name(args: argparse.Namespace, level: int) -> str:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Numbers that would switch a stop rule off, and options that only mean something beside another."""
+    if args.level_prefix != "level" and args.decide is None:
+        raise EcgposError(f"--level-prefix {args.level_prefix} reads finished runs: give it with --decide LEVEL")
     for flag, value in (("--stop-below", args.stop_below), ("--min-drop", args.min_drop)):
         if not math.isfinite(value):
             raise EcgposError(f"{flag} must be a finite number, got {value}: {value} would switch its stop rule off")
@@ -85,7 +87,7 @@ def level_configs(args: argparse.Namespace, levels: int) -> list[Any]:
     for level in range(levels):
         flag = "--config" if level == 0 else "--latent-config"
         try:
-            configs.append(load_run_config(level_config_name(args, level), level_overrides(args, level), stage=level))
+            configs.append(load_run_config(level_config_name(args, level), level_overrides(args, level), level=level))
         except ConfigError as err:
             raise ConfigError(f"{flag} {level_config_name(args, level)} cannot train level {level}: {err}") from None
     return configs

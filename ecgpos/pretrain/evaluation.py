@@ -66,11 +66,11 @@ def training_figures(
     objective.train()
     folder = run_dir / FIGURES_DIR
     title = f"step {step}: loss {float(out['loss']):.4f} on {figure_set.index.record_id[0]}"
-    if cfg.stage == 0:
+    if cfg.level == 0:
         tensors = {"recon": objective.to_signal_units(x, out["pred"])[0].float()}
     else:
         tensors = {"target": out["target"][0].float(), "pred": out["pred"][0].float()}
     arrays = {"mask": out["mask"][0].cpu().numpy(), **{k: v.cpu().numpy() for k, v in tensors.items()}}
     x_np = x[0].float().cpu().numpy()
-    plot_training_step(cfg.stage, x_np, arrays, folder, step, cfg.preprocess.fs, title)
-    plot_training_curves(metrics_path, folder / "curves.png", f"{run_dir.name} (stage {cfg.stage})")
+    plot_training_step(cfg.level, x_np, arrays, folder, step, cfg.preprocess.fs, title)
+    plot_training_curves(metrics_path, folder / "curves.png", f"{run_dir.name} (level {cfg.level})")

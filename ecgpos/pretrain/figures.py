@@ -43,7 +43,7 @@ def plot_reconstruction(
     """12-lead ECG: input (black), masked patches shaded, reconstruction of the masked patches (red).
 
     x (12, T) input window; recon (12, N, P) reconstruction in the input's units (None: only the
-    mask is drawn, e.g. Stage-1 token positions); mask (12, N) bool, True = masked. T = N * P.
+    mask is drawn, e.g. Level-1 token positions); mask (12, N) bool, True = masked. T = N * P.
     """
     plt = _plt()
     leads_n, t = x.shape
@@ -81,7 +81,7 @@ def plot_latent_reconstruction(
     lead: int = 1,
     leads: Sequence[str] = CANONICAL_LEADS,
 ) -> Path:
-    """Stage 1: the Stage-0 input with masked latent-token positions shaded, and for one lead the
+    """Level 1: the level-0 input with masked latent-token positions shaded, and for one lead the
     target and reconstructed latent tokens as heatmaps (token position x channel).
 
     x (12, T) input window; target, pred (12, N, W) latent tokens (normalised units when
@@ -113,25 +113,25 @@ def plot_latent_reconstruction(
         ax.set_xlabel("token position")
         ax.set_ylabel("channel")
         fig.colorbar(image, ax=ax, fraction=0.03)
-    fig.suptitle(title or "Stage 1: masked latent tokens (grey = masked positions)", fontsize=9)
+    fig.suptitle(title or "level 1: masked latent tokens (grey = masked positions)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path)
 
 
 def plot_training_step(
-    stage: int, x: np.ndarray, arrays: dict[str, np.ndarray], folder: Path, step: int, fs: float, title: str
+    level: int, x: np.ndarray, arrays: dict[str, np.ndarray], folder: Path, step: int, fs: float, title: str
 ) -> Path:
     """The reconstruction figure of one training step, `folder/{recon,latent}-step-NNNNNNN.png`.
 
-    x (12, T) input window; arrays["mask"] (12, N) bool; Stage 0 also arrays["recon"] (12, N, P) in
-    the input's units, Stage 1 arrays["target"] and arrays["pred"] (12, N, W) latent tokens.
+    x (12, T) input window; arrays["mask"] (12, N) bool; level 0 also arrays["recon"] (12, N, P) in
+    the input's units, level 1 arrays["target"] and arrays["pred"] (12, N, W) latent tokens.
     """
-    if stage == 0:
+    if level == 0:
         note = "(input black, masked grey, reconstruction red)"
         path = folder / f"recon-step-{step:07d}.png"
-        return plot_reconstruction(x, arrays["recon"], arrays["mask"], path, fs, f"Stage 0 {title} {note}")
+        return plot_reconstruction(x, arrays["recon"], arrays["mask"], path, fs, f"level 0 {title} {note}")
     path = folder / f"latent-step-{step:07d}.png"
-    return plot_latent_reconstruction(x, arrays["target"], arrays["pred"], arrays["mask"], path, fs, f"Stage 1 {title}")
+    return plot_latent_reconstruction(x, arrays["target"], arrays["pred"], arrays["mask"], path, fs, f"level 1 {title}")
 
 
 def read_metrics(path: str | Path) -> list[dict]:

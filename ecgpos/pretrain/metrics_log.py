@@ -5,7 +5,7 @@ resumed run has the losses of every step before its checkpoint). Each: step (opt
 done), epoch (fractional), loss (mean over the steps since the previous record and over all
 processes), lr (of the last update), grad_norm (global, before clipping, of the last update),
 samples_per_s (global; wall time of the interval's steps, read after the device finished them,
-periodic work excluded), time; plus every scalar the objective reports in its "log" (Stage 1:
+periodic work excluded), time; plus every scalar the objective reports in its "log" (level 1:
 recon_loss, pp_loss, push_active, sp_loss). Validation records hold step and val_loss. On resume,
 records after the checkpoint's step are dropped (TensorBoard: purged), so the file reads as one
 uninterrupted run; a start without a checkpoint removes both logs of the attempt before.

@@ -1,4 +1,4 @@
-"""The optimiser of both stages (AdamW groups as in MAE, fused), and the device-dependent training
+"""The optimiser of every level (AdamW groups as in MAE, fused), and the device-dependent training
 settings: mixed precision and the optional whole-model compile."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.AdamW:
-    """The fused AdamW of both stages (one kernel per step on CUDA and CPU). Being fused, it also
+    """The fused AdamW of every level (one kernel per step on CUDA and CPU). Being fused, it also
     honours a `found_inf` flag on the device: the trainer skips a non-finite step without a sync."""
     return torch.optim.AdamW(
         param_groups(model, cfg.optim.weight_decay),
@@ -56,7 +56,7 @@ def uses_cuda_graphs(mode: bool | str, device: torch.device) -> bool:
 
 def resolve_compile(mode: bool | str, device: torch.device, num_processes: int = 1, grad_accum: int = 1) -> bool | str:
     """`train.compile` for this run: "auto" is "reduce-overhead" (Inductor + CUDA graphs) on a single
-    CUDA process, where it measured 1.9x (Stage 0) and 1.5x (Stage 1) the eager step on an H200, and
+    CUDA process, where it measured 1.9x (level 0) and 1.5x (level 1) the eager step on an H200, and
     eager elsewhere (the CPU, and several processes, where CUDA graphs around DDP are unmeasured).
 
     CUDA graphs with several micro-batches per step (grad_accum > 1) stop at the second micro-batch's

@@ -88,7 +88,7 @@ def check_resources(cfg: RunConfig) -> None:
 
 
 def _base_kind(path: Path, cfg: RunConfig, flag: str = "--base") -> str:
-    """'run' or 'export' for a --base folder whose depth fits level cfg.stage (checked before any
+    """'run' or 'export' for a --base folder whose depth fits level cfg.level (checked before any
     weights are loaded for a run folder); ConfigError (one line) otherwise."""
     from ecgpos.config import load_config
     from ecgpos.runs.run_folder import RUN_CONFIG, is_run_dir
@@ -96,11 +96,11 @@ def _base_kind(path: Path, cfg: RunConfig, flag: str = "--base") -> str:
     if not path.exists():
         raise ConfigError(f"{flag} {path} does not exist")
     if is_run_dir(path):
-        run_stage = load_config(RunConfig, path / RUN_CONFIG).stage
-        if run_stage != cfg.stage - 1:
+        run_level = load_config(RunConfig, path / RUN_CONFIG).level
+        if run_level != cfg.level - 1:
             raise ConfigError(
-                f"{flag} {path} is a level-{run_stage} run (levels 0..{run_stage}) but level {cfg.stage} trains on "
-                f"levels 0..{cfg.stage - 1}: pass a level-{cfg.stage - 1} run or export"
+                f"{flag} {path} is a level-{run_level} run (levels 0..{run_level}) but level {cfg.level} trains on "
+                f"levels 0..{cfg.level - 1}: pass a level-{cfg.level - 1} run or export"
             )
         return "run"
     if not is_export_dir(path):
@@ -113,8 +113,8 @@ def _base_kind(path: Path, cfg: RunConfig, flag: str = "--base") -> str:
 def base_chain(levels: Sequence[Any], kind: str, source: str, info: dict) -> list[dict]:
     """One record per base level (level, kind, source, encoder config, weights sha256, shards): the
     levels' own provenance where the base records it, else the base folder itself."""
+    from ecgpos.runs.levels import encoder_config_dict
     from ecgpos.runs.run_folder import run_chain
-    from ecgpos.runs.stages import encoder_config_dict
 
     recorded = {entry.get("level"): entry for entry in run_chain(info)}
     chain = []
@@ -129,15 +129,15 @@ def base_chain(levels: Sequence[Any], kind: str, source: str, info: dict) -> lis
 
 
 def load_base(path: Path | str, cfg: RunConfig, flag: str = "--base") -> tuple[Any, str, dict]:
-    """(base encoder of levels 0..N-1, source, info) for level N = cfg.stage, from a finished run
+    """(base encoder of levels 0..N-1, source, info) for level N = cfg.level, from a finished run
     folder, an export folder or hf://ORG/NAME[@REVISION] (its snapshot in the Hub cache), loaded through
     the one resolver (ecgpos.inference.resolve).
     info: {"kind", "shards", "weights_sha256" (of the whole base), "chain" (one record per level)}."""
     from ecgpos.export.hub import resolve_model_path
     from ecgpos.inference.resolve import resolve_encoder
     from ecgpos.models.factory import levels_of
+    from ecgpos.runs.levels import check_base_fits
     from ecgpos.runs.run_folder import read_run_info
-    from ecgpos.runs.stages import check_base_fits
 
     path = resolve_model_path(path)  # hf://ORG/NAME: the snapshot folder in the Hub cache
     kind = _base_kind(path, cfg, flag)
@@ -167,8 +167,8 @@ def load_base(path: Path | str, cfg: RunConfig, flag: str = "--base") -> tuple[A
 
 
 def other_pool(plan: RunPlan) -> str | None:
-    """Why a Stage-1 run's shards are not the pool its Stage 0 was pretrained on (None when they are,
-    or when that pool is unknown). The preprint trains both stages on one pool; a warning, not a
+    """Why a level-1 run's shards are not the pool its level 0 was pretrained on (None when they are,
+    or when that pool is unknown). The preprint trains every level on one pool; a warning, not a
     refusal, because a deliberate transfer, or the same shards mounted elsewhere, is legitimate."""
     from ecgpos.runs.run_folder import listed_folders
 
@@ -179,7 +179,7 @@ def other_pool(plan: RunPlan) -> str | None:
     if pool == ours:
         return None
     return (
-        f"level {plan.cfg.stage} trains on {', '.join(sorted(ours))}, not on the shards its base was pretrained "
+        f"level {plan.cfg.level} trains on {', '.join(sorted(ours))}, not on the shards its base was pretrained "
         f"on ({', '.join(sorted(pool))}); the preprint trains every level on one pool"
     )
 
@@ -238,33 +238,30 @@ def check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool, base_info: dict) 
 
 def prepare(args: argparse.Namespace) -> RunPlan:
     """Validate every input (EcgposError on the first problem) and return the plan."""
-    cfg = load_run_config(args.config, args.overrides, stage=args.stage)
+    cfg = load_run_config(args.config, args.overrides, level=args.level)
     check_resources(cfg)
-    base_path = base_argument(args, cfg.stage)
+    base_path = base_argument(args, cfg.level)
     spec = check_shards(cfg, args.shards)
     base = source = None
     info: dict = {}
-    if cfg.stage >= 1:
+    if cfg.level >= 1:
         flag = "--stage0" if getattr(args, "stage0", None) is not None else "--base"  # the spelling given
         base, source, info = load_base(base_path, cfg, flag)
     resume = check_run_dir(cfg, args.run_dir, args.resume == "auto", info)
     return RunPlan(cfg, list(args.shards), args.run_dir, spec, resume, base, source, info)
 
 
-def base_argument(args: argparse.Namespace, stage: int) -> Path | None:
-    """The --base folder (or --stage0, its spelling for level 1); ConfigError when it is missing for a
+def base_argument(args: argparse.Namespace, level: int) -> Path | None:
+    """The --base folder (or --stage0, its alias at level 1); ConfigError when it is missing for a
     latent level, given for level 0, or both spellings are given."""
-    base, stage0 = getattr(args, "base", None), getattr(args, "stage0", None)
-    if base is not None and stage0 is not None:
-        raise ConfigError("--stage0 is --base for level 1: give one of them")
-    if stage0 is not None and stage != 1:
-        raise ConfigError(f"--stage0 is only used with --stage 1; level {stage} takes --base RUN_OR_EXPORT_DIR")
-    base = base if base is not None else stage0
-    if stage == 0 and base is not None:
-        raise ConfigError("--base is only used with --stage N >= 1 (level 0 trains on the shards alone)")
-    if stage >= 1 and base is None:
-        raise ConfigError(
-            f"--stage {stage} needs --base RUN_OR_EXPORT_DIR (the frozen levels 0..{stage - 1}"
-            f"{'; --stage0 is the same for level 1' if stage == 1 else ''})"
-        )
+    base, alias = getattr(args, "base", None), getattr(args, "stage0", None)
+    if base is not None and alias is not None:
+        raise ConfigError("--stage0 is --base for level 1: give --base only")
+    if alias is not None and level != 1:
+        raise ConfigError(f"--stage0 is --base at --level 1 only; level {level} takes --base RUN_OR_EXPORT_DIR")
+    base = base if base is not None else alias
+    if level == 0 and base is not None:
+        raise ConfigError("--base is only used with --level N >= 1 (level 0 trains on the shards alone)")
+    if level >= 1 and base is None:
+        raise ConfigError(f"--level {level} needs --base RUN_OR_EXPORT_DIR (the frozen levels 0..{level - 1})")
     return base

@@ -1,10 +1,10 @@
-"""The pretraining loop behind `ecgpos pretrain` (both stages), on Accelerate.
+"""The pretraining loop behind `ecgpos pretrain` (every level), on Accelerate.
 
 - Global batch = per-process batch x processes x grad_accum (train.batch_size is the global one).
   Accumulation is explicit (no_sync on all but the last micro-batch), the data sampler is ours
   (not Accelerate's), and the lr is set from `lr_at(step)` before each update.
 - Randomness that decides what a step computes is a pure function of (seed, step, slice): the windows
-  come from the sampler, the masks (and Stage-1 perturbations) from a generator seeded with (seed,
+  come from the sampler, the masks (and level-1 perturbations) from a generator seeded with (seed,
   step, global micro-batch slice). A resumed run repeats the uninterrupted one exactly, and N
   processes x accum a equals 1 process x accum N*a.
 - Steady-state steps never wait for the device: batches arrive pinned, in the shards' float16, are
@@ -62,8 +62,8 @@ from ecgpos.pretrain.records import check_resumed_records, read_index, records_d
 from ecgpos.pretrain.run_lock import run_folder_lock
 from ecgpos.pretrain.schedule import lr_at, step_generator
 from ecgpos.pretrain.stop import StopRequest
+from ecgpos.runs.levels import base_of, build_model
 from ecgpos.runs.run_folder import FIGURES_DIR, RUN_CONFIG, RUN_INFO, SPEC_FILE, newest_checkpoint
-from ecgpos.runs.stages import base_of, build_model
 
 
 class Trainer:
@@ -152,7 +152,7 @@ class Trainer:
             return
         checkpoint = newest_checkpoint(self.run_dir)
         info = {
-            "stage": self.cfg.stage,
+            "level": self.cfg.level,
             "step": getattr(self, "step", self.start_step),
             "steps": self.cfg.optim.steps,
             "finished": finished,
@@ -293,7 +293,7 @@ class Trainer:
                 "seed": self.cfg.train.seed,
                 "num_processes": self.acc.num_processes,
                 "grad_accum": self.cfg.train.grad_accum,
-                "stage": self.cfg.stage,
+                "level": self.cfg.level,
             },
             self.cfg.train.keep_checkpoints,
         )
@@ -340,7 +340,7 @@ class Trainer:
         if self.step < total:
             held_out = f" (+{len(self.val_set)} held out for validation)" if self.val_set is not None else ""
             acc.print(
-                f"ecgpos pretrain: stage {cfg.stage}, steps {self.step}->{total}, "
+                f"ecgpos pretrain: level {cfg.level}, steps {self.step}->{total}, "
                 f"global batch {cfg.train.batch_size} "
                 f"= {self.sampler.per_process} x {acc.num_processes} processes x {cfg.train.grad_accum} accum, "
                 f"{self.sampler.num_records} records{held_out}, device {acc.device}, precision {acc.mixed_precision}"
@@ -356,7 +356,7 @@ class Trainer:
             return 0
         batches = iter(train_loader(self.train_set, self.sampler, cfg.train.num_workers))
         shown = acc.is_main_process and sys.stderr.isatty()
-        bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"stage {cfg.stage}")
+        bar = tqdm(total=total, initial=self.step, disable=not shown, dynamic_ncols=True, desc=f"level {cfg.level}")
         self.metrics.restart()
         while self.step < total:
             self._train_step(batches, self.step)

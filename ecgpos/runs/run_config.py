@@ -1,7 +1,7 @@
 """Run configs for `ecgpos pretrain`: YAML files mapped onto these dataclasses (ecgpos.config).
 
 A `RunConfig` says everything a pretraining run depends on except where the data and the
-Stage-0 encoder live (command-line paths). Impossible values raise ConfigError (one line) when
+Level-0 encoder live (command-line paths). Impossible values raise ConfigError (one line) when
 the config is built, i.e. before any data is read or any model is created.
 """
 
@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ecgpos.config import load_config, to_dict
 from ecgpos.ecg.spec import PreprocessSpec
@@ -27,7 +27,7 @@ MIXED_PRECISION = ("auto", "no", "bf16")
 
 @dataclass
 class OptimConfig:
-    """AdamW and the learning-rate schedule (paper: both stages alike)."""
+    """AdamW and the learning-rate schedule (paper: every level alike)."""
 
     lr: float = 3.75e-5
     weight_decay: float = 0.05
@@ -104,11 +104,13 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    """One pretraining run of level `stage`. Level 0: `encoder` is the ST-MEM encoder over raw ECG.
+    """One pretraining run of level `level`. Level 0: `encoder` is the ST-MEM encoder over raw ECG.
     Level N >= 1: `encoder` is the latent encoder over the tokens of levels 0..N-1 (its width and
     token layout must equal theirs); one latent config serves every level >= 1."""
 
-    stage: int = 0
+    KEY_ALIASES: ClassVar[dict[str, str]] = {"stage": "level"}  # `stage:` in a config or saved run reads as level
+
+    level: int = 0
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     mask_ratio: float = 0.75
@@ -119,8 +121,8 @@ class RunConfig:
     preprocess: PreprocessSpec = field(default_factory=PreprocessSpec)
 
     def __post_init__(self) -> None:
-        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 0:
-            raise ConfigError(f"stage must be an integer >= 0 (the level trained), got {self.stage!r}")
+        if isinstance(self.level, bool) or not isinstance(self.level, int) or self.level < 0:
+            raise ConfigError(f"level must be an integer >= 0 (the level trained), got {self.level!r}")
         if self.preprocess.window % self.encoder.patch_size:
             raise ConfigError(
                 f"preprocess.window {self.preprocess.window} is not a multiple of "
@@ -136,30 +138,31 @@ class RunConfig:
                 f"{len(self.preprocess.leads)} leads of the preprocessing spec"
             )
         check_mask_ratio(self.mask_ratio, self.encoder.num_patches)
-        if self.stage == 0 and self.push_pull.lambda_sp > 0:
-            raise ConfigError("push_pull.lambda_sp penalises a latent level's code; at stage 0 it must be 0")
+        if self.level == 0 and self.push_pull.lambda_sp > 0:
+            raise ConfigError("push_pull.lambda_sp penalises a latent level's code; at level 0 it must be 0")
 
 
-def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), stage: int | None = None) -> RunConfig:
-    """YAML file (+ `a.b=v` overrides) -> RunConfig. `stage` (from --stage) overrides the file's
-    stage when the file omits it, and a latent config's (stage >= 1) for any level >= 1: one latent
+def load_run_config(path: str | Path | None, overrides: Sequence[str] = (), level: int | None = None) -> RunConfig:
+    """YAML file (+ `a.b=v` overrides) -> RunConfig. `level` (from --level) overrides the file's
+    level when the file omits it, and a latent config's (level >= 1) for any level >= 1: one latent
     config serves every level. Any other contradicting value is a ConfigError. `path` may also
-    name a shipped config ('stage0', 'tiny/stage1')."""
+    name a shipped config ('level0', 'tiny/level1')."""
     if path is not None:
         path = config_path(path)
     cfg = load_config(RunConfig, path, overrides)
-    if stage is not None and cfg.stage >= 1 and stage >= 1:
-        return dataclasses.replace(cfg, stage=stage)
-    if stage is not None and cfg.stage != stage:
+    if level is not None and cfg.level >= 1 and level >= 1:
+        return dataclasses.replace(cfg, level=level)
+    if level is not None and cfg.level != level:
         from ecgpos.config import read_yaml
 
+        keys = ("level", *RunConfig.KEY_ALIASES)
         if (
             path is not None
-            and "stage" in read_yaml(path)
-            or any(o.split("=", 1)[0].strip() == "stage" for o in overrides)
+            and any(key in read_yaml(path) for key in keys)
+            or any(o.split("=", 1)[0].strip() in keys for o in overrides)
         ):
-            raise ConfigError(f"--stage {stage} contradicts stage: {cfg.stage} in the config")
-        cfg = dataclasses.replace(cfg, stage=stage)
+            raise ConfigError(f"--level {level} contradicts level: {cfg.level} in the config")
+        cfg = dataclasses.replace(cfg, level=level)
     return cfg
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from ecgpos.config import from_dict, load_config, read_yaml
 from ecgpos.errors import EcgposError
 from ecgpos.files import read_safetensors
+from ecgpos.models.nested import recorded_level
 from ecgpos.models.st_mem import EncoderConfig
 from ecgpos.runs.run_config import RunConfig
 
@@ -117,7 +118,7 @@ def base_source(info: dict[str, Any]) -> str | None:
 
 
 def run_chain(info: dict[str, Any]) -> list[dict[str, Any]]:
-    """The base levels' records of a run_info.json (level 0 first); a two-level run's Stage-0 record
+    """The base levels' records of a run_info.json (level 0 first); a two-level run's level-0 record
     ("stage0", "stage0_encoder", "stage0_weights_sha256") is read as a chain of one level."""
     chain = info.get("chain")
     if isinstance(chain, list):
@@ -130,18 +131,18 @@ def run_chain(info: dict[str, Any]) -> list[dict[str, Any]]:
     return [{**entry, "weights_sha256": info.get("stage0_weights_sha256")}]
 
 
-def _base_levels(run_dir: Path, stage: int, info: dict[str, Any]) -> list[nn.Module]:
-    """Freshly built base levels 0..stage-1 of a latent run, from the encoder configs its chain records."""
+def _base_levels(run_dir: Path, level: int, info: dict[str, Any]) -> list[nn.Module]:
+    """Freshly built base levels 0..level-1 of a latent run, from the encoder configs its chain records."""
     from ecgpos.models.factory import build_level
 
     where = run_dir / RUN_INFO
     chain = run_chain(info)
     if not chain:
         raise EcgposError(
-            f"{where} lacks the base chain (chain, or stage0_encoder): cannot rebuild the level-{stage} model"
+            f"{where} lacks the base chain (chain, or stage0_encoder): cannot rebuild the level-{level} model"
         )
-    if [entry.get("level") for entry in chain] != list(range(stage)):
-        raise EcgposError(f"{where} is damaged: its chain does not list levels 0..{stage - 1} in order")
+    if [entry.get("level") for entry in chain] != list(range(level)):
+        raise EcgposError(f"{where} is damaged: its chain does not list levels 0..{level - 1} in order")
     levels = []
     for entry in chain:
         if not isinstance(entry.get("encoder"), dict):
@@ -171,7 +172,7 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
     """(training model with the newest complete checkpoint's weights, config, checkpoint, run info).
     A latent level's base is rebuilt from its recorded chain and each level's weights hash is checked."""
     from ecgpos.models.factory import nested_of
-    from ecgpos.runs.stages import build_model
+    from ecgpos.runs.levels import build_model
 
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -188,7 +189,7 @@ def load_run_model(run_dir: str | Path) -> tuple[nn.Module, RunConfig, Path, dic
         )
     cfg = load_config(RunConfig, run_dir / RUN_CONFIG)
     info = read_run_info(run_dir)
-    base = nested_of(_base_levels(run_dir, cfg.stage, info)) if cfg.stage >= 1 else None
+    base = nested_of(_base_levels(run_dir, cfg.level, info)) if cfg.level >= 1 else None
     model = build_model(cfg, base)
     state = read_safetensors(checkpoint / WEIGHTS_FILE, "checkpoint weights")
     try:
@@ -227,15 +228,19 @@ def _shards_summary(shards: Any) -> dict[str, Any]:
 
 
 def training_summary(run_dir: Path, info: dict[str, Any], arch: dict[str, Any]) -> dict[str, Any]:
-    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`."""
-    run_info = {**read_json_object(run_dir / RUN_INFO), **{k: v for k, v in info.items() if _jsonable(v)}}
+    """Training facts for config.json and the model card, from run_info.json, config.yaml and `info`; the level
+    trained is the run's own (a cut encoder's `info` names the level it was cut to)."""
+    recorded = read_json_object(run_dir / RUN_INFO)
+    run_info = {**recorded, **{k: v for k, v in info.items() if _jsonable(v)}}
     config = read_yaml(run_dir / RUN_CONFIG) if (run_dir / RUN_CONFIG).is_file() else {}
     optim, train = config.get("optim", {}) or {}, config.get("train", {}) or {}
     push_pull = config.get("push_pull", {}) or {}
     summary: dict[str, Any] = {
         "name": run_dir.resolve().name,
         "run_dir": str(run_dir.resolve()),
-        "stage": run_info.get("stage", config.get("stage", _top_level(arch))),
+        "level": next(
+            (v for v in (recorded_level(recorded), recorded_level(config)) if v is not None), _top_level(arch)
+        ),
         "step": run_info.get("step"),
         "steps": optim.get("steps"),
         "finished": run_info.get("finished"),
@@ -273,7 +278,7 @@ def _pretraining_folders(run_info: dict[str, Any]) -> list[str]:
 
 
 def _top_level(arch: dict[str, Any]) -> int:
-    """The top level of the encoder an arch describes (0 for a Stage-0 encoder)."""
+    """The top level of the encoder an arch describes (0 for a level-0 encoder)."""
     levels = arch.get("levels")
     return len(levels) - 1 if isinstance(levels, list) else (1 if arch.get("kind") == "nested" else 0)
 

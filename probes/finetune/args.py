@@ -27,7 +27,7 @@ Each step trains on a random window of every record plus augmentations (augment.
 test average each record's windows as the probes do. Each seed keeps its epoch of best validation
 macro-AUROC; the test split is scored once, with that epoch's weights.
 Writes OUT/results.csv (the probe's columns; `encoder` is the label plus the protocol, e.g.
-`stage1 (finetune-full)`, `protocol` the protocol), OUT/summary.md, OUT/summary.png,
+`level1 (finetune-full)`, `protocol` the protocol), OUT/summary.md, OUT/summary.png,
 OUT/test_scores.npz, OUT/config.yaml (the resolved settings), OUT/probe.json (last), and per
 classifier OUT/models/TASK/FRACTION/seedS/ (model.safetensors, model.json, val_scores.npz,
 test_scores.npz). OUT holds nothing else: a folder with other files or another command's results is

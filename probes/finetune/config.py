@@ -45,7 +45,7 @@ class OptimConfig:
     drop_path: float = 0.1
     grad_clip: float = 1.0
     lora_alpha: float = 0.0  # LoRA scale alpha / r; 0: alpha = r (scale 1)
-    lp_epochs: int = 10  # lp-ft: epochs of the linear-probe stage (then `epochs` of full fine-tuning)
+    lp_epochs: int = 10  # lp-ft: epochs of the linear-probe phase (then `epochs` of full fine-tuning)
     head_init_std: float = 2e-5  # MAE's fine-tuning head init: the first steps leave the pretrained features be
 
     @property

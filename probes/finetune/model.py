@@ -117,7 +117,7 @@ def set_drop_path(trainable: list[nn.Module], rate: float) -> None:
 
 
 def prepare_mode(model: Classifier, mode: Mode, optim: OptimConfig) -> None:
-    """Set what trains under `mode`: full and lp-ft's second stage everything; top:K the top K blocks and all
+    """Set what trains under `mode`: full and lp-ft's second phase everything; top:K the top K blocks and all
     above them (top:0: the head alone, a linear probe); lora:R rank-R adapters and the head."""
     all_blocks = blocks(model.encoder)
     total = len(all_blocks)

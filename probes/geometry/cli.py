@@ -52,6 +52,7 @@ from ecgpos.files import (
 )
 from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
+from ecgpos.models.nested import parse_level_name
 from probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
 from probes.geometry.report import plot_depth, summary_markdown, write_metrics
 from probes.shared.datasets import prepared_record, task_locator
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ecgpos geometry", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--encoder", required=True, help="nested (Stage-1) run folder or export folder")
+    p.add_argument("--encoder", required=True, help="nested (level-1) run folder or export folder")
     p.add_argument(
         "--task", required=True, help="ptbxl-super, ptbxl-sub, ptbxl-form, ptbxl-rhythm, cpsc2018, csn or custom:<dir>"
     )
@@ -172,15 +173,13 @@ def load_levels(path: str, level: int | None = None) -> Levels:
     module = loaded.encoder
     depth = depth_of(module)
     if depth < 2:
-        raise EcgposError(
-            f"{path} is a Stage-0 encoder: geometry compares two levels and needs a nested (Stage-1) run or export"
-        )
+        raise EcgposError(f"{path} is a level-0 encoder: geometry compares two levels and needs a nested run or export")
     if level is not None and not 1 <= level < depth:
         raise EcgposError(f"--level {level}: {path} has levels 0..{depth - 1}; geometry compares l-1 and l for l >= 1")
     objectives, note = {}, ""
     try:
         recon = load_recon_models(path)
-        objectives = {int(name.removeprefix("stage")): m for name, m in recon.levels.items()}
+        objectives = {parse_level_name(name): m for name, m in recon.levels.items()}
         note = "; ".join(n for n in recon.notes if n)
     except NoDecoders as err:  # damaged or foreign decoders are refused, not taken for absent ones
         note = str(err)

@@ -12,7 +12,7 @@ from probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\
---encoder is a Stage-0/Stage-1 run folder, an exported encoder folder, or random:<config.yaml>.
+--encoder is a level-0/level-1 run folder, an exported encoder folder, or random:<config.yaml>.
 --data-root holds ptbxl/ and cpsc2018/ as published (CPSC2018 in any of its three forms);
 --splits holds MERL's split folders (ptbxl/{super_class,sub_class,form,rhythm}/, icbeb/; chapman/ for csn).
 --task custom:<dir>: a folder with train.csv, val.csv, test.csv, each with a `record` column
@@ -43,7 +43,7 @@ runs with the guard; --task all adds it only with --include-csn.
 `ecgpos probe --compare DIR1 DIR2 ... [--out DIR]` merges result folders into one table and chart:
 one encoder label probed on different tasks in different folders (e.g. one folder per task from an
 array job) stays one row; a label whose (task, fraction) an earlier folder already has gets the
-folder name added, e.g. `stage1 [run2]`. It adds, for every pair of encoders with stored test
+folder name added, e.g. `level1 [run2]`. It adds, for every pair of encoders with stored test
 scores, the paired bootstrap difference of their seed means with its interval (differences.csv).
 As a probe run, it deletes an earlier compare's files in --out first and writes probe.json last;
 into one of its input folders it writes only differences.csv and the summary. A --out (probe or
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--level",
         type=int,
         default=None,
-        help="probe levels 0..LEVEL of a nested encoder (0 = Stage 0; default: the top level)",
+        help="probe levels 0..LEVEL of a nested encoder (default: the top level)",
     )
     p.add_argument(
         "--task",

@@ -235,7 +235,7 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
         records_markdown(records, frame),
     ]
     sections += [guard_section] if guard_section else []
-    # each row's architecture picks its published row when its label names none (a Stage-0 run in runs/mine)
+    # each row's architecture picks its published row when its label names none (a level-0 run in runs/mine)
     kinds = {src.name: str(src.arch["kind"]) for src in sources if src.arch and "kind" in src.arch}
     sections += _reference_section(args, frame, kinds)
     text = write_outputs(

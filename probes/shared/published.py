@@ -17,9 +17,12 @@ from ecgpos.errors import EcgposError
 from probes.shared.tasks import TASKS, read_table
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
+# The paper's rows are named after its "Stage 0" and "Stage 1", our level 0 and level 1.
 COUNTERPART = "Stage 1"  # what an encoder matched by neither name nor architecture is compared with
-# an encoder's architecture kind (ecgpos.models.factory) -> the published row of that architecture
-KIND_ROWS = {"stage0": "Stage 0", "nested": "Stage 1"}
+# an encoder's architecture kind (ecgpos.models.factory; "stage0" its other spelling) -> the published row
+KIND_ROWS = {"level0": "Stage 0", "stage0": "Stage 0", "nested": "Stage 1"}
+# an encoder named after a level (a run folder level0, level1) -> the published row of that level
+LEVEL_ROWS = {"level0": "Stage 0", "level1": "Stage 1"}
 # Records in MERL's test split file of each task: the test set behind the published numbers.
 PUBLISHED_TEST_RECORDS = {
     "ptbxl-super": 2158,
@@ -70,11 +73,11 @@ def _norm(name: str) -> str:
 
 
 def counterpart(encoder: str, models: list[str], kind: str | None = None) -> str:
-    """The published row an encoder is compared with: the one of the same name (stage1 ~ 'Stage 1',
-    st-mem ~ 'ST-MEM'), else the row of its architecture (a Stage-0 encoder ~ 'Stage 0', a nested
-    one ~ 'Stage 1'), else the paper's Stage 1."""
+    """The published row an encoder is compared with: the one of the same name (level1 ~ 'Stage 1',
+    st-mem ~ 'ST-MEM'), else the row of its architecture (a level-0 encoder ~ 'Stage 0', a nested
+    one ~ 'Stage 1'), else the paper's 'Stage 1'."""
     for model in models:
-        if _norm(model) == _norm(encoder):
+        if _norm(model) in (_norm(encoder), _norm(LEVEL_ROWS.get(_norm(encoder), ""))):
             return model
     if KIND_ROWS.get(kind or "") in models:
         return KIND_ROWS[str(kind)]
@@ -133,8 +136,8 @@ def reference_markdown(
         "",
         "A difference row is our seed mean minus the published number, with our 95 % bootstrap interval "
         "shifted by the same amount: an interval that excludes 0 means the published number lies outside "
-        "our interval. An encoder is compared with the published row of the same name (stage0 ~ Stage 0, "
-        "stage1 ~ Stage 1), otherwise with the row of its architecture (Stage-0 encoder ~ Stage 0, nested "
+        "our interval. An encoder is compared with the published row of the same name (level0 ~ Stage 0, "
+        "level1 ~ Stage 1), otherwise with the row of its architecture (level-0 encoder ~ Stage 0, nested "
         f"encoder ~ Stage 1), otherwise with {COUNTERPART}. Published numbers need not be selected as ours "
         "are (the test split scored once, at the best validation epoch): MERL's public fine-tuning script "
         "prints the largest test AUROC over its epochs, which leans high.",

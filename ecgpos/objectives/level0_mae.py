@@ -1,13 +1,13 @@
-"""Stage 0 objective: ST-MEM masked autoencoder around an `STMEMEncoder`.
+"""Level 0 objective: ST-MEM masked autoencoder around an `STMEMEncoder`.
 
-Three stages, as in MAE:
+Three steps, as in MAE:
     forward_encoder(x, noise)        -> latent (B, L, K+2, W), mask (B, L, N), ids_restore (B, L, N)
     forward_decoder(latent, ids)     -> pred (B, L, N, P)
     forward_loss(x, pred, mask)      -> loss (scalar), target (B, L, N, P)
-The stages and every other member are those of the declared interface `LevelObjective` (level.py),
+The named steps and every other member are those of the declared interface `LevelObjective` (level.py),
 which this class fills in for the signal. The random numbers of a forward come from `draw_noise` (a
 generator's draw, outside `forward` when the caller passes them in, so a compiled forward is a single
-graph). The decoder is `ecgpos.models.decoder.PerLeadDecoder`; Stage 1 reuses it with the latent width as
+graph). The decoder is `ecgpos.models.decoder.PerLeadDecoder`; level 1 reuses it with the latent width as
 its output size, and `masked_mse` / `normalise_tokens` as its loss.
 
 Optional Dynamic Push and Pull at level 0 (the paper's AE-PP, push_pull.py), in signal space:
@@ -93,7 +93,7 @@ class MaskedECGAutoencoder(LevelObjective):
     ) -> dict[str, torch.Tensor]:
         """x (B, L, T) -> {"loss": (), "log": {}, "pred": (B,L,N,P), "target": (B,L,N,P), "mask": (B,L,N) bool}.
 
-        "log" holds the scalar terms beside "loss" that the trainer records (none for Stage 0).
+        "log" holds the scalar terms beside "loss" that the trainer records (none for level 0).
         `noise` is `draw_noise(B)`'s output; without it the forward draws its own from `generator`."""
         if noise is None:
             noise = self.draw_noise(x.shape[0], generator, x.device)

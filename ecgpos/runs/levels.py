@@ -12,15 +12,15 @@ from torch import nn
 from ecgpos.config import to_dict
 from ecgpos.errors import ConfigError
 from ecgpos.models.factory import depth_of
-from ecgpos.models.nested import check_stages_fit
+from ecgpos.models.nested import check_levels_fit
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.level import LevelObjective
-from ecgpos.objectives.stage0_mae import MaskedECGAutoencoder
+from ecgpos.objectives.level0_mae import MaskedECGAutoencoder
 from ecgpos.runs.run_config import RunConfig
 
 
-def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
-    """Fresh Stage-0 masked autoencoder (initialised from the current torch RNG)."""
+def build_level0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
+    """Fresh level-0 masked autoencoder (initialised from the current torch RNG)."""
     return MaskedECGAutoencoder(
         STMEMEncoder(cfg.encoder),
         cfg.decoder,
@@ -31,15 +31,15 @@ def build_stage0_model(cfg: RunConfig) -> MaskedECGAutoencoder:
 
 
 def check_base_fits(base: nn.Module, cfg: RunConfig, what: str) -> None:
-    """ConfigError (one line) unless the base's depth is cfg.stage and its width and token layout
+    """ConfigError (one line) unless the base's depth is cfg.level and its width and token layout
     match cfg.encoder."""
     depth = depth_of(base)
-    if depth != cfg.stage:
+    if depth != cfg.level:
         raise ConfigError(
-            f"{what} has {depth} level{'s' if depth > 1 else ''} (0..{depth - 1}) but level {cfg.stage} "
-            f"trains on levels 0..{cfg.stage - 1}: pass a base of {cfg.stage} level{'s' if cfg.stage > 1 else ''}"
+            f"{what} has {depth} level{'s' if depth > 1 else ''} (0..{depth - 1}) but level {cfg.level} "
+            f"trains on levels 0..{cfg.level - 1}: pass a base of {cfg.level} level{'s' if cfg.level > 1 else ''}"
         )
-    check_stages_fit(base.cfg, cfg.encoder, what)
+    check_levels_fit(base.cfg, cfg.encoder, what)
 
 
 def build_latent_model(cfg: RunConfig, base: nn.Module) -> LevelObjective:
@@ -59,11 +59,11 @@ def build_latent_model(cfg: RunConfig, base: nn.Module) -> LevelObjective:
 
 
 def build_model(cfg: RunConfig, base: nn.Module | None = None) -> LevelObjective:
-    """The training model of level cfg.stage; levels >= 1 need their frozen `base`."""
-    if cfg.stage == 0:
-        return build_stage0_model(cfg)
+    """The training model of level cfg.level; levels >= 1 need their frozen `base`."""
+    if cfg.level == 0:
+        return build_level0_model(cfg)
     if base is None:
-        raise ConfigError(f"level {cfg.stage} needs its base, levels 0..{cfg.stage - 1} (--base RUN_OR_EXPORT_DIR)")
+        raise ConfigError(f"level {cfg.level} needs its base, levels 0..{cfg.level - 1} (--base RUN_OR_EXPORT_DIR)")
     return build_latent_model(cfg, base)
 
 
@@ -73,7 +73,7 @@ def base_of(model: LevelObjective) -> nn.Module | None:
 
 
 def trainable_encoder(model: LevelObjective) -> nn.Module:
-    """What a run produces for downstream use: the Stage-0 encoder, or the nested encoder."""
+    """What a run produces for downstream use: the level-0 encoder, or the nested encoder."""
     return model.nested_encoder()
 
 
