@@ -21,8 +21,8 @@ from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives import LatentMaskedAutoencoder, MaskedECGAutoencoder
 from ecgpos.objectives.level import LevelObjective
 from ecgpos.objectives.push_pull import PushPullConfig
+from ecgpos.runs.levels import build_model
 from ecgpos.runs.run_config import load_run_config
-from ecgpos.runs.stages import build_model
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +32,8 @@ B = 2
 @pytest.fixture(scope="module")
 def levels() -> dict[int, LevelObjective]:
     torch.manual_seed(0)
-    level0 = build_model(load_run_config(TINY0, [], stage=0)).eval()
-    level1 = build_model(load_run_config(TINY1, [], stage=1), level0.encoder).eval()
+    level0 = build_model(load_run_config(TINY0, [], level=0)).eval()
+    level1 = build_model(load_run_config(TINY1, [], level=1), level0.encoder).eval()
     return {0: level0, 1: level1}
 
 
@@ -144,7 +144,7 @@ def test_every_source_loads_as_the_one_loaded_encoder_type(x: torch.Tensor) -> N
     assert loaded.cut(None) is loaded and loaded.cut(1) is loaded
     cut = resolve_encoder(f"random:{TINY1}", level=0)
     assert isinstance(cut, ExportedEncoder) and isinstance(cut.encoder, STMEMEncoder)
-    assert cut.info["level"] == 0 and cut.info["levels_of_source"] == 2 and cut.arch["kind"] == "stage0"
+    assert cut.info["level"] == 0 and cut.info["levels_of_source"] == 2 and cut.arch["kind"] == "level0"
     with torch.no_grad():
         assert torch.equal(cut.forward_features(x), loaded.encoder.forward_features(x, level=0))
     with pytest.raises(EcgposError, match="levels 0..1"):
