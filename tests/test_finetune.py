@@ -11,11 +11,18 @@ import torch
 from ecgpos.config import load_config
 from ecgpos.errors import EcgposError
 from ecgpos.models.factory import build_nested
+from ecgpos.probes.finetune.augment import augment, lead_dropout, random_crop, time_shift
+from ecgpos.probes.finetune.config import (
+    AugmentConfig,
+    FinetuneConfig,
+    Mode,
+    OptimConfig,
+    check_finetune_config,
+    parse_mode,
+)
+from ecgpos.probes.finetune.lora import LoRALinear, merge_lora
+from ecgpos.probes.finetune.model import Classifier, blocks, layer_ids, param_groups, prepare_mode
 from ecgpos.resources import config_path
-from probes.finetune.augment import augment, lead_dropout, random_crop, time_shift
-from probes.finetune.config import AugmentConfig, FinetuneConfig, Mode, OptimConfig, check_finetune_config, parse_mode
-from probes.finetune.lora import LoRALinear, merge_lora
-from probes.finetune.model import Classifier, blocks, layer_ids, param_groups, prepare_mode
 
 TINY = {"width": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
 
@@ -155,7 +162,7 @@ def test_shipped_config_is_the_dataclass_defaults_and_bad_values_are_refused() -
 
 
 def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> None:
-    from probes.shared.results import RESULT_COLUMNS, read_results, write_results
+    from ecgpos.probes.shared.results import RESULT_COLUMNS, read_results, write_results
 
     row = {c: 0 for c in RESULT_COLUMNS} | {"encoder": "e", "task": "t", "note": "", "test_auroc": 0.7}
     del row["protocol"]  # what `ecgpos probe` rows hold: no protocol of their own
@@ -182,7 +189,7 @@ def test_top_k_above_the_block_count_is_refused_before_training(capsys, shared_d
 
 def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> None:
     from ecgpos.ecg.spec import PreprocessSpec
-    from probes.finetune.report import protocol_markdown
+    from ecgpos.probes.finetune.report import protocol_markdown
 
     def text(epochs: int) -> str:
         cfg = dataclasses.replace(FinetuneConfig(), tune=dataclasses.replace(OptimConfig(), epochs=epochs))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tiny_runs import cli, pretrain_tiny
 
-from probes.geometry.dynamics import geometry
+from ecgpos.probes.geometry.dynamics import geometry
 
 EPSILON = 1e-8  # the appendix's epsilon, "used everywhere"
 NAMES = ("D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC")

@@ -14,9 +14,9 @@ from refusal_helpers import FAST, TINY0, run
 from tiny_runs import pretrain_tiny
 
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from probes.linear.features import raw_source
-from probes.linear.run import ProbeConfig, make_jobs, prepare_task, run_jobs
-from probes.shared.tasks import resolve_task
+from ecgpos.probes.linear.features import raw_source
+from ecgpos.probes.linear.run import ProbeConfig, make_jobs, prepare_task, run_jobs
+from ecgpos.probes.shared.tasks import resolve_task
 
 
 def _custom_task(folder: Path, n: int = 30) -> Path:
@@ -86,7 +86,7 @@ def test_custom_task_through_the_cli(capsys, tmp_path):
 
 def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys, tmp_path, arrhythmia_shards):
     from ecgpos.export.format import weights_hash
-    from probes.shared.encoder import load_probe_encoder, random_twin
+    from ecgpos.probes.shared.encoder import load_probe_encoder, random_twin
 
     enc = load_probe_encoder(f"random:{TINY0}")
     before = torch.get_rng_state()

@@ -1,5 +1,5 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
-(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.linear.cli, probes.finetune.cli, probes.geometry.cli,
+(COMMANDS: ecgpos.cli.*, ecgpos.preprocessing.cli, ecgpos.probes.linear.cli, ecgpos.probes.finetune.cli, ecgpos.probes.geometry.cli,
 ecgpos.demo.demo)."""
 
 from __future__ import annotations
@@ -21,21 +21,24 @@ from ecgpos.workers import DeferredStops
 # command -> (module with main(argv) -> int, one-line help). Imported lazily so that
 # `ecgpos --help` and light commands do not pay for torch.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "preprocess": ("preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
+    "preprocess": ("ecgpos.preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
     "pretrain": (
         "ecgpos.cli.pretrain",
         "pretrain Stage 0 (masked ECG transformer) or Stage 1 (latent MAE) with Accelerate",
     ),
-    "probe": ("probes.linear.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
+    "probe": ("ecgpos.probes.linear.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
     "finetune": (
-        "probes.finetune.cli",
+        "ecgpos.probes.finetune.cli",
         "fine-tune the encoder on the probe tasks: full, top:K blocks, lora:R or lp-ft",
     ),
     "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
     "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
     "verify": ("ecgpos.cli.verify", "check an exported encoder or classifier against its test vectors"),
     "predict": ("ecgpos.cli.predict", "each label's probability and flag for WFDB records, shards or .npy arrays"),
-    "geometry": ("probes.geometry.cli", "PoS representation dynamics between two levels, and the carving criterion"),
+    "geometry": (
+        "ecgpos.probes.geometry.cli",
+        "PoS representation dynamics between two levels, and the carving criterion",
+    ),
     "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
     "carve": ("ecgpos.cli.carve", "carve level after level until the push-margin criterion says stop"),
     "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),

@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.files import atomic_path, atomic_write_text
 from ecgpos.models.factory import encoder_arch
-from probes.finetune.model import Classifier
+from ecgpos.probes.finetune.model import Classifier
 
 MODELS_DIR = "models"
 MODEL_FILE = "model.safetensors"

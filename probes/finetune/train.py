@@ -26,11 +26,11 @@ from ecgpos.pretrain.optim import (
     uncompile_model,
 )
 from ecgpos.pretrain.schedule import lr_at
+from ecgpos.probes.finetune.augment import augment, random_crop
+from ecgpos.probes.finetune.config import AugmentConfig, Mode, OptimConfig
+from ecgpos.probes.finetune.lora import merge_lora
+from ecgpos.probes.finetune.model import Classifier, bare_encoder, blocks, frozen_below, param_groups, prepare_mode
 from ecgpos.runs.run_config import OptimConfig as Schedule
-from probes.finetune.augment import augment, random_crop
-from probes.finetune.config import AugmentConfig, Mode, OptimConfig
-from probes.finetune.lora import merge_lora
-from probes.finetune.model import Classifier, bare_encoder, blocks, frozen_below, param_groups, prepare_mode
 
 
 @dataclass
@@ -230,7 +230,7 @@ def train_classifier(
 
 def class_aurocs(labels: np.ndarray, scores: np.ndarray, classes: Sequence[str]) -> tuple[list[str], dict]:
     """(classes left out for lacking a positive or a negative, {class: AUROC} of the others)."""
-    from probes.shared.metrics import macro_auroc_sklearn
+    from ecgpos.probes.shared.metrics import macro_auroc_sklearn
 
     _, per_class = macro_auroc_sklearn(labels, scores, classes)
     return [c for c in classes if c not in per_class], per_class

@@ -52,12 +52,12 @@ from ecgpos.files import (
 )
 from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
-from probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
-from probes.geometry.report import plot_depth, summary_markdown, write_metrics
-from probes.shared.datasets import prepared_record, task_locator
-from probes.shared.out_folder import GEOMETRY_FILES, check_out_folder
-from probes.shared.task_data import RecordSettings, record_column, task_windows
-from probes.shared.tasks import SPLITS, read_split, resolve_task
+from ecgpos.probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
+from ecgpos.probes.geometry.report import plot_depth, summary_markdown, write_metrics
+from ecgpos.probes.shared.datasets import prepared_record, task_locator
+from ecgpos.probes.shared.out_folder import GEOMETRY_FILES, check_out_folder
+from ecgpos.probes.shared.task_data import RecordSettings, record_column, task_windows
+from ecgpos.probes.shared.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
 NOT_FOUND = "not found under the data root"

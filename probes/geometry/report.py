@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.files import atomic_path
-from probes.geometry.dynamics import METRICS, PREDICTIONS, GeometryResult
+from ecgpos.probes.geometry.dynamics import METRICS, PREDICTIONS, GeometryResult
 
 # what x and x_hat are in each space, in summary.md: the appendix defines its metrics on the reconstruction
 SPACE_TEXT = {

@@ -18,18 +18,18 @@ from ecgpos.files import (
     remove_abandoned_temporaries,
 )
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
-from probes.linear.args import build_parser, probe_config
-from probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
-from probes.linear.report import protocol_markdown, shared_protocol
-from probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
-from probes.shared.args import check_bootstrap, check_text_flags
-from probes.shared.datasets import check_records
-from probes.shared.encoder import load_probe_encoder, random_twin
-from probes.shared.guard import cache_folder, leakage_guard
-from probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
-from probes.shared.leakage import pretraining_spec, write_overlap
-from probes.shared.out_folder import check_out_folder, kept_inside
-from probes.shared.provenance import (
+from ecgpos.probes.linear.args import build_parser, probe_config
+from ecgpos.probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
+from ecgpos.probes.linear.report import protocol_markdown, shared_protocol
+from ecgpos.probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
+from ecgpos.probes.shared.args import check_bootstrap, check_text_flags
+from ecgpos.probes.shared.datasets import check_records
+from ecgpos.probes.shared.encoder import load_probe_encoder, random_twin
+from ecgpos.probes.shared.guard import cache_folder, leakage_guard
+from ecgpos.probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
+from ecgpos.probes.shared.leakage import pretraining_spec, write_overlap
+from ecgpos.probes.shared.out_folder import check_out_folder, kept_inside
+from ecgpos.probes.shared.provenance import (
     DIFFERENCES_FILE,
     INFO_FILE,
     INPUT_FILES,
@@ -44,10 +44,10 @@ from probes.shared.provenance import (
     read_info,
     sources,
 )
-from probes.shared.published import read_reference, reference_markdown
-from probes.shared.results import merge_results, records_markdown, summary_markdown, write_outputs, write_results
-from probes.shared.task_data import record_column, sort_rows
-from probes.shared.tasks import read_splits, resolve_tasks, task_names
+from ecgpos.probes.shared.published import read_reference, reference_markdown
+from ecgpos.probes.shared.results import merge_results, records_markdown, summary_markdown, write_outputs, write_results
+from ecgpos.probes.shared.task_data import record_column, sort_rows
+from ecgpos.probes.shared.tasks import read_splits, resolve_tasks, task_names
 
 
 def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from probes.shared.tasks import TASKS, read_table
+from ecgpos.probes.shared.tasks import TASKS, read_table
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
 COUNTERPART = "Stage 1"  # what an encoder matched by neither name nor architecture is compared with
