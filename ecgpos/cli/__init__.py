@@ -1,6 +1,6 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
-(COMMANDS: ecgpos.cli.*, ecgpos.preprocessing.cli, ecgpos.probes.linear.cli, ecgpos.probes.finetune.cli, ecgpos.probes.geometry.cli,
-ecgpos.demo.demo)."""
+(COMMANDS: ecgpos.cli.*, ecgpos.preprocessing.cli, ecgpos.probes.linear.cli, ecgpos.probes.finetune.cli,
+ecgpos.probes.geometry.cli, ecgpos.demo.demo)."""
 
 from __future__ import annotations
 
