@@ -203,6 +203,18 @@ def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> 
     assert "3 warm-up epochs of 10 then cosine to 0" in text(10) and "no cosine" not in text(10)
 
 
+def test_fine_tuning_schedule_is_pretraining_warm_up_and_cosine() -> None:
+    from ecgpos.errors import ConfigError
+    from ecgpos.pretrain.api import LRSchedule
+
+    schedule = LRSchedule(lr=1e-3, warmup_steps=4, min_lr=1e-5, steps=12)
+    assert [schedule.at(step) for step in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert schedule.at(8) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half-way through the cosine
+    assert schedule.at(12) == schedule.at(40) == pytest.approx(1e-5)
+    with pytest.raises(ConfigError, match="min_lr"):
+        LRSchedule(lr=1e-3, warmup_steps=0, min_lr=1e-2, steps=10)
+
+
 @pytest.mark.slow
 def test_finetune_out_refuses_what_it_did_not_write_and_names_the_models_it_kept(capsys, shared_data, tmp_path) -> None:
     import json

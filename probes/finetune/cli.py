@@ -17,7 +17,7 @@ from ecgpos.export.probe_scores import save_scores
 from ecgpos.files import atomic_write_text, make_output_folder, remove_abandoned_temporaries
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
 from ecgpos.models.features import resolve_device
-from ecgpos.pretrain.optim import resolve_mixed_precision
+from ecgpos.pretrain.api import resolve_mixed_precision
 from ecgpos.probes.finetune.args import build_parser, finetune_config
 from ecgpos.probes.finetune.config import FinetuneConfig, Mode, parse_mode
 from ecgpos.probes.finetune.model import check_mode_fits
