@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.config import to_dict
@@ -20,6 +21,7 @@ from ecgpos.files import (
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
 from ecgpos.probes.linear.args import build_parser, probe_config
 from ecgpos.probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
+from ecgpos.probes.linear.outcome import ProbeRun, probe_run
 from ecgpos.probes.linear.report import protocol_markdown, shared_protocol
 from ecgpos.probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
 from ecgpos.probes.shared.args import check_bootstrap, check_text_flags
@@ -122,6 +124,22 @@ def main(argv: list[str]) -> int:
     check_text_flags(args)
     if args.compare:
         return _compare(args)
+    _probing(args)
+    return 0
+
+
+def probe(argv: Sequence[str]) -> ProbeRun:
+    """`ecgpos probe ARGV` (not --compare) called from Python: the same checks, outputs and errors
+    (EcgposError), and the run's scores returned. The options stay command-line words: carve and the
+    demo pass a user's own probe options (`carve --probe-args`) through unchanged."""
+    args = build_parser().parse_args(list(argv))
+    check_text_flags(args)
+    if args.compare:
+        raise EcgposError("probe() trains probes; merging folders is `ecgpos probe --compare`")
+    return _probing(args)
+
+
+def _probing(args: argparse.Namespace) -> ProbeRun:
     cached: list[Path] = []  # the cache folder, once it holds features of this run's records
     try:
         return _probe(args, cached)
@@ -133,7 +151,7 @@ def main(argv: list[str]) -> int:
         raise  # nothing kept: the default line says so
 
 
-def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
+def _probe(args: argparse.Namespace, cached: list[Path]) -> ProbeRun:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
@@ -270,4 +288,4 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2, default=str), sync=False)
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)
-    return 0
+    return probe_run(args.out, frame.to_dict("records"))
