@@ -37,11 +37,11 @@ from ecgpos.pretrain.optim import (  # noqa: E402
     resolve_mixed_precision,
 )
 from ecgpos.pretrain.schedule import step_generator  # noqa: E402
+from ecgpos.probes.finetune.augment import augment  # noqa: E402
+from ecgpos.probes.finetune.config import AugmentConfig, Mode, OptimConfig  # noqa: E402
+from ecgpos.probes.finetune.model import Classifier, param_groups, prepare_mode  # noqa: E402
 from ecgpos.runs.levels import build_model  # noqa: E402
 from ecgpos.runs.run_config import load_run_config  # noqa: E402
-from probes.finetune.augment import augment  # noqa: E402
-from probes.finetune.config import AugmentConfig, Mode, OptimConfig  # noqa: E402
-from probes.finetune.model import Classifier, param_groups, prepare_mode  # noqa: E402
 
 CLASSES = 5  # PTB-XL's super-classes
 

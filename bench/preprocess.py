@@ -67,7 +67,7 @@ def naive(records: list[Path], out: Path, read_per_lead: bool = True) -> float:
 
 def ours(src: Path, out: Path, records_per_shard: int = 1000) -> float:
     """`ecgpos preprocess ecg-arrhythmia --subset all` in this process, one worker; returns seconds."""
-    from preprocessing.build import BuildRequest, run
+    from ecgpos.preprocessing.build import BuildRequest, run
 
     req = BuildRequest(
         dataset="ecg-arrhythmia", src=src, out=out, spec=DEFAULT_SPEC, subset="all", records_per_shard=records_per_shard

@@ -25,12 +25,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ecgpos.errors import EcgposError  # noqa: E402
+from ecgpos.probes.linear.run import ProbeConfig, make_jobs, merge_jobs, run_jobs  # noqa: E402
+from ecgpos.probes.linear.train import ProtocolConfig, epoch_permutations, reference_run  # noqa: E402
+from ecgpos.probes.shared.intervals import add_intervals, collect_scores  # noqa: E402
+from ecgpos.probes.shared.task_data import TaskData, label_fraction_rows  # noqa: E402
+from ecgpos.probes.shared.tasks import PAPER_TASKS, SPLITS, read_split, resolve_task  # noqa: E402
 from ecgpos.resources import sample_data_root  # noqa: E402
-from probes.linear.run import ProbeConfig, make_jobs, merge_jobs, run_jobs  # noqa: E402
-from probes.linear.train import ProtocolConfig, epoch_permutations, reference_run  # noqa: E402
-from probes.shared.intervals import add_intervals, collect_scores  # noqa: E402
-from probes.shared.task_data import TaskData, label_fraction_rows  # noqa: E402
-from probes.shared.tasks import PAPER_TASKS, SPLITS, read_split, resolve_task  # noqa: E402
 
 DIM = 768
 FRACTIONS = (0.01, 0.1, 1.0)

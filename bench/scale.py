@@ -10,7 +10,7 @@ and manifest writers, generated 10 s 250 Hz signals instead of read and filtered
 - the loader at 6 workers (bench/loader.py's measurement): its workers' start-up to the first batch, and
   its samples/s with the corpus in the page cache (the project's cost) and dropped from it (the disk's);
 - the leakage guard: loading the N pretraining fingerprints as `ecgpos probe --pretraining-index`
-  does at start-up (`probes.shared.leakage.load_pretraining`), then matching the fingerprints of a
+  does at start-up (`ecgpos.probes.shared.leakage.load_pretraining`), then matching the fingerprints of a
   --probe-set-record probe set (CSN's size by default) against them as `task_overlap` does (random
   probe fingerprints, 1 % of them near-copies of pretraining records, which must all be found);
 
@@ -49,9 +49,9 @@ from ecgpos.ecg.fingerprint import fingerprint  # noqa: E402
 from ecgpos.ecg.shards import shard_name, write_shard  # noqa: E402
 from ecgpos.ecg.spec import PreprocessSpec  # noqa: E402
 from ecgpos.errors import EcgposError  # noqa: E402
-from preprocessing import ecg_arrhythmia, manifest  # noqa: E402
-from preprocessing.build import BuildRequest  # noqa: E402
-from preprocessing.records import RecordRef  # noqa: E402
+from ecgpos.preprocessing import ecg_arrhythmia, manifest  # noqa: E402
+from ecgpos.preprocessing.build import BuildRequest  # noqa: E402
+from ecgpos.preprocessing.records import RecordRef  # noqa: E402
 
 CONFIG = ROOT / "configs" / "tiny" / "level0.yaml"
 LENGTH = 2500  # samples: a 10 s record at the spec's 250 Hz
@@ -246,7 +246,7 @@ def _pretrain(shards: Path, run_dir: Path, steps: int, until: int, resume: bool)
 
 def guard_costs(shards: Path, probe_records: int, seed: int = 1) -> tuple[float, float]:
     """(seconds to load the pretraining fingerprints, seconds to match the probe set against them)."""
-    from probes.shared.leakage import load_pretraining
+    from ecgpos.probes.shared.leakage import load_pretraining
 
     loaded = float("inf")
     for _ in range(2):  # the faster of two loads: one run on this shared machine is noisy

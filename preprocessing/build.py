@@ -25,10 +25,10 @@ from ecgpos.ecg.signal import DEAD_LEAD_PTP_MV, check_filter, seconds_text
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError, Interrupted, SignalError
 from ecgpos.files import remove_abandoned_temporaries, write_test
+from ecgpos.preprocessing import code15, ecg_arrhythmia, manifest
+from ecgpos.preprocessing.progress import Progress
+from ecgpos.preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 from ecgpos.workers import mapped_in_workers, max_workers, usable_cpus
-from preprocessing import code15, ecg_arrhythmia, manifest
-from preprocessing.progress import Progress
-from preprocessing.records import RecordPolicy, RecordRef, prepare_many, validate
 
 SOURCES: dict[str, ModuleType] = {ecg_arrhythmia.NAME: ecg_arrhythmia, code15.NAME: code15}
 DEFAULT_RECORDS_PER_SHARD = 1000

@@ -10,8 +10,8 @@ from ecgpos.config import add_set_option
 from ecgpos.ecg.screening import DEFAULT_MAX_DEAD_LEADS
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
 from ecgpos.files import user_path
-from preprocessing.build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
-from preprocessing.ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
+from ecgpos.preprocessing.build import DEFAULT_RECORDS_PER_SHARD, SOURCES, BuildRequest, check, run
+from ecgpos.preprocessing.ecg_arrhythmia import DEFAULT_SUBSET, SUBSETS
 
 EPILOG = """\
 Every input record ends up either in a shard (index.csv) or in skipped.csv with a reason; the

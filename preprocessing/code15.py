@@ -21,7 +21,7 @@ import pandas as pd
 
 from ecgpos.ecg.rates import check_fs
 from ecgpos.errors import EcgposError, SignalError
-from preprocessing.records import LoadedRecord, RecordRef
+from ecgpos.preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "code15"
 FS = 400.0

@@ -18,7 +18,7 @@ from ecgpos.ecg.wfdb_fast import read_fast
 from ecgpos.ecg.wfdb_io import RawRecord, read_wfdb_record
 from ecgpos.errors import EcgposError, SignalError
 from ecgpos.files import walk_folders
-from preprocessing.records import LoadedRecord, RecordRef
+from ecgpos.preprocessing.records import LoadedRecord, RecordRef
 
 NAME = "ecg-arrhythmia"
 FS = 500.0

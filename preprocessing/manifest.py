@@ -24,7 +24,7 @@ from ecgpos import __version__
 from ecgpos.ecg.shards import shard_name, shard_paths
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.files import atomic_write_bytes
-from preprocessing.records import RecordRef
+from ecgpos.preprocessing.records import RecordRef
 
 FORMAT_VERSION = 1
 # length: samples stored (at spec.fs); fingerprint: ecgpos.ecg.fingerprint of the stored window (what the

@@ -1,10 +1,10 @@
 """Evaluation of ECG encoders on labelled tasks, one subpackage per protocol over what they share:
 
-- `probes.shared`: tasks and splits, finding and reading records, the leakage guard, bootstrap intervals,
+- `ecgpos.probes.shared`: tasks and splits, finding and reading records, the leakage guard, bootstrap intervals,
   results.csv and summary.md, probe.json and `--compare`, published reference numbers;
-- `probes.linear`: `ecgpos probe`, linear probes on frozen features (MERL's protocol) and `--compare`;
-- `probes.finetune`: `ecgpos finetune`, the encoder trained end to end, its top blocks, or adapters;
-- `probes.geometry`: `ecgpos geometry`, the PoS representation dynamics between consecutive levels.
+- `ecgpos.probes.linear`: `ecgpos probe`, linear probes on frozen features (MERL's protocol) and `--compare`;
+- `ecgpos.probes.finetune`: `ecgpos finetune`, the encoder trained end to end, its top blocks, or adapters;
+- `ecgpos.probes.geometry`: `ecgpos geometry`, the PoS representation dynamics between consecutive levels.
 
-The protocols import `probes.shared`, never each other; `probes.shared` imports no protocol.
+The protocols import `ecgpos.probes.shared`, never each other; `ecgpos.probes.shared` imports no protocol.
 """

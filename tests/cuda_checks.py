@@ -158,8 +158,8 @@ def finetune_bf16(work: Path) -> None:  # noqa: ARG001
 
     from ecgpos.models.factory import build_nested
     from ecgpos.pretrain.optim import resolve_mixed_precision
-    from probes.finetune.config import AugmentConfig, FinetuneConfig, Mode, OptimConfig
-    from probes.finetune.train import Split, train_classifier
+    from ecgpos.probes.finetune.config import AugmentConfig, FinetuneConfig, Mode, OptimConfig
+    from ecgpos.probes.finetune.train import Split, train_classifier
 
     rng = np.random.default_rng(0)
 

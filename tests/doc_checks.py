@@ -18,11 +18,11 @@ from ecgpos.cli import COMMANDS
 from ecgpos.config import load_config
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
+from ecgpos.probes.geometry.cli import _splits
+from ecgpos.probes.linear.run import ProbeConfig
+from ecgpos.probes.shared.args import fractions_from_percent
+from ecgpos.probes.shared.tasks import TASKS
 from ecgpos.runs.run_config import RunConfig, load_run_config
-from probes.geometry.cli import _splits
-from probes.linear.run import ProbeConfig
-from probes.shared.args import fractions_from_percent
-from probes.shared.tasks import TASKS
 
 # flags of the tools around ecgpos (accelerate, sbatch, srun, scancel, pip, pytest) that the docs show
 EXTERNAL_FLAGS = {

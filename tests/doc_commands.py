@@ -21,21 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SKIP_DIRS = {"tests", "node_modules", "build", "site", "demo-out", "gpu_data", "gpu_out"}
 # prog -> the module whose build_parser() it is (`ecgpos <command>` and the benchmarks)
 CLI_MODULES = {
-    "preprocess": "preprocessing.cli",
+    "preprocess": "ecgpos.preprocessing.cli",
     "pretrain": "ecgpos.cli.pretrain",
-    "probe": "probes.linear.args",
+    "probe": "ecgpos.probes.linear.args",
     "export": "ecgpos.cli.export",
     "embed": "ecgpos.cli.embed",
     "verify": "ecgpos.cli.verify",
-    "geometry": "probes.geometry.cli",
+    "geometry": "ecgpos.probes.geometry.cli",
     "score": "ecgpos.cli.score",
     "carve": "ecgpos.cli.carve",
     "demo": "ecgpos.demo.demo",
     "predict": "ecgpos.cli.predict",
-    "finetune": "probes.finetune.args",
+    "finetune": "ecgpos.probes.finetune.args",
 }
 # modules whose docstrings are documentation too (the pretrain synopsis is not its --help description)
-DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "probes.linear.cli")
+DOC_MODULES = ("ecgpos.cli", "ecgpos.cli.pretrain", "ecgpos.probes.linear.cli")
 BENCH_SCRIPTS = ("depth_study", "loader", "predict", "preprocess", "probe", "scale", "train_step")
 COMMAND_WORDS = ("ecgpos", "python", "python3", "sbatch", "accelerate", "make", "bash", "srun")
 

@@ -66,7 +66,7 @@ def test_a_missing_settings_hash_warns(exports, tmp_path, real_record, capsys):
 
 
 def test_geometry_refuses_tampered_decoders(exports, tmp_path):
-    from probes.geometry.cli import load_levels
+    from ecgpos.probes.geometry.cli import load_levels
 
     assert 1 in load_levels(str(exports["nested"])).objectives
     tampered = tmp_path / "tampered"

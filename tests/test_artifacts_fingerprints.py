@@ -13,7 +13,7 @@ from ecgpos.ecg.fingerprint import fingerprint, fingerprint_problem, hex_length
 from ecgpos.ecg.shards import iter_shard_records
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.errors import EcgposError
-from probes.shared.leakage import load_pretraining
+from ecgpos.probes.shared.leakage import load_pretraining
 
 SPEC = DEFAULT_SPEC
 

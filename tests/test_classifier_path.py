@@ -104,9 +104,9 @@ def test_export_fraction_is_in_percent_as_finetune_fractions(
 
 def test_export_test_auroc_ranks_the_logits_as_results_csv_does(finetuned: dict, tmp_path: Path) -> None:
     """A confident model: its float32 probabilities saturate at 1 and tie, its logits do not. The export's
-    per-label and macro test AUROC are finetune's (probes.finetune.train.class_aurocs on the logits)."""
+    per-label and macro test AUROC are finetune's (ecgpos.probes.finetune.train.class_aurocs on the logits)."""
     from ecgpos.export.finetuned_format import write_scores
-    from probes.finetune.train import class_aurocs
+    from ecgpos.probes.finetune.train import class_aurocs
 
     out = tmp_path / "finetune"
     shutil.copytree(finetuned["out"], out)

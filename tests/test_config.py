@@ -63,8 +63,12 @@ def test_overrides_parse_yaml_values_and_reject_bad_syntax() -> None:
             ["--level", "0", "--config", "c", "--shards", "s", "--run-dir", "r"],
             "override a config key, e.g. --set optim",
         ),
-        ("probes.linear.args", ["--task", "ptbxl-super"], "override a ProbeConfig key, e.g. --set windows_cpsc2018"),
-        ("preprocessing.cli", ["ecg-arrhythmia", "--out", "o"], "override one spec key, e.g. --set lowpass_hz"),
+        (
+            "ecgpos.probes.linear.args",
+            ["--task", "ptbxl-super"],
+            "override a ProbeConfig key, e.g. --set windows_cpsc2018",
+        ),
+        ("ecgpos.preprocessing.cli", ["ecg-arrhythmia", "--out", "o"], "override one spec key, e.g. --set lowpass_hz"),
     ],
 )
 def test_each_command_takes_repeated_set_options_with_its_own_help(module: str, argv: list[str], subject: str) -> None:

@@ -163,7 +163,7 @@ def test_push_pull_at_level_0_perturbs_the_signal_and_trains_the_encoder() -> No
 
 
 def test_the_leakage_guard_reads_the_pretraining_shards_of_every_level_below(tmp_path: Path) -> None:
-    from probes.shared.leakage import recorded_pretraining
+    from ecgpos.probes.shared.leakage import recorded_pretraining
 
     runs = [tmp_path / f"l{level}" for level in range(3)]
     infos = [

@@ -198,8 +198,8 @@ def test_model_card_and_nested_verify(export0: Path, export1: Path) -> None:
 def test_export_records_its_pretraining_shards_for_the_leakage_guard(
     export1: Path, level1_run: Path, arrhythmia_shards: Path
 ) -> None:
-    from probes.shared.encoder import load_probe_encoder
-    from probes.shared.leakage import recorded_pretraining
+    from ecgpos.probes.shared.encoder import load_probe_encoder
+    from ecgpos.probes.shared.leakage import recorded_pretraining
 
     enc = load_probe_encoder(str(export1))
     assert enc.info["shards"] == [str(arrhythmia_shards.resolve())]

@@ -11,11 +11,18 @@ import torch
 from ecgpos.config import load_config
 from ecgpos.errors import EcgposError
 from ecgpos.models.factory import build_nested
+from ecgpos.probes.finetune.augment import augment, lead_dropout, random_crop, time_shift
+from ecgpos.probes.finetune.config import (
+    AugmentConfig,
+    FinetuneConfig,
+    Mode,
+    OptimConfig,
+    check_finetune_config,
+    parse_mode,
+)
+from ecgpos.probes.finetune.lora import LoRALinear, merge_lora
+from ecgpos.probes.finetune.model import Classifier, blocks, layer_ids, param_groups, prepare_mode
 from ecgpos.resources import config_path
-from probes.finetune.augment import augment, lead_dropout, random_crop, time_shift
-from probes.finetune.config import AugmentConfig, FinetuneConfig, Mode, OptimConfig, check_finetune_config, parse_mode
-from probes.finetune.lora import LoRALinear, merge_lora
-from probes.finetune.model import Classifier, blocks, layer_ids, param_groups, prepare_mode
 
 TINY = {"width": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
 
@@ -155,7 +162,7 @@ def test_shipped_config_is_the_dataclass_defaults_and_bad_values_are_refused() -
 
 
 def test_results_without_a_protocol_column_read_as_linear_probes(tmp_path) -> None:
-    from probes.shared.results import RESULT_COLUMNS, read_results, write_results
+    from ecgpos.probes.shared.results import RESULT_COLUMNS, read_results, write_results
 
     row = {c: 0 for c in RESULT_COLUMNS} | {"encoder": "e", "task": "t", "note": "", "test_auroc": 0.7}
     del row["protocol"]  # what `ecgpos probe` rows hold: no protocol of their own
@@ -182,7 +189,7 @@ def test_top_k_above_the_block_count_is_refused_before_training(capsys, shared_d
 
 def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> None:
     from ecgpos.ecg.spec import PreprocessSpec
-    from probes.finetune.report import protocol_markdown
+    from ecgpos.probes.finetune.report import protocol_markdown
 
     def text(epochs: int) -> str:
         cfg = dataclasses.replace(FinetuneConfig(), tune=dataclasses.replace(OptimConfig(), epochs=epochs))
@@ -194,6 +201,18 @@ def test_a_warm_up_longer_than_the_run_is_said_capped_with_no_cosine_phase() -> 
     )
     assert "linear warm-up throughout all 3 epochs, no cosine phase" in text(3)
     assert "3 warm-up epochs of 10 then cosine to 0" in text(10) and "no cosine" not in text(10)
+
+
+def test_fine_tuning_schedule_is_pretraining_warm_up_and_cosine() -> None:
+    from ecgpos.errors import ConfigError
+    from ecgpos.pretrain.api import LRSchedule
+
+    schedule = LRSchedule(lr=1e-3, warmup_steps=4, min_lr=1e-5, steps=12)
+    assert [schedule.at(step) for step in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert schedule.at(8) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)  # half-way through the cosine
+    assert schedule.at(12) == schedule.at(40) == pytest.approx(1e-5)
+    with pytest.raises(ConfigError, match="min_lr"):
+        LRSchedule(lr=1e-3, warmup_steps=0, min_lr=1e-2, steps=10)
 
 
 @pytest.mark.slow

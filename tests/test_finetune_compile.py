@@ -10,8 +10,8 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.models.factory import build_nested
-from probes.finetune.config import AugmentConfig, Mode, OptimConfig
-from probes.finetune.train import Split, Trained, train_classifier
+from ecgpos.probes.finetune.config import AugmentConfig, Mode, OptimConfig
+from ecgpos.probes.finetune.train import Split, Trained, train_classifier
 
 TINY = {"width": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0}
 # fp32 on the CPU: Inductor reorders sums, so two epochs of logits agree to float rounding only
@@ -75,7 +75,7 @@ def without_a_cxx_compiler():
 def test_a_finetune_that_cannot_compile_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     with pytest.raises(EcgposError, match=r"compile=True cannot compile the fine-tuning step \(.*InvalidCxxCompiler"):
         finetune("full", True)
-    import probes.finetune.train as train
+    import ecgpos.probes.finetune.train as train
 
     # "auto" compiles on one GPU only; made to compile here, it falls back to the eager run
     monkeypatch.setattr(train, "resolve_compile", lambda mode, *args: True if mode == "auto" else mode)

@@ -14,12 +14,12 @@ from refusal_helpers import run
 from safetensors.torch import load_file
 
 from ecgpos.models.factory import module_from_arch
+from ecgpos.probes.finetune.model import Classifier
+from ecgpos.probes.finetune.train import Split, record_logits
+from ecgpos.probes.shared.datasets import prepared_record, task_locator
+from ecgpos.probes.shared.results import read_results
+from ecgpos.probes.shared.tasks import TASKS
 from ecgpos.resources import config_dir
-from probes.finetune.model import Classifier
-from probes.finetune.train import Split, record_logits
-from probes.shared.datasets import prepared_record, task_locator
-from probes.shared.results import read_results
-from probes.shared.tasks import TASKS
 
 NESTED = f"random:{config_dir() / 'tiny' / 'level1.yaml'}"  # a tiny nested encoder, nothing to pretrain
 NO_AUGMENT = [f"--set=augment.p_{k}=0" for k in ("shift", "scale", "wander", "noise", "dropout")]

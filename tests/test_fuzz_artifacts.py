@@ -32,7 +32,7 @@ from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import ScoreSet, save_scores
-from probes.shared.leakage import load_pretraining
+from ecgpos.probes.shared.leakage import load_pretraining
 
 torch.set_num_threads(1)
 _EXAMPLES = int(os.environ.get("ECGPOS_FUZZ_EXAMPLES", "0"))

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from probes.geometry.dynamics import EPS, METRICS, geometry, plot_geometry
+from ecgpos.probes.geometry.dynamics import EPS, METRICS, geometry, plot_geometry
 
 
 def reference(

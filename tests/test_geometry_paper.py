@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tiny_runs import cli, pretrain_tiny
 
-from probes.geometry.dynamics import geometry
+from ecgpos.probes.geometry.dynamics import geometry
 
 EPSILON = 1e-8  # the appendix's epsilon, "used everywhere"
 NAMES = ("D_inter", "R", "S", "rho", "d_samp", "d_pool", "IC")
@@ -198,3 +198,16 @@ def test_geometry_reruns_into_its_own_folder_and_a_probe_there_is_refused(nested
     rc, _, err = run(capsys, "probe", "--encoder", nested_run, "--task", f"custom:{task}", "--out", out)
     one_line_error(rc, err, "probe", f"--out {out} holds the results of `ecgpos geometry` (metrics.csv)")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_geometry_called_from_python_returns_what_metrics_csv_holds(nested_run, shared_data, tmp_path) -> None:
+    from ecgpos.probes.geometry.cli import measure
+
+    task, _ = _task(shared_data, tmp_path / "task")
+    out = tmp_path / "g"
+    args = ["--nominal", "A,B", "--anomalous", "X,Y", "--out", str(out), "--device", "cpu"]
+    done = measure(["--encoder", str(nested_run), "--task", f"custom:{task}", *args])
+    with (out / "metrics.csv").open() as handle:
+        written = {r["metric"]: float(r["delta_pct"]) for r in csv.DictReader(handle) if r["level"] == "1"}
+    assert done.out == out and list(done.results) == [1]
+    assert list(done.deltas(1)) == list(NAMES) and done.deltas(1) == pytest.approx(written, rel=1e-12)

@@ -27,9 +27,9 @@ from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import Interrupted
 from ecgpos.export.load import load_encoder
 from ecgpos.pretrain.data import StepBatchSampler
+from ecgpos.probes.linear.features import extract_features, raw_source
+from ecgpos.probes.shared.datasets import RecordLocator
 from ecgpos.runs.run_folder import list_checkpoints
-from probes.linear.features import extract_features, raw_source
-from probes.shared.datasets import RecordLocator
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -142,7 +142,7 @@ def test_probe_ctrl_c_during_extraction_keeps_the_features_extracted(shared_data
 def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, tmp_path, monkeypatch, capsys):
     """Ctrl-C before any record was extracted (while the encoder loads) used to say that the features
     were cached in a --cache-dir that did not even exist; after the extraction it names the cache."""
-    import probes.linear.cli
+    import ecgpos.probes.linear.cli
 
     task, cache = tmp_path / "task", tmp_path / "cache"
     task.mkdir()
@@ -157,7 +157,7 @@ def test_probe_ctrl_c_says_features_are_cached_only_when_they_are(shared_data, t
 
     lines = []
     for where in ("load_probe_encoder", "run_jobs"):  # before the extraction; after it, as the probes train
-        monkeypatch.setattr(probes.linear.cli, where, ctrl_c)
+        monkeypatch.setattr(ecgpos.probes.linear.cli, where, ctrl_c)
         capsys.readouterr()
         assert main([str(a) for a in args]) == 130
         monkeypatch.undo()

@@ -17,7 +17,7 @@ from ecgpos.ecg.screening import ScreenPolicy, screen_record
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import SignalError
-from probes.shared.datasets import read_cpsc_original
+from ecgpos.probes.shared.datasets import read_cpsc_original
 
 ARRHYTHMIA = Path("ecg-arrhythmia") / "WFDBRecords" / "01" / "010"
 
@@ -150,8 +150,8 @@ def test_probes_keep_a_swapped_record_and_say_so(swapped_tree, export, tmp_path)
     """The probes evaluate the published splits whole: a record whose limb leads break the relations
     is embedded all the same, with the same features as with the check off, and the log names it."""
     from ecgpos.export.load import load_encoder
-    from probes.linear.features import encoder_source, extract_features
-    from probes.shared.datasets import RecordLocator
+    from ecgpos.probes.linear.features import encoder_source, extract_features
+    from ecgpos.probes.shared.datasets import RecordLocator
 
     folder = swapped_tree / "WFDBRecords" / "01" / "010"
     enc = load_encoder(export)

@@ -103,7 +103,7 @@ def test_legacy_export_embeds_at_each_level(real_record: Path, tmp_path: Path) -
 
 
 def test_legacy_runs_load_as_probe_encoders() -> None:
-    from probes.shared.encoder import load_probe_encoder, random_twin
+    from ecgpos.probes.shared.encoder import load_probe_encoder, random_twin
 
     for path, level, depth in ((FIXTURE / "run1", None, 2), (FIXTURE / "export1", 0, 1), (FIXTURE / "run0", None, 1)):
         enc = load_probe_encoder(str(path), level)

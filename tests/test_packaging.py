@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import zipfile
@@ -43,12 +45,24 @@ def test_wheel_holds_the_configs_and_every_package(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in SHIPPED:
         assert f"ecgpos/configs/{name}.yaml" in names
+    # preprocessing/ and probes/ ship as ecgpos/preprocessing and ecgpos/probes (the links to them)
     packages = {
         p.parent.relative_to(ROOT).as_posix()
         for p in ROOT.glob("*/**/__init__.py")
         if p.parts[len(ROOT.parts)] in ("ecgpos", "preprocessing", "probes")
     }
-    assert packages and all(f"{package}/__init__.py" in names for package in packages)
+    inside = {package if package.startswith("ecgpos") else f"ecgpos/{package}" for package in packages}
+    assert {"ecgpos/probes/linear", "ecgpos/preprocessing"} <= inside
+    assert all(f"{package}/__init__.py" in names for package in inside)
+    reference = [p.relative_to(ROOT).as_posix() for p in (ROOT / "probes" / "shared" / "reference").glob("*.csv")]
+    assert reference and all(f"ecgpos/{path}" in names for path in reference)
+
+
+def test_wheel_installs_one_top_level_package(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"ecgpos"}
+    top_level = [name for name in names if name.endswith(".dist-info/top_level.txt")]
+    assert all(zipfile.ZipFile(wheel).read(name).decode().split() == ["ecgpos"] for name in top_level)
 
 
 def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -80,6 +94,78 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
     found = json.loads(done.stdout)
     assert found["module"].startswith(str(site)) and found["dir"].startswith(str(site))
     assert set(found["names"]) == SHIPPED and found["width"] == 768
+
+
+# Run first by every Python started with this folder on PYTHONPATH: it drops the import finder of an
+# editable install (`pip install -e` of a checkout), so that only the installed wheel provides modules.
+NO_CHECKOUT = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
+"""
+
+
+@pytest.fixture(scope="module")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The environment of a Python that sees the wheel installed with `pip install --target`, and no checkout."""
+    site = tmp_path_factory.mktemp("installed")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site / "site"), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (site / "no-checkout").mkdir()
+    (site / "no-checkout" / "sitecustomize.py").write_text(NO_CHECKOUT)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "COV_"))}
+    return env | {"PYTHONPATH": f"{site / 'site'}{os.pathsep}{site / 'no-checkout'}"}
+
+
+def test_installed_wheel_has_no_top_level_probes_or_preprocessing(installed: dict[str, str], tmp_path: Path) -> None:
+    code = """
+import json
+found = {}
+for name in ("probes", "preprocessing", "ecgpos.probes.linear.cli", "ecgpos.preprocessing.cli"):
+    try:
+        found[name] = __import__(name, fromlist=["_"]).__file__
+    except ModuleNotFoundError as err:
+        found[name] = f"ModuleNotFoundError: {err.name}"
+print(json.dumps(found))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=installed, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    site = installed["PYTHONPATH"].split(os.pathsep)[0]
+    assert found["probes"] == "ModuleNotFoundError: probes"
+    assert found["preprocessing"] == "ModuleNotFoundError: preprocessing"
+    assert found["ecgpos.probes.linear.cli"] == str(Path(site, "ecgpos", "probes", "linear", "cli.py"))
+    assert found["ecgpos.preprocessing.cli"] == str(Path(site, "ecgpos", "preprocessing", "cli.py"))
+
+
+@pytest.mark.slow
+def test_installed_wheel_runs_the_quick_demo(installed: dict[str, str], tmp_path: Path) -> None:
+    """The whole pipeline (preprocess, carve, probe, geometry, score, export) from the installed wheel alone."""
+    out = tmp_path / "demo"
+    # its own session: a demo past the time limit is killed with its simulation workers
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=installed,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:  # under 3 minutes on 2 idle cores; a loaded machine has taken 20
+        stdout, stderr = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
+    assert f"Exported encoder: {out / 'export' / 'nested-encoder'}" in stdout
+    assert "demo finished in" in stderr
+    assert (out / "export" / "nested-encoder" / "config.json").is_file()
 
 
 def test_config_by_name_or_path() -> None:

@@ -97,7 +97,7 @@ def _stop_once_workers_start(proc: subprocess.Popen, sig: int, delay: float) -> 
     return err
 
 
-# The least work `ecgpos probe` trains in worker processes (probes.linear.run.SPAWN_MIN_STEPS: 20,000 probe
+# The least work `ecgpos probe` trains in worker processes (ecgpos.probes.linear.run.SPAWN_MIN_STEPS: 20,000 probe
 # steps; here 2 jobs of 62 + 124 PTB-XL rows, batch 1, 120 epochs), on the features of a random encoder.
 PROBE = ["--encoder", "random:tiny/level0", "--task", "ptbxl-super", "--fractions", "50,100", "--seeds", "1"]
 PROBE += ["--epochs", "120", "--set", "protocol.batch_size=1", "--bootstrap", "0"]

@@ -234,8 +234,8 @@ def test_a_failing_batch_run_skips_only_its_own_records(monkeypatch):
     from types import SimpleNamespace
 
     from ecgpos.ecg.spec import DEFAULT_SPEC
-    from preprocessing import build
-    from preprocessing.records import LoadedRecord, RecordPolicy, RecordRef
+    from ecgpos.preprocessing import build
+    from ecgpos.preprocessing.records import LoadedRecord, RecordPolicy, RecordRef
 
     lengths = {"a": 5000, "b": 20, "c": 5000, "d": 5000}
     source = SimpleNamespace(

@@ -22,7 +22,7 @@ from ecgpos.cli import main
 from ecgpos.ecg.shards import iter_shard_records, read_shard_spec
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from preprocessing import ecg_arrhythmia
+from ecgpos.preprocessing import ecg_arrhythmia
 
 
 def preprocess(capsys, *args: str) -> tuple[int, str, str]:
@@ -260,7 +260,7 @@ def test_ctrl_c_or_sigterm_to_the_process_group_is_one_line_and_the_rerun_comple
 def test_progress_is_a_bar_on_a_terminal_and_lines_otherwise():
     import io
 
-    from preprocessing.progress import Progress
+    from ecgpos.preprocessing.progress import Progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -15,7 +15,7 @@ from ecgpos.ecg.leads import CANONICAL_LEADS, to_canonical_order
 from ecgpos.ecg.wfdb_fast import read_fast
 from ecgpos.ecg.wfdb_io import read_wfdb_record
 from ecgpos.errors import SignalError
-from preprocessing import code15, ecg_arrhythmia
+from ecgpos.preprocessing import code15, ecg_arrhythmia
 
 
 def header_gains(path: Path) -> list[float]:

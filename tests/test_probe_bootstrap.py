@@ -8,7 +8,7 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 
 from ecgpos.export.probe_scores import ScoreSet
-from probes.shared.bootstrap import (
+from ecgpos.probes.shared.bootstrap import (
     MIN_STRATUM,
     macro_auroc_reference,
     macro_auroc_resamples,
@@ -18,7 +18,7 @@ from probes.shared.bootstrap import (
     seed_intervals,
     stratified_indices,
 )
-from probes.shared.intervals import add_intervals, paired_differences
+from ecgpos.probes.shared.intervals import add_intervals, paired_differences
 
 
 def _predictions(rng: np.random.Generator, n: int = 120, classes: int = 4, seeds: int = 3):

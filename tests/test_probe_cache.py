@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from probes.linear import features
-from probes.linear.features import cache_file, encoder_source, extract_features, raw_source
-from probes.linear.run import ProbeConfig, prepare_task
-from probes.shared.datasets import RecordLocator
-from probes.shared.tasks import resolve_task
+from ecgpos.probes.linear import features
+from ecgpos.probes.linear.features import cache_file, encoder_source, extract_features, raw_source
+from ecgpos.probes.linear.run import ProbeConfig, prepare_task
+from ecgpos.probes.shared.datasets import RecordLocator
+from ecgpos.probes.shared.tasks import resolve_task
 
 PTBXL = [f"records500/00000/{n:05d}_hr" for n in (1, 2, 3, 4)]
 CPSC = ["A1980", "A1981", "A1982"]
@@ -116,8 +116,8 @@ def test_a_cache_written_before_records_were_stamped_is_recomputed(shared_data, 
 def test_the_leakage_guard_fingerprints_a_changed_record_again(shared_data, tmp_path, monkeypatch):
     """Probe-record fingerprints were cached by record key alone as well: a record replaced on disk
     by a copy of a pretraining record kept its old fingerprint, and the guard reported no overlap."""
-    from probes.shared import leakage
-    from probes.shared.leakage import _cache_path, probe_fingerprints
+    from ecgpos.probes.shared import leakage
+    from ecgpos.probes.shared.leakage import _cache_path, probe_fingerprints
 
     keys, paths = _copy_records(shared_data, tmp_path / "data", "ptbxl")
     cache = tmp_path / "cache"

@@ -144,8 +144,8 @@ def test_reference_flags_our_differences_over_a_smaller_test_set(capsys, shared_
     super-class records, so `ours − published` compares different test sets and says so. A label that
     names no published row is compared with the row of its architecture (a level-0 encoder: the paper's
     Stage 0), also after a --compare of a --compare."""
-    from probes.shared.published import PUBLISHED_TEST_RECORDS, read_reference
-    from probes.shared.tasks import SPLITS, read_splits, resolve_task
+    from ecgpos.probes.shared.published import PUBLISHED_TEST_RECORDS, read_reference
+    from ecgpos.probes.shared.tasks import SPLITS, read_splits, resolve_task
 
     for task, size in PUBLISHED_TEST_RECORDS.items():  # the constants are the split files' sizes
         tables = read_splits(resolve_task(task), shared_data / "merl_splits")
@@ -218,7 +218,7 @@ def test_compare_and_export_refuse_results_that_disagree_with_the_stored_test_sc
 
 def test_differences_table_titles_a_custom_task_as_the_results_table_does() -> None:
     """A custom task's column is its folder name in the paired-difference table, as in the results table."""
-    from probes.shared.intervals import differences_markdown
+    from ecgpos.probes.shared.intervals import differences_markdown
 
     diffs = pd.DataFrame(
         [dict(encoder="b", baseline="a", task="custom:rhythm", fraction=1.0, difference=0.1, low=0.0, high=0.2)]
@@ -326,7 +326,7 @@ def test_paired_difference_over_different_class_counts_is_one_line() -> None:
 
     from ecgpos.errors import EcgposError
     from ecgpos.export.probe_scores import ScoreSet
-    from probes.shared.intervals import paired_differences
+    from ecgpos.probes.shared.intervals import paired_differences
 
     keys = ["r0", "r1", "r2", "r3"]
     two = np.array([[0, 1], [1, 0], [1, 1], [0, 0]], np.uint8)
@@ -374,7 +374,7 @@ def test_compare_takes_a_probe_json_of_another_structure_as_an_unchecked_folder(
 
 
 def test_compare_compares_each_protocols_own_settings_within_that_protocol():
-    from probes.shared.provenance import protocol_section
+    from ecgpos.probes.shared.provenance import protocol_section
 
     def linear(epochs: int, seeds: int) -> dict:
         return {"config": {"protocol": {"epochs": epochs, "lr": 0.001}, "seeds": seeds}, "bootstrap": 1000}

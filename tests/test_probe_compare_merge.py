@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from refusal_helpers import run
 
-from probes.shared.results import write_outputs, write_results
+from ecgpos.probes.shared.results import write_outputs, write_results
 
 
 def test_compare_merges_result_folders(capsys, tmp_path):

@@ -14,9 +14,9 @@ from refusal_helpers import FAST, TINY0, run
 from tiny_runs import pretrain_tiny
 
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from probes.linear.features import raw_source
-from probes.linear.run import ProbeConfig, make_jobs, prepare_task, run_jobs
-from probes.shared.tasks import resolve_task
+from ecgpos.probes.linear.features import raw_source
+from ecgpos.probes.linear.run import ProbeConfig, make_jobs, prepare_task, run_jobs
+from ecgpos.probes.shared.tasks import resolve_task
 
 
 def _custom_task(folder: Path, n: int = 30) -> Path:
@@ -84,9 +84,28 @@ def test_custom_task_through_the_cli(capsys, tmp_path):
     assert "r000" in out and "| Encoder | synthetic |" in out
 
 
+@pytest.mark.skipif(not TINY0.is_file(), reason="configs/tiny/stage0.yaml not written yet")
+def test_probe_called_from_python_returns_what_results_csv_holds(tmp_path):
+    from ecgpos.errors import EcgposError
+    from ecgpos.probes.linear.cli import probe
+
+    folder = _custom_task(tmp_path / "synthetic")
+    out = tmp_path / "out"
+    common = ["--task", f"custom:{folder}", "--fractions", "100", "--cache-dir", str(tmp_path / "cache")]
+    done = probe(["--encoder", f"random:{TINY0}", "--seeds", "2", "--epochs", "3", *common, "--out", str(out)])
+    results = pd.read_csv(out / "results.csv")
+    assert done.out == out and [s.seed for s in done.scores] == list(results["seed"])
+    assert [s.test_auroc for s in done.scores] == pytest.approx(list(results["test_auroc"]))
+    assert done.mean_test_auroc() == pytest.approx(results["test_auroc"].mean())
+    low, high = done.mean_interval()
+    assert (low, high) == pytest.approx((results["mean_auroc_low"][0], results["mean_auroc_high"][0]))
+    with pytest.raises(EcgposError, match="--compare"):
+        probe(["--compare", str(out), "--out", str(tmp_path / "merged")])
+
+
 def test_random_baseline_twin_has_same_arch_fresh_weights_and_its_own_row(capsys, tmp_path, arrhythmia_shards):
     from ecgpos.export.format import weights_hash
-    from probes.shared.encoder import load_probe_encoder, random_twin
+    from ecgpos.probes.shared.encoder import load_probe_encoder, random_twin
 
     enc = load_probe_encoder(f"random:{TINY0}")
     before = torch.get_rng_state()

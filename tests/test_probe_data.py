@@ -15,8 +15,8 @@ from ecgpos.ecg.leads import CANONICAL_LEADS
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
-from probes.shared.datasets import RecordLocator, index_cpsc, prepared_record, read_record
-from probes.shared.tasks import SPLITS, read_split, resolve_task
+from ecgpos.probes.shared.datasets import RecordLocator, index_cpsc, prepared_record, read_record
+from ecgpos.probes.shared.tasks import SPLITS, read_split, resolve_task
 
 # CPSC2018 label vocabularies -> MERL's ICBEB class columns
 ABBREV = {
@@ -132,7 +132,7 @@ def test_truncated_original_mat_is_a_signal_error(tmp_path):
 
 def test_one_percent_subsets_lack_the_classes_merl_documents(shared_data):
     # MERL's 1% subsets (train_test_split, random_state=42) leave these classes without a positive
-    from probes.shared.task_data import label_fraction_rows
+    from ecgpos.probes.shared.task_data import label_fraction_rows
 
     expected = {
         "ptbxl-super": set(),
@@ -151,7 +151,7 @@ def test_one_percent_subsets_lack_the_classes_merl_documents(shared_data):
 def test_geometry_and_leakage_screen_records_like_preprocessing(shared_data, tmp_path):
     """A record preprocessing refuses (three dead leads) is neither fingerprinted nor measured."""
     from ecgpos.errors import SignalError
-    from probes.shared.leakage import probe_fingerprints
+    from ecgpos.probes.shared.leakage import probe_fingerprints
 
     raw = read_record(*RecordLocator("ptbxl", shared_data).locate(_first_ptbxl(shared_data)))
     for name, signal in (("good", raw.signal), ("dead", np.where(np.arange(12)[:, None] < 3, 0.0, raw.signal))):

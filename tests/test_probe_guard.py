@@ -19,12 +19,12 @@ from ecgpos.ecg.shards import write_shard
 from ecgpos.ecg.signal import preprocess_signal
 from ecgpos.ecg.spec import DEFAULT_SPEC
 from ecgpos.ecg.wfdb_io import read_wfdb_record
+from ecgpos.probes.linear.run import ProbeConfig
+from ecgpos.probes.shared.datasets import task_locator
+from ecgpos.probes.shared.leakage import load_pretraining, recorded_pretraining, task_overlap
+from ecgpos.probes.shared.task_data import dataset_key
+from ecgpos.probes.shared.tasks import SPLITS, TASKS, read_split, resolve_task
 from ecgpos.resources import config_dir
-from probes.linear.run import ProbeConfig
-from probes.shared.datasets import task_locator
-from probes.shared.leakage import load_pretraining, recorded_pretraining, task_overlap
-from probes.shared.task_data import dataset_key
-from probes.shared.tasks import SPLITS, TASKS, read_split, resolve_task
 
 TINY = config_dir() / "tiny" / "level0.yaml"
 LEADS = list(DEFAULT_SPEC.leads)

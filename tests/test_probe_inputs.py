@@ -13,12 +13,12 @@ import pytest
 from refusal_helpers import one_line_error, run
 
 from ecgpos.errors import EcgposError
-from probes.geometry.cli import select_records
-from probes.linear.run import Job, run_job
-from probes.linear.train import ProtocolConfig
-from probes.shared.datasets import RecordLocator
-from probes.shared.published import read_reference
-from probes.shared.tasks import SPLITS
+from ecgpos.probes.geometry.cli import select_records
+from ecgpos.probes.linear.run import Job, run_job
+from ecgpos.probes.linear.train import ProtocolConfig
+from ecgpos.probes.shared.datasets import RecordLocator
+from ecgpos.probes.shared.published import read_reference
+from ecgpos.probes.shared.tasks import SPLITS
 
 PTBXL = "ptbxl/records500/00000"
 ENCODER = "random:tiny/level0"

@@ -10,7 +10,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import train_test_split
 
-from probes.linear.train import (
+from ecgpos.probes.linear.train import (
     ProtocolConfig,
     epoch_permutations,
     lr_at_epoch,
@@ -18,9 +18,9 @@ from probes.linear.train import (
     train_probe,
     train_probe_groups,
 )
-from probes.shared.metrics import auroc_columns, macro_auroc_sklearn
-from probes.shared.task_data import TaskData, fraction_rows, label_fraction_rows
-from probes.shared.tasks import TASKS
+from ecgpos.probes.shared.metrics import auroc_columns, macro_auroc_sklearn
+from ecgpos.probes.shared.task_data import TaskData, fraction_rows, label_fraction_rows
+from ecgpos.probes.shared.tasks import TASKS
 
 
 def _data(seed: int, n: int = 48, dim: int = 12, classes: int = 3, n_val: int = 40):

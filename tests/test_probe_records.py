@@ -9,12 +9,12 @@ import shutil
 import pandas as pd
 
 from ecgpos.ecg.spec import DEFAULT_SPEC
-from probes.linear.features import raw_source
-from probes.linear.report import protocol_markdown
-from probes.linear.run import ProbeConfig, prepare_task
-from probes.shared.results import records_markdown
-from probes.shared.task_data import RECORD_COUNTS
-from probes.shared.tasks import PAPER_TASKS, SPLITS, TASKS, read_split, resolve_task
+from ecgpos.probes.linear.features import raw_source
+from ecgpos.probes.linear.report import protocol_markdown
+from ecgpos.probes.linear.run import ProbeConfig, prepare_task
+from ecgpos.probes.shared.results import records_markdown
+from ecgpos.probes.shared.task_data import RECORD_COUNTS
+from ecgpos.probes.shared.tasks import PAPER_TASKS, SPLITS, TASKS, read_split, resolve_task
 
 CLASS_COUNTS = {"ptbxl-super": 5, "ptbxl-sub": 23, "ptbxl-form": 19, "ptbxl-rhythm": 12, "cpsc2018": 9}
 
@@ -125,8 +125,8 @@ def test_merged_folders_keep_their_protocol_and_guard_counts_apart(tmp_path):
     """Two folders that differ only in how they ran (workers) still share one protocol, and two folders
     of one name (runs/a/probe, runs/b/probe) keep their own leakage-guard counts."""
     from ecgpos.config import to_dict
-    from probes.linear.report import shared_protocol
-    from probes.shared.provenance import merged_guard
+    from ecgpos.probes.linear.report import shared_protocol
+    from ecgpos.probes.shared.provenance import merged_guard
 
     def info(workers: int, overlap: int) -> dict:
         return {

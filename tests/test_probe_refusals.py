@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 from refusal_helpers import TINY0, one_line_error, run
 
-from probes.shared.tasks import resolve_task
+from ecgpos.probes.shared.tasks import resolve_task
 
 
 def _probe_task(capsys, encoder, task: str, data_root: Path, splits: Path, out: Path, *extra) -> tuple[int, str, str]:
@@ -40,7 +40,7 @@ def test_class_column_mismatch_is_one_line(capsys, shared_data, tmp_path):
 
 def test_merl_splits_share_no_patient_and_a_shared_patient_is_one_line(capsys, shared_data, tmp_path):
     """PTB-XL's folds are drawn by patient; a val or test recording of a training patient was probed."""
-    from probes.shared.tasks import read_splits
+    from ecgpos.probes.shared.tasks import read_splits
 
     for name in ("ptbxl-super", "ptbxl-sub", "ptbxl-form", "ptbxl-rhythm", "cpsc2018"):
         tables = read_splits(resolve_task(name), shared_data / "merl_splits")  # MERL's files as published

@@ -264,7 +264,7 @@ def test_empty_records_non_records_and_reason_docs(capsys, tmp_path, real_record
 def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_record, export):
     """Probes zero-pad records shorter than the window (the published splits are used whole) and say
     so; embed refuses them unless --pad-short, which then gives the probe's features."""
-    from probes.shared.datasets import PROBE_POLICY
+    from ecgpos.probes.shared.datasets import PROBE_POLICY
 
     assert PROBE_POLICY.pad_short and PROBE_POLICY.max_dead_leads == 2
     short = read_wfdb_record(real_record).signal[:, :4000]  # 8 s at 500 Hz = 2000 samples at 250 Hz
@@ -286,8 +286,8 @@ def test_probe_and_embed_share_one_short_record_policy(capsys, tmp_path, real_re
     rc, _, err = run(capsys, *args, "--pad-short", "--out", tmp_path / "b.csv")
     assert rc == 0, err
     from ecgpos.export.load import load_encoder
-    from probes.linear.features import encoder_source, extract_features
-    from probes.shared.datasets import RecordLocator
+    from ecgpos.probes.linear.features import encoder_source, extract_features
+    from ecgpos.probes.shared.datasets import RecordLocator
 
     write_mv_record(tmp_path, "short", short, 500, list(CANONICAL_LEADS))
     enc = load_encoder(export)

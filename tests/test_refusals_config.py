@@ -131,9 +131,9 @@ def test_preprocess_refuses_more_workers_than_the_machine_serves(capsys, tmp_pat
     """The worker pool starts every process at once: `--workers 99999999999999999999` forked until the
     machine gave out. The limit is the pretraining one (4 per CPU, at least 16); lowered here so that
     the code under test never starts more than 3 processes."""
-    import preprocessing.build
+    import ecgpos.preprocessing.build
 
-    monkeypatch.setattr(preprocessing.build, "max_workers", lambda: 2)
+    monkeypatch.setattr(ecgpos.preprocessing.build, "max_workers", lambda: 2)
     out = tmp_path / "shards"
     args = ["preprocess", "ecg-arrhythmia", "--src", shared_data / "ecg-arrhythmia", "--out", out, "--workers", "3"]
     rc, _, err = run(capsys, *args)

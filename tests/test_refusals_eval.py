@@ -228,8 +228,8 @@ def test_non_finite_features_are_neither_cached_nor_trusted_from_a_cache(tmp_pat
     """A record whose features came out NaN was cached and probed (roc_auc_score then raised); a
     cache holding such a row (written before) was reused as it was."""
     from ecgpos.ecg.spec import PreprocessSpec
-    from probes.linear.features import FeatureSource, cache_file, extract_features, raw_source
-    from probes.shared.datasets import RecordLocator
+    from ecgpos.probes.linear.features import FeatureSource, cache_file, extract_features, raw_source
+    from ecgpos.probes.shared.datasets import RecordLocator
 
     keys = [f"records500/00000/{n:05d}_hr" for n in (1, 2, 3)]
     locator = RecordLocator("ptbxl", shared_data)

@@ -174,7 +174,7 @@ def test_probe_refuses_records_shared_between_splits(capsys, tmp_path, real_reco
 
 def test_probe_splits_without_shared_records_still_run(tmp_path, real_record):
     """The split check reads the same files as the probe: disjoint splits pass it unchanged."""
-    from probes.shared.tasks import read_splits, resolve_task
+    from ecgpos.probes.shared.tasks import read_splits, resolve_task
 
     task = resolve_task(f"custom:{_custom_task(tmp_path / 't', ['../r1', '../r2'], ['../r3'], ['../r4'])}")
     tables = read_splits(task, None)

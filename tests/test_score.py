@@ -327,7 +327,7 @@ def test_geometry_writes_outputs(runs: dict[str, Path], shared_data: Path, tmp_p
         data = np.load(out / space / "features.npz")
         assert data["x"].shape == data["x_hat"].shape == (10, 64)
         assert list(data["labels"]) == [labels[n] for n in range(1, 11)]
-        from probes.geometry.dynamics import geometry
+        from ecgpos.probes.geometry.dynamics import geometry
 
         res = geometry(data["x"], data["x_hat"], data["labels"], ["A", "B"], ["X"])
         with (out / space / "metrics.csv").open() as handle:

@@ -185,8 +185,8 @@ def test_preprocess_script_runs_the_corpus_it_is_given(tmp_path: Path) -> None:
 
 
 def test_known_datasets_and_subsets_match_the_preprocess_cli() -> None:
-    from preprocessing.build import SOURCES
-    from preprocessing.ecg_arrhythmia import SUBSETS
+    from ecgpos.preprocessing.build import SOURCES
+    from ecgpos.preprocessing.ecg_arrhythmia import SUBSETS
 
     common = shlex.quote(str(SLURM / "common.sh"))
     script = f'. {common}; echo "$ECGPOS_KNOWN_DATASETS"; echo "$ECGPOS_KNOWN_SUBSETS"'

@@ -366,7 +366,7 @@ def test_list_settings_keep_quoted_blanks_inside_one_word(tmp_path: Path) -> Non
 
 
 def test_known_probe_tasks_match_the_probe_cli() -> None:
-    from probes.shared.tasks import TASKS
+    from ecgpos.probes.shared.tasks import TASKS
 
     common = shlex.quote(str(SLURM / "common.sh"))
     out = subprocess.run(

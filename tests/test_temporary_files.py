@@ -59,8 +59,8 @@ def test_embed_and_score_remove_only_their_own_abandoned_temporaries_beside_the_
 
 def test_the_leakage_guard_writes_its_fingerprint_cache_under_the_shared_name(tmp_path, monkeypatch, shared_data):
     from ecgpos.ecg.spec import PreprocessSpec
-    from probes.shared.datasets import RecordLocator
-    from probes.shared.leakage import probe_fingerprints
+    from ecgpos.probes.shared.datasets import RecordLocator
+    from ecgpos.probes.shared.leakage import probe_fingerprints
 
     renamed: list[str] = []
 

@@ -1,16 +1,16 @@
 """`ecgpos <command>`: one CLI; each command lives in its own module with `main(argv) -> int`
-(COMMANDS: ecgpos.cli.*, preprocessing.cli, probes.linear.cli, probes.finetune.cli, probes.geometry.cli,
-ecgpos.demo.demo)."""
+(COMMANDS: ecgpos.cli.*, ecgpos.preprocessing.cli, ecgpos.probes.linear.cli, ecgpos.probes.finetune.cli,
+ecgpos.probes.geometry.cli, ecgpos.demo.demo)."""
 
 from __future__ import annotations
 
 import contextlib
-import importlib
+import dataclasses
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 from ecgpos import __version__
@@ -18,27 +18,106 @@ from ecgpos.errors import EcgposError
 from ecgpos.extras import from_import_error, require
 from ecgpos.workers import DeferredStops
 
-# command -> (module with main(argv) -> int, one-line help). Imported lazily so that
-# `ecgpos --help` and light commands do not pay for torch.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "preprocess": ("preprocessing.cli", "filter, standardise, resample raw corpora into HDF5 shards"),
-    "pretrain": (
-        "ecgpos.cli.pretrain",
-        "pretrain level 0 (masked ECG transformer) or a level N >= 1 (latent MAE) with Accelerate",
+Main = Callable[[list[str]], "int | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One `ecgpos <command>`: `load` imports its module and returns its main(argv); `help` is its line
+    in `ecgpos --help`. Imported when run, so that `ecgpos --help` and light commands (embed, verify: the
+    core install) do not pay for torch or need the packages of the train extra."""
+
+    load: Callable[[], Main]
+    help: str
+
+
+def _preprocess() -> Main:
+    from ecgpos.preprocessing.cli import main
+
+    return main
+
+
+def _pretrain() -> Main:
+    from ecgpos.cli.pretrain import main
+
+    return main
+
+
+def _probe() -> Main:
+    from ecgpos.probes.linear.cli import main
+
+    return main
+
+
+def _finetune() -> Main:
+    from ecgpos.probes.finetune.cli import main
+
+    return main
+
+
+def _export() -> Main:
+    from ecgpos.cli.export import main
+
+    return main
+
+
+def _embed() -> Main:
+    from ecgpos.cli.embed import main
+
+    return main
+
+
+def _verify() -> Main:
+    from ecgpos.cli.verify import main
+
+    return main
+
+
+def _predict() -> Main:
+    from ecgpos.cli.predict import main
+
+    return main
+
+
+def _geometry() -> Main:
+    from ecgpos.probes.geometry.cli import main
+
+    return main
+
+
+def _score() -> Main:
+    from ecgpos.cli.score import main
+
+    return main
+
+
+def _carve() -> Main:
+    from ecgpos.cli.carve import main
+
+    return main
+
+
+def _demo() -> Main:
+    from ecgpos.demo.demo import main
+
+    return main
+
+
+COMMANDS: dict[str, Command] = {
+    "preprocess": Command(_preprocess, "filter, standardise, resample raw corpora into HDF5 shards"),
+    "pretrain": Command(
+        _pretrain, "pretrain level 0 (masked ECG transformer) or a level N >= 1 (latent MAE) with Accelerate"
     ),
-    "probe": ("probes.linear.cli", "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
-    "finetune": (
-        "probes.finetune.cli",
-        "fine-tune the encoder on the probe tasks: full, top:K blocks, lora:R or lp-ft",
-    ),
-    "export": ("ecgpos.cli.export", "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
-    "embed": ("ecgpos.cli.embed", "embed WFDB records, shards or .npy arrays with an exported encoder"),
-    "verify": ("ecgpos.cli.verify", "check an exported encoder or classifier against its test vectors"),
-    "predict": ("ecgpos.cli.predict", "each label's probability and flag for WFDB records, shards or .npy arrays"),
-    "geometry": ("probes.geometry.cli", "PoS representation dynamics between two levels, and the carving criterion"),
-    "score": ("ecgpos.cli.score", "per-record reconstruction anomaly scores per level (+ AUROC)"),
-    "carve": ("ecgpos.cli.carve", "carve level after level until the push-margin criterion says stop"),
-    "demo": ("ecgpos.demo.demo", "run the whole pipeline on a synthetic corpus in minutes"),
+    "probe": Command(_probe, "linear probes on frozen features: PTB-XL super/sub/form/rhythm, CPSC2018"),
+    "finetune": Command(_finetune, "fine-tune the encoder on the probe tasks: full, top:K blocks, lora:R or lp-ft"),
+    "export": Command(_export, "export a frozen encoder: safetensors, config, model card, test vectors, ONNX"),
+    "embed": Command(_embed, "embed WFDB records, shards or .npy arrays with an exported encoder"),
+    "verify": Command(_verify, "check an exported encoder or classifier against its test vectors"),
+    "predict": Command(_predict, "each label's probability and flag for WFDB records, shards or .npy arrays"),
+    "geometry": Command(_geometry, "PoS representation dynamics between two levels, and the carving criterion"),
+    "score": Command(_score, "per-record reconstruction anomaly scores per level (+ AUROC)"),
+    "carve": Command(_carve, "carve level after level until the push-margin criterion says stop"),
+    "demo": Command(_demo, "run the whole pipeline on a synthetic corpus in minutes"),
 }
 
 # command -> the packages of the `train` extra it needs (ecgpos.extras), checked before its module is
@@ -108,7 +187,7 @@ def _usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {command.help}" for name, command in COMMANDS.items()]
     lines += ["", "Run `ecgpos <command> --help` for a command's options."]
     return "\n".join(lines)
 
@@ -122,12 +201,11 @@ def run_command(name: str, argv: Sequence[str]) -> int:
 
 
 def _run(name: str, argv: Sequence[str]) -> int:
-    module_name, _ = COMMANDS[name]
     try:
         with DeferredStops():  # a signal lands after the imports, never inside one
             require(*NEEDS.get(name, ()))
-            module = importlib.import_module(module_name)
-        return int(module.main(list(argv)) or 0)
+            command_main = COMMANDS[name].load()
+        return int(command_main(list(argv)) or 0)
     except EcgposError as err:
         print(f"ecgpos {name}: error: {err}", file=sys.stderr)
         return 2

@@ -139,6 +139,10 @@ def _level_run(args: argparse.Namespace, level: int) -> Path:
 
 
 def _pretrain_argv(args: argparse.Namespace, level: int) -> list[str]:
+    """`ecgpos pretrain`'s options for level `level`. Command-line words are the honest interface here:
+    pretrain's main builds the run config from --config and the user's --set overrides and owns the
+    Accelerate set-up (one call per level, under `accelerate launch` on several processes); its results
+    are its run folder, which carve reads as a resumed carve or a Slurm decide job does."""
     run = _level_run(args, level)
     argv = ["--level", str(level), "--config", level_config_name(args, level)]
     argv += ["--shards", *map(str, args.shards), "--run-dir", str(run), "--resume", "auto"]
@@ -234,9 +238,7 @@ def reading_fields(reading: object, literal: dict[str, float]) -> dict:
 
 def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[float, float] | None]:
     """Macro AUROC (test, mean over seeds) of a linear probe on level `level`, with its 95 % interval."""
-    import csv
-
-    from ecgpos.cli import run_command
+    from ecgpos.probes.linear.cli import probe
 
     out = args.run_dir / "probes" / f"level{level}"
     argv = ["--encoder", str(_level_run(args, level)), "--task", args.probe_task, "--out", str(out)]
@@ -244,20 +246,16 @@ def _probe(args: argparse.Namespace, level: int) -> tuple[float | None, tuple[fl
     argv += ["--data-root", str(args.data_root)] if args.data_root else []
     argv += ["--splits", str(args.splits)] if args.splits else []
     argv += args.probe_args.split()
-    if run_command("probe", argv) != 0:
-        raise EcgposError(f"probing level {level} failed (see above); its run is kept, rerun carve to continue")
-    with (out / "results.csv").open() as handle:
-        rows = list(csv.DictReader(handle))
-    auroc = sum(float(r["test_auroc"]) for r in rows) / len(rows)
-    lo, hi = rows[0].get("mean_auroc_low"), rows[0].get("mean_auroc_high")
-    return auroc, ((float(lo), float(hi)) if lo not in (None, "") and hi not in (None, "") else None)
+    try:
+        done = probe(argv)
+    except EcgposError as err:
+        raise EcgposError(f"probing level {level} failed: {err}; its run is kept, rerun carve to continue") from err
+    return done.mean_test_auroc(), done.mean_interval()
 
 
 def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
     """Delta % of each geometry metric between levels level-1 and level (`ecgpos geometry --level`)."""
-    import csv
-
-    from ecgpos.cli import run_command
+    from ecgpos.probes.geometry.cli import measure
 
     out = args.run_dir / "geometry" / f"level{level}"
     argv = ["--encoder", str(_level_run(args, level)), "--level", str(level), "--task", args.geometry_task]
@@ -265,10 +263,11 @@ def _geometry(args: argparse.Namespace, level: int) -> dict[str, float]:
     argv += ["--data-root", str(args.data_root)] if args.data_root else []
     argv += ["--splits", str(args.splits)] if args.splits else []
     argv += args.geometry_args.split()
-    if run_command("geometry", argv) != 0:
-        raise EcgposError(f"geometry of level {level} failed (see above); its run is kept, rerun carve to continue")
-    with (out / "metrics.csv").open() as handle:
-        return {r["metric"]: float(r["delta_pct"]) for r in csv.DictReader(handle) if r["level"] == str(level)}
+    try:
+        done = measure(argv)
+    except EcgposError as err:
+        raise EcgposError(f"geometry of level {level} failed: {err}; its run is kept, rerun carve to continue") from err
+    return done.deltas(level)
 
 
 def _map_of(run: Path, choice: str) -> str:

@@ -81,7 +81,12 @@ class Steps:
 
 
 def _run(name: str, *argv: object) -> None:
-    """Run an ecgpos command in-process; a failing step stops the demo with its message."""
+    """Run an ecgpos command in-process; a failing step stops the demo with its message.
+
+    Each step is the command a user types (the README's pipeline), run through run_command so that its
+    errors and interrupts read as that command's; an interrupted step returns 130/143 and the demo says
+    that the same demo command continues it. What the demo reads back are the steps' documents
+    (summary.md, carve.json), the record a rerun continues from."""
     code = run_command(name, [str(a) for a in argv])
     if code in (130, 143):  # Ctrl-C, SIGTERM: the step has said what it kept, and a rerun picks up from there
         raise Interrupted(f"the same `ecgpos demo` command continues from its `{name}` step")

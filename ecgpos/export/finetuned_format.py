@@ -1,6 +1,6 @@
 """The fine-tuned model folder: the one definition of its files, their keys, and their writing and reading.
 
-`ecgpos finetune` (probes.finetune.outputs) writes one folder per trained model,
+`ecgpos finetune` (ecgpos.probes.finetune.outputs) writes one folder per trained model,
 OUT/models/<task>/<fraction>/seed<S>/, and `ecgpos export --classifier` (ecgpos.export.classifier_writer)
 reads it:
 - model.safetensors: `encoder.<encoder keys>` + `head.weight` / `head.bias`, float32 (LoRA merged),

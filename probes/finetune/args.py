@@ -7,9 +7,9 @@ import json
 
 from ecgpos.config import add_set_option, load_config
 from ecgpos.files import user_path
+from ecgpos.probes.finetune.config import FinetuneConfig, check_finetune_config
+from ecgpos.probes.shared.args import add_bootstrap_option, fractions_from_percent
 from ecgpos.resources import config_path
-from probes.finetune.config import FinetuneConfig, check_finetune_config
-from probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos finetune`: the encoder trained on the probe tasks (full, top blocks, LoRA or LP-FT)."
 EPILOG = """\

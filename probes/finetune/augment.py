@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from probes.finetune.config import AugmentConfig
+from ecgpos.probes.finetune.config import AugmentConfig
 
 WANDER_HZ = (0.05, 0.5)  # respiration and electrode-motion baseline wander
 

@@ -17,26 +17,26 @@ from ecgpos.export.probe_scores import save_scores
 from ecgpos.files import atomic_write_text, make_output_folder, remove_abandoned_temporaries
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
 from ecgpos.models.features import resolve_device
-from ecgpos.pretrain.optim import resolve_mixed_precision
-from probes.finetune.args import build_parser, finetune_config
-from probes.finetune.config import FinetuneConfig, Mode, parse_mode
-from probes.finetune.model import check_mode_fits
-from probes.finetune.out_folder import check_out_folder, earlier_models
-from probes.finetune.outputs import model_dir, stored_model, training_key, write_model
-from probes.finetune.records import load_task
-from probes.finetune.report import finetune_protocol, protocol_markdown
-from probes.finetune.train import Split, class_aurocs, train_classifier
-from probes.shared.args import check_bootstrap, check_text_flags
-from probes.shared.datasets import check_records
-from probes.shared.encoder import load_probe_encoder
-from probes.shared.guard import cache_folder, leakage_guard
-from probes.shared.intervals import add_intervals, collect_scores
-from probes.shared.leakage import pretraining_spec, write_overlap
-from probes.shared.out_folder import kept_inside
-from probes.shared.provenance import INFO_FILE, clear_outputs
-from probes.shared.results import records_markdown, write_outputs, write_results
-from probes.shared.task_data import fraction_rows, record_column, sort_rows, task_windows
-from probes.shared.tasks import read_splits, resolve_tasks, task_names
+from ecgpos.pretrain.api import resolve_mixed_precision
+from ecgpos.probes.finetune.args import build_parser, finetune_config
+from ecgpos.probes.finetune.config import FinetuneConfig, Mode, parse_mode
+from ecgpos.probes.finetune.model import check_mode_fits
+from ecgpos.probes.finetune.out_folder import check_out_folder, earlier_models
+from ecgpos.probes.finetune.outputs import model_dir, stored_model, training_key, write_model
+from ecgpos.probes.finetune.records import load_task
+from ecgpos.probes.finetune.report import finetune_protocol, protocol_markdown
+from ecgpos.probes.finetune.train import Split, class_aurocs, train_classifier
+from ecgpos.probes.shared.args import check_bootstrap, check_text_flags
+from ecgpos.probes.shared.datasets import check_records
+from ecgpos.probes.shared.encoder import load_probe_encoder
+from ecgpos.probes.shared.guard import cache_folder, leakage_guard
+from ecgpos.probes.shared.intervals import add_intervals, collect_scores
+from ecgpos.probes.shared.leakage import pretraining_spec, write_overlap
+from ecgpos.probes.shared.out_folder import kept_inside
+from ecgpos.probes.shared.provenance import INFO_FILE, clear_outputs
+from ecgpos.probes.shared.results import records_markdown, write_outputs, write_results
+from ecgpos.probes.shared.task_data import fraction_rows, record_column, sort_rows, task_windows
+from ecgpos.probes.shared.tasks import read_splits, resolve_tasks, task_names
 
 
 def _accelerator(cfg: FinetuneConfig):

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from ecgpos.errors import EcgposError
-from probes.shared.task_data import RecordSettings, check_record_settings
+from ecgpos.probes.shared.task_data import RecordSettings, check_record_settings
 
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 

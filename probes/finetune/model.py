@@ -11,8 +11,8 @@ from ecgpos.errors import EcgposError
 from ecgpos.export.load import ExportedEncoder
 from ecgpos.models.factory import levels_of
 from ecgpos.models.st_mem import TokenEncoder
-from probes.finetune.config import Mode, OptimConfig
-from probes.finetune.lora import add_lora
+from ecgpos.probes.finetune.config import Mode, OptimConfig
+from ecgpos.probes.finetune.lora import add_lora
 
 
 def bare_encoder(module: nn.Module) -> nn.Module:

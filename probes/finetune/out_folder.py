@@ -8,15 +8,15 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 from ecgpos.export.finetuned_format import MODELS_DIR, model_folders
-from probes.shared.out_folder import check_out_folder as check_shared
-from probes.shared.provenance import RUN_FILES
+from ecgpos.probes.shared.out_folder import check_out_folder as check_shared
+from ecgpos.probes.shared.provenance import RUN_FILES
 
 OWN_FILES = frozenset((*RUN_FILES, "config.yaml", MODELS_DIR))
 
 
 def check_out_folder(out: Path, kept: Collection[str] = ()) -> None:
     """EcgposError (one line) when --out holds another command's results or files finetune does not write
-    (probes.shared.out_folder); `kept`: entries this run keeps there (a cache folder inside --out)."""
+    (ecgpos.probes.shared.out_folder); `kept`: entries this run keeps there (a cache folder inside --out)."""
     check_shared(out, "finetune", OWN_FILES, kept=kept)
 
 

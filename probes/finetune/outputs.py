@@ -27,7 +27,7 @@ from ecgpos.export.finetuned_format import (
     write_model_folder,
 )
 from ecgpos.models.factory import encoder_arch
-from probes.finetune.model import Classifier
+from ecgpos.probes.finetune.model import Classifier
 
 __all__ = ["FORMAT", "MODELS_DIR", "MODEL_FILE", "MODEL_INFO", "POOLING", "model_dir", "stored_model", "write_model"]
 

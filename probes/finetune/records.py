@@ -1,5 +1,5 @@
 """A task's records in memory for fine-tuning: the probe's splits, locators, screening and preprocessing
-(probes.shared.datasets.prepared_record), with every split row accounted for as the probe counts it."""
+(ecgpos.probes.shared.datasets.prepared_record), with every split row accounted for as the probe counts it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from tqdm.auto import tqdm
 
 from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import EcgposError
-from probes.shared.datasets import missing_report, prepared_record, task_locator
-from probes.shared.task_data import RecordKeys, TaskData, failed_line, record_column, task_data
-from probes.shared.tasks import TaskDef, read_splits
+from ecgpos.probes.shared.datasets import missing_report, prepared_record, task_locator
+from ecgpos.probes.shared.task_data import RecordKeys, TaskData, failed_line, record_column, task_data
+from ecgpos.probes.shared.tasks import TaskDef, read_splits
 
 
 def load_task(

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from ecgpos.config import to_dict
 from ecgpos.ecg.spec import PreprocessSpec
-from probes.finetune.config import FinetuneConfig, Mode
-from probes.shared.task_data import task_windows
-from probes.shared.tasks import TASKS
+from ecgpos.probes.finetune.config import FinetuneConfig, Mode
+from ecgpos.probes.shared.task_data import task_windows
+from ecgpos.probes.shared.tasks import TASKS
 
 
 def finetune_protocol(cfg: FinetuneConfig, mode: Mode) -> dict:

@@ -17,7 +17,8 @@ from ecgpos.ecg.signal import pad_to
 from ecgpos.errors import EcgposError
 from ecgpos.metrics import auroc_columns
 from ecgpos.models.features import record_means, record_windows
-from ecgpos.pretrain.optim import (
+from ecgpos.pretrain.api import (
+    LRSchedule,
     compile_failure,
     compile_model,
     compile_name,
@@ -25,12 +26,10 @@ from ecgpos.pretrain.optim import (
     resolve_compile,
     uncompile_model,
 )
-from ecgpos.pretrain.schedule import lr_at
-from ecgpos.runs.run_config import OptimConfig as Schedule
-from probes.finetune.augment import augment, random_crop
-from probes.finetune.config import AugmentConfig, Mode, OptimConfig
-from probes.finetune.lora import merge_lora
-from probes.finetune.model import Classifier, bare_encoder, blocks, frozen_below, param_groups, prepare_mode
+from ecgpos.probes.finetune.augment import augment, random_crop
+from ecgpos.probes.finetune.config import AugmentConfig, Mode, OptimConfig
+from ecgpos.probes.finetune.lora import merge_lora
+from ecgpos.probes.finetune.model import Classifier, bare_encoder, blocks, frozen_below, param_groups, prepare_mode
 
 
 @dataclass
@@ -90,9 +89,9 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarr
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]
 
 
-def _schedule(optim: OptimConfig, epochs: int, steps_per_epoch: int, warmup_epochs: float) -> Schedule:
+def _schedule(optim: OptimConfig, epochs: int, steps_per_epoch: int, warmup_epochs: float) -> LRSchedule:
     steps = max(1, epochs * steps_per_epoch)
-    return Schedule(
+    return LRSchedule(
         lr=optim.lr, warmup_steps=int(round(warmup_epochs * steps_per_epoch)), min_lr=optim.min_lr, steps=steps
     )
 
@@ -151,7 +150,7 @@ def fit(
             batch = augment(torch.from_numpy(x).to(device), aug, fs, generator)
             target = torch.from_numpy(train.labels[mine].astype(np.float32)).to(device)
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, schedule) * group["lr_scale"]
+                group["lr"] = schedule.at(step) * group["lr_scale"]
             try:
                 with quiet_compile_logs() if step == 0 else contextlib.nullcontext():
                     with acc.autocast():
@@ -230,7 +229,7 @@ def train_classifier(
 
 def class_aurocs(labels: np.ndarray, scores: np.ndarray, classes: Sequence[str]) -> tuple[list[str], dict]:
     """(classes left out for lacking a positive or a negative, {class: AUROC} of the others)."""
-    from probes.shared.metrics import macro_auroc_sklearn
+    from ecgpos.probes.shared.metrics import macro_auroc_sklearn
 
     _, per_class = macro_auroc_sklearn(labels, scores, classes)
     return [c for c in classes if c not in per_class], per_class

@@ -53,12 +53,12 @@ from ecgpos.files import (
 from ecgpos.inference.resolve import refuse_model_folder
 from ecgpos.models.features import record_means, record_windows, resolve_device
 from ecgpos.models.nested import parse_level_name
-from probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
-from probes.geometry.report import plot_depth, summary_markdown, write_metrics
-from probes.shared.datasets import prepared_record, task_locator
-from probes.shared.out_folder import GEOMETRY_FILES, check_out_folder
-from probes.shared.task_data import RecordSettings, record_column, task_windows
-from probes.shared.tasks import SPLITS, read_split, resolve_task
+from ecgpos.probes.geometry.dynamics import UnmeasurableError, check_classes, geometry, plot_geometry
+from ecgpos.probes.geometry.report import GeometryRun, plot_depth, summary_markdown, write_metrics
+from ecgpos.probes.shared.datasets import prepared_record, task_locator
+from ecgpos.probes.shared.out_folder import GEOMETRY_FILES, check_out_folder
+from ecgpos.probes.shared.task_data import RecordSettings, record_column, task_windows
+from ecgpos.probes.shared.tasks import SPLITS, read_split, resolve_task
 
 SPACES = ("features", "reconstruction")
 NOT_FOUND = "not found under the data root"
@@ -303,7 +303,15 @@ def carving_lines(levels: Levels, violation: dict[int, dict[str, float]]) -> lis
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    measure(sys.argv[1:] if argv is None else argv)
+    return 0
+
+
+def measure(argv: Sequence[str]) -> GeometryRun:
+    """`ecgpos geometry ARGV` called from Python: the same checks, outputs and errors (EcgposError), and
+    the metrics returned. The options stay command-line words: carve passes a user's own geometry options
+    (`carve --geometry-args`) through unchanged."""
+    args = build_parser().parse_args(list(argv))
     nominal, anomalous = _names(args.nominal), _names(args.anomalous)
     args.anomalous_list = anomalous
     if len(nominal) < 2:
@@ -375,4 +383,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     plot_depth(results, args.out / "depth.png")
     print(text, end="")
     print(f"wrote {', '.join(str(args.out / f) for f in OUTPUT_FILES)}")
-    return 0
+    return GeometryRun(args.out, results)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.files import atomic_path
-from probes.geometry.dynamics import METRICS, PREDICTIONS, GeometryResult
+from ecgpos.probes.geometry.dynamics import METRICS, PREDICTIONS, GeometryResult
 
 # what x and x_hat are in each space, in summary.md: the appendix defines its metrics on the reconstruction
 SPACE_TEXT = {
@@ -21,6 +22,19 @@ SPACE_TEXT = {
     "reconstruction": "x = the patch tokens of level l-1 in level l's target space, x_hat = their level-l "
     "reconstruction (the appendix's reading), both averaged over the patch tokens",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class GeometryRun:
+    """What one `ecgpos geometry` run returns to a caller in Python (carve): the folder it wrote and each
+    pair's metrics by its deeper level l (what metrics.csv holds)."""
+
+    out: Path
+    results: dict[int, GeometryResult]
+
+    def deltas(self, level: int) -> dict[str, float]:
+        """Delta % of each metric between levels level-1 and level."""
+        return {metric: float(value) for metric, value in self.results[level].delta_pct.items()}
 
 
 def write_metrics(path: Path, results: dict[int, GeometryResult]) -> None:

@@ -7,8 +7,8 @@ import json
 
 from ecgpos.config import add_set_option, load_config
 from ecgpos.files import user_path
-from probes.linear.run import ProbeConfig, check_probe_config
-from probes.shared.args import add_bootstrap_option, fractions_from_percent
+from ecgpos.probes.linear.run import ProbeConfig, check_probe_config
+from ecgpos.probes.shared.args import add_bootstrap_option, fractions_from_percent
 
 DESCRIPTION = "`ecgpos probe`: frozen-encoder linear probes (MERL splits and protocol) and `--compare`."
 EPILOG = """\

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ecgpos.config import to_dict
@@ -18,18 +19,19 @@ from ecgpos.files import (
     remove_abandoned_temporaries,
 )
 from ecgpos.inference.resolve import refuse_model_folder, unfinished_note
-from probes.linear.args import build_parser, probe_config
-from probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
-from probes.linear.report import protocol_markdown, shared_protocol
-from probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
-from probes.shared.args import check_bootstrap, check_text_flags
-from probes.shared.datasets import check_records
-from probes.shared.encoder import load_probe_encoder, random_twin
-from probes.shared.guard import cache_folder, leakage_guard
-from probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
-from probes.shared.leakage import pretraining_spec, write_overlap
-from probes.shared.out_folder import check_out_folder, kept_inside
-from probes.shared.provenance import (
+from ecgpos.probes.linear.args import build_parser, probe_config
+from ecgpos.probes.linear.features import FeatureSource, cached_note, encoder_source, raw_source
+from ecgpos.probes.linear.outcome import ProbeRun, probe_run
+from ecgpos.probes.linear.report import protocol_markdown, shared_protocol
+from ecgpos.probes.linear.run import extraction_device, make_jobs, prepare_task, run_jobs
+from ecgpos.probes.shared.args import check_bootstrap, check_text_flags
+from ecgpos.probes.shared.datasets import check_records
+from ecgpos.probes.shared.encoder import load_probe_encoder, random_twin
+from ecgpos.probes.shared.guard import cache_folder, leakage_guard
+from ecgpos.probes.shared.intervals import add_intervals, collect_scores, differences_markdown, paired_differences
+from ecgpos.probes.shared.leakage import pretraining_spec, write_overlap
+from ecgpos.probes.shared.out_folder import check_out_folder, kept_inside
+from ecgpos.probes.shared.provenance import (
     DIFFERENCES_FILE,
     INFO_FILE,
     INPUT_FILES,
@@ -44,10 +46,10 @@ from probes.shared.provenance import (
     read_info,
     sources,
 )
-from probes.shared.published import read_reference, reference_markdown
-from probes.shared.results import merge_results, records_markdown, summary_markdown, write_outputs, write_results
-from probes.shared.task_data import record_column, sort_rows
-from probes.shared.tasks import read_splits, resolve_tasks, task_names
+from ecgpos.probes.shared.published import read_reference, reference_markdown
+from ecgpos.probes.shared.results import merge_results, records_markdown, summary_markdown, write_outputs, write_results
+from ecgpos.probes.shared.task_data import record_column, sort_rows
+from ecgpos.probes.shared.tasks import read_splits, resolve_tasks, task_names
 
 
 def _reference_section(args: argparse.Namespace, frame, kinds: dict[str, str]) -> list[str]:
@@ -122,6 +124,22 @@ def main(argv: list[str]) -> int:
     check_text_flags(args)
     if args.compare:
         return _compare(args)
+    _probing(args)
+    return 0
+
+
+def probe(argv: Sequence[str]) -> ProbeRun:
+    """`ecgpos probe ARGV` (not --compare) called from Python: the same checks, outputs and errors
+    (EcgposError), and the run's scores returned. The options stay command-line words: carve and the
+    demo pass a user's own probe options (`carve --probe-args`) through unchanged."""
+    args = build_parser().parse_args(list(argv))
+    check_text_flags(args)
+    if args.compare:
+        raise EcgposError("probe() trains probes; merging folders is `ecgpos probe --compare`")
+    return _probing(args)
+
+
+def _probing(args: argparse.Namespace) -> ProbeRun:
     cached: list[Path] = []  # the cache folder, once it holds features of this run's records
     try:
         return _probe(args, cached)
@@ -133,7 +151,7 @@ def main(argv: list[str]) -> int:
         raise  # nothing kept: the default line says so
 
 
-def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
+def _probe(args: argparse.Namespace, cached: list[Path]) -> ProbeRun:
     for flag in ("encoder", "out"):
         if getattr(args, flag) is None:
             raise EcgposError(f"--{flag} is required (or use --compare DIR ...)")
@@ -270,4 +288,4 @@ def _probe(args: argparse.Namespace, cached: list[Path]) -> int:
     atomic_write_text(args.out / INFO_FILE, json.dumps(info, indent=2, default=str), sync=False)
     print(text)
     print(f"wrote {args.out / 'results.csv'}, {args.out / 'summary.md'}, {args.out / 'summary.png'}", file=sys.stderr)
-    return 0
+    return probe_run(args.out, frame.to_dict("records"))

@@ -6,7 +6,7 @@ settings) key: source = the encoder's weights hash and architecture (or 'raw' + 
 dataset = the dataset name and data root, settings = the preprocessing spec and the window count. Inside, features
 are stored per record key (the split CSV's record column), so the four PTB-XL tasks and their
 three splits share one extraction and a second run with the same encoder extracts nothing.
-Each feature vector is stored with the stamp of its record's files (`probes.shared.datasets.record_stamp`:
+Each feature vector is stored with the stamp of its record's files (`ecgpos.probes.shared.datasets.record_stamp`:
 path, form, size and mtime_ns): a record edited or replaced on disk since is extracted again.
 """
 
@@ -27,7 +27,7 @@ from ecgpos.errors import EcgposError, Interrupted
 from ecgpos.export.format import weights_hash
 from ecgpos.files import atomic_path
 from ecgpos.models.features import record_means, record_windows, window_features
-from probes.shared.datasets import RecordLocator, prepared_record, record_stamp
+from ecgpos.probes.shared.datasets import RecordLocator, prepared_record, record_stamp
 
 # 2: records are screened as in preprocessing (earlier caches may hold refused records)
 # 3: a stamp of the record's files beside each feature vector (earlier caches cannot tell a changed record)
@@ -227,7 +227,7 @@ def extract_features(
         raise
     if stats.padded:
         log(f"  {_listed(stats.padded)} shorter than the {source.spec.window}-sample window zero-padded")
-    if stats.mismatched:  # kept: the published splits are evaluated whole (probes.shared.datasets.PROBE_POLICY)
+    if stats.mismatched:  # kept: the published splits are evaluated whole (ecgpos.probes.shared.datasets.PROBE_POLICY)
         log(f"  {_listed(stats.mismatched)} kept, though their limb leads break Einthoven's relations (lead_mismatch)")
     if stats.extracted or stats.changed:
         _save_cache(path, store)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from ecgpos.config import from_dict
 from ecgpos.errors import EcgposError
-from probes.linear.run import ProbeConfig
-from probes.shared.provenance import RUN_ONLY
-from probes.shared.task_data import task_windows
-from probes.shared.tasks import TASKS
+from ecgpos.probes.linear.run import ProbeConfig
+from ecgpos.probes.shared.provenance import RUN_ONLY
+from ecgpos.probes.shared.task_data import task_windows
+from ecgpos.probes.shared.tasks import TASKS
 
 
 def protocol_markdown(
@@ -96,6 +96,6 @@ def shared_protocol(infos: Mapping[Path, Mapping | None]) -> str:
     except (EcgposError, KeyError, TypeError, ValueError):  # written by another version: not restated
         return ""
     tasks = list(dict.fromkeys(t for i in runs for t in i.get("tasks", [])))
-    # a raw-signal row's feature key (probes.linear.features.raw_source) is {"raw": {...}}
+    # a raw-signal row's feature key (ecgpos.probes.linear.features.raw_source) is {"raw": {...}}
     raw = any(str(key).startswith('{"raw":') for i in runs for key in dict(i.get("sources") or {}).values())
     return protocol_markdown(cfg, tasks, window, fs, raw)

@@ -20,11 +20,10 @@ import torch
 
 from ecgpos.errors import EcgposError
 from ecgpos.models.features import resolve_device
-from ecgpos.workers import mapped_in_workers
-from probes.linear.features import FeatureSource, FeatureStats, extract_features
-from probes.linear.train import ProtocolConfig, check_protocol, train_probe_groups
-from probes.shared.datasets import missing_report, task_locator
-from probes.shared.task_data import (
+from ecgpos.probes.linear.features import FeatureSource, FeatureStats, extract_features
+from ecgpos.probes.linear.train import ProtocolConfig, check_protocol, train_probe_groups
+from ecgpos.probes.shared.datasets import missing_report, task_locator
+from ecgpos.probes.shared.task_data import (
     RecordSettings,
     TaskData,
     check_record_settings,
@@ -35,7 +34,8 @@ from probes.shared.task_data import (
     task_data,
     task_windows,
 )
-from probes.shared.tasks import TaskDef, read_splits
+from ecgpos.probes.shared.tasks import TaskDef, read_splits
+from ecgpos.workers import mapped_in_workers
 
 SPAWN_MIN_STEPS = 20_000  # below this, starting worker processes costs more than it saves
 

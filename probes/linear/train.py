@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ecgpos.errors import EcgposError
-from probes.shared.metrics import auroc_columns, macro_auroc_sklearn
+from ecgpos.probes.shared.metrics import auroc_columns, macro_auroc_sklearn
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ecgpos.errors import EcgposError
-from probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
+from ecgpos.probes.shared.bootstrap import DEFAULT_RESAMPLES, MAX_RESAMPLES
 
 
 def fractions_from_percent(text: str) -> list[str]:

@@ -32,7 +32,7 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.ecg.wfdb_fast import read_wfdb
 from ecgpos.ecg.wfdb_io import RawRecord
 from ecgpos.errors import EcgposError, SignalError
-from probes.shared.tasks import SplitTable, TaskDef
+from ecgpos.probes.shared.tasks import SplitTable, TaskDef
 
 CPSC_FS = 500.0
 PROBE_POLICY = ScreenPolicy(pad_short=True, check_limb_leads=False)

@@ -1,5 +1,5 @@
 """The leakage guard as `ecgpos probe` and `ecgpos finetune` run it, before any record is read for training:
-each task's splits against the encoder's pretraining shards (probes.shared.leakage), and the cache folder
+each task's splits against the encoder's pretraining shards (ecgpos.probes.shared.leakage), and the cache folder
 its fingerprints (and the probe's features) are kept in."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from probes.shared.datasets import task_locator
-from probes.shared.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap
-from probes.shared.task_data import RecordKeys, dataset_key, record_column
-from probes.shared.tasks import GUARDED_TASKS, read_splits
+from ecgpos.probes.shared.datasets import task_locator
+from ecgpos.probes.shared.leakage import load_pretraining, overlap_markdown, recorded_pretraining, task_overlap
+from ecgpos.probes.shared.task_data import RecordKeys, dataset_key, record_column
+from ecgpos.probes.shared.tasks import GUARDED_TASKS, read_splits
 
 GUARD_NOT_RUN = (
     "the encoder records no pretraining shards and no --pretraining-index was given, so neither overlap with "

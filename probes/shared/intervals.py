@@ -14,7 +14,7 @@ import pandas as pd
 
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import ScoreSet
-from probes.shared.bootstrap import LEVEL, MAX_REDRAWS, SEED, bootstrap_unit, paired_difference, seed_intervals
+from ecgpos.probes.shared.bootstrap import LEVEL, MAX_REDRAWS, SEED, bootstrap_unit, paired_difference, seed_intervals
 
 DIFFERENCE_COLUMNS = [
     "encoder",
@@ -146,7 +146,7 @@ def paired_differences(
     """For each pair of encoders (later minus earlier, in `encoders` order) and each (task, fraction)
     both have: the seed-mean macro-AUROC difference and its paired bootstrap interval, over the test
     records both scored (n_test); left_out counts the records only one of them scored, bootstrap the
-    resamples the interval rests on (`probes.shared.bootstrap.stratified_indices` may keep fewer than n_boot)."""
+    resamples the interval rests on (`ecgpos.probes.shared.bootstrap.stratified_indices` may keep fewer than n_boot)."""
     by_key = {(s.encoder, s.task, s.fraction): s for s in sets}
     rows = []
     for i, first in enumerate(encoders):
@@ -186,7 +186,7 @@ def _fraction_text(fraction: float) -> str:
 def differences_markdown(diffs: pd.DataFrame, n_boot: int) -> str:
     """summary.md section: per fraction, one row per encoder pair, 'difference [low, high]' per task
     ('difference' alone without a bootstrap, n_boot 0)."""
-    from probes.shared.tasks import TASKS, task_label
+    from ecgpos.probes.shared.tasks import TASKS, task_label
 
     how = (
         f"Both encoders scored on the same {n_boot} bootstrap resamples of the test records they share (by "

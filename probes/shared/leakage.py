@@ -6,13 +6,13 @@ So the guard compares content fingerprints (ecgpos.ecg.fingerprint) of each prob
 with the shards' spec, against those of the pretraining shards: read from their index.csv
 (`fingerprint` column, written by `ecgpos preprocess`) or, for older shards without it, computed
 from the stored signals. Probe-record fingerprints are cached beside the feature cache, each with
-the stamp of its record's files (`probes.shared.datasets.record_stamp`): a record changed on disk since is
+the stamp of its record's files (`ecgpos.probes.shared.datasets.record_stamp`): a record changed on disk since is
 fingerprinted again.
 
 With those fingerprints at hand the guard also compares a task's splits with each other: a val or test
 record that matches a record of an earlier split (train; for test also val) is the same recording
 under another file name (a copy, one ECG published twice), which the key and file checks of
-`probes.shared.tasks.read_splits` and `probes.shared.datasets.check_distinct` cannot see.
+`ecgpos.probes.shared.tasks.read_splits` and `ecgpos.probes.shared.datasets.check_distinct` cannot see.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from ecgpos.ecg.spec import PreprocessSpec
 from ecgpos.errors import ConfigError, EcgposError
 from ecgpos.export.format import CONFIG_FILE
 from ecgpos.files import atomic_path
+from ecgpos.probes.shared.datasets import RecordLocator, prepared_record, record_stamp
+from ecgpos.probes.shared.tasks import SPLITS
 from ecgpos.runs.run_folder import RUN_INFO, base_source, listed_folders, read_json_object, run_chain
-from probes.shared.datasets import RecordLocator, prepared_record, record_stamp
-from probes.shared.tasks import SPLITS
 
 CACHE_VERSION = 2  # 2: [stamp of the record's files, fingerprint] per record (1: the fingerprint alone)
 

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from pathlib import Path
 
 from ecgpos.errors import EcgposError
-from probes.shared.provenance import INFO_FILE
+from ecgpos.probes.shared.provenance import INFO_FILE
 
 GEOMETRY_FILES = ("metrics.csv", "features.npz", "summary.md", "geometry.png", "depth.png")
 """What `ecgpos geometry` writes into --out; metrics.csv and features.npz mark a geometry folder."""

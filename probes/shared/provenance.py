@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from ecgpos.export.probe_scores import PROBE_SCORES_FILE
-from probes.shared.leakage import SPLIT_COPIES
+from ecgpos.probes.shared.leakage import SPLIT_COPIES
 
 INFO_FILE = "probe.json"
 MIXED = "mixed"

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ecgpos.errors import EcgposError
-from probes.shared.tasks import TASKS, read_table
+from ecgpos.probes.shared.tasks import TASKS, read_table
 
 REFERENCES = {"paper": Path(__file__).with_name("reference") / "paper.csv"}
 # The paper's rows are named after its "Stage 0" and "Stage 1", our level 0 and level 1.

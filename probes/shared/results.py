@@ -13,9 +13,9 @@ import pandas as pd
 from ecgpos.errors import EcgposError
 from ecgpos.export.probe_scores import check_probe_results, read_result_rows
 from ecgpos.files import atomic_path, atomic_write_text
-from probes.shared.intervals import INTERVAL_COLUMNS
-from probes.shared.task_data import RECORD_COUNTS
-from probes.shared.tasks import TASKS, read_table, task_label
+from ecgpos.probes.shared.intervals import INTERVAL_COLUMNS
+from ecgpos.probes.shared.task_data import RECORD_COUNTS
+from ecgpos.probes.shared.tasks import TASKS, read_table, task_label
 
 LINEAR = "linear"  # the `protocol` of a linear-probe row
 RESULT_COLUMNS = [

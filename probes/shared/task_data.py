@@ -17,7 +17,7 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from ecgpos.errors import EcgposError
-from probes.shared.tasks import TaskDef
+from ecgpos.probes.shared.tasks import TaskDef
 
 
 @dataclass(frozen=True)
