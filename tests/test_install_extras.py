@@ -228,4 +228,4 @@ def test_optional_package_used_inside_a_command_is_one_line(export: Path, tiny_s
 
 
 def test_every_install_of_the_checkout_for_tests_includes_the_train_extra() -> None:
-    assert "pip install --quiet -e '.[train,dev,export]'" in (ROOT / "Makefile").read_text()
+    assert "pip install --quiet -e '.[train,dev,export,docs]'" in (ROOT / "Makefile").read_text()
