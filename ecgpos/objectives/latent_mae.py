@@ -30,9 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
+from ecgpos.models.decoder import DecoderConfig
 from ecgpos.models.latent_encoder import LatentEncoder
-from ecgpos.models.masking import check_mask_ratio
 from ecgpos.models.nested import NestedEncoder, check_levels_fit, nested_of
 from ecgpos.models.st_mem import STMEMEncoder
 from ecgpos.objectives.level import LevelObjective
@@ -61,19 +60,11 @@ class LatentMaskedAutoencoder(LevelObjective):
         norm_target: bool = False,
         push_pull: PushPullConfig | None = None,
     ) -> None:
-        super().__init__()
         check_levels_fit(base.cfg, encoder.cfg, "the base encoder")
-        check_mask_ratio(mask_ratio, encoder.num_patches)
-        self.base = base
+        level = len(base.levels) if isinstance(base, NestedEncoder) else 1
+        super().__init__(encoder, decoder, encoder.width, mask_ratio, norm_target, push_pull, base, level)
         self.base.requires_grad_(False)
         self.base.eval()
-        self.level = len(base.levels) if isinstance(base, NestedEncoder) else 1
-        self.encoder = encoder
-        self.decoder_cfg = decoder
-        self.mask_ratio = float(mask_ratio)
-        self.norm_target = bool(norm_target)
-        self.push_pull = push_pull if push_pull is not None else PushPullConfig()
-        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.width)
         self._register_load_state_dict_pre_hook(_two_level_base_names, with_module=True)
 
     def train(self, mode: bool = True) -> LatentMaskedAutoencoder:

@@ -28,7 +28,8 @@ import abc
 import torch
 from torch import nn
 
-from ecgpos.models.masking import expand_masking, masking_from_noise, score_maskings
+from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
+from ecgpos.models.masking import check_mask_ratio, expand_masking, masking_from_noise, score_maskings
 from ecgpos.objectives.push_pull import PushPullConfig, forward_noise, perturb
 
 MAP_NAMES = ("masked", "unmasked")
@@ -81,6 +82,29 @@ class LevelObjective(nn.Module, abc.ABC):
     norm_target: bool
     push_pull: PushPullConfig
     base: nn.Module | None
+
+    def __init__(
+        self,
+        encoder: nn.Module,
+        decoder: DecoderConfig,
+        out_dim: int,
+        mask_ratio: float,
+        norm_target: bool,
+        push_pull: PushPullConfig | None,
+        base: nn.Module | None = None,
+        level: int = 0,
+    ) -> None:
+        """The members every level sets alike; `out_dim` is the size the decoder predicts per patch."""
+        super().__init__()
+        check_mask_ratio(mask_ratio, encoder.num_patches)
+        self.base = base  # registered before the encoder: a latent level's state dict lists base.* first
+        self.level = level
+        self.encoder = encoder
+        self.decoder_cfg = decoder
+        self.mask_ratio = float(mask_ratio)
+        self.norm_target = bool(norm_target)
+        self.push_pull = push_pull if push_pull is not None else PushPullConfig()
+        self.decoder = PerLeadDecoder(encoder.width, decoder, encoder.num_leads, encoder.num_patches, out_dim)
 
     @property
     def is_latent(self) -> bool:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ecgpos.models.decoder import DecoderConfig, PerLeadDecoder
-from ecgpos.models.masking import check_mask_ratio
+from ecgpos.models.decoder import DecoderConfig
 from ecgpos.models.st_mem import STMEMEncoder, patchify, unpatchify
 from ecgpos.objectives.level import (
     TARGET_EPS,
@@ -56,18 +55,7 @@ class MaskedECGAutoencoder(LevelObjective):
         norm_target: bool = True,
         push_pull: PushPullConfig | None = None,
     ) -> None:
-        super().__init__()
-        check_mask_ratio(mask_ratio, encoder.num_patches)
-        self.encoder = encoder
-        self.decoder_cfg = decoder
-        self.mask_ratio = float(mask_ratio)
-        self.norm_target = bool(norm_target)
-        self.push_pull = push_pull if push_pull is not None else PushPullConfig()
-        self.level = 0
-        self.base = None
-        self.decoder = PerLeadDecoder(
-            encoder.width, decoder, encoder.num_leads, encoder.num_patches, encoder.patch_size
-        )
+        super().__init__(encoder, decoder, encoder.patch_size, mask_ratio, norm_target, push_pull)
 
     def level_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """Level 0 reads the signal itself: x (B, L, T) as float32."""
