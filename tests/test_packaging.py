@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import zipfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+from installed_wheel import ROOT, build_wheel, installed_env
 from tiny_runs import cli
 
 from ecgpos.ecg.spec import DEFAULT_SPEC, PreprocessSpec
@@ -20,25 +20,12 @@ from ecgpos.errors import ConfigError
 from ecgpos.resources import config_dir, config_path, shipped_configs
 from ecgpos.runs.run_config import load_run_config
 
-ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {"finetune", "level0", "level1", "stmem12", "tiny/level0", "tiny/level1"}
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel built from the checkout's pyproject.toml (no network: build isolation off)."""
-    out = tmp_path_factory.mktemp("wheel")
-    src = tmp_path_factory.mktemp("src") / "ecgpos"
-    # a copy, so that the build's own build/ and *.egg-info never touch the checkout
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (found,) = out.glob("ecgpos-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
 
 
 def test_wheel_holds_the_configs_and_every_package(wheel: Path) -> None:
@@ -96,27 +83,9 @@ def test_installed_wheel_resolves_shipped_configs_outside_the_checkout(wheel: Pa
     assert set(found["names"]) == SHIPPED and found["width"] == 768
 
 
-# Run first by every Python started with this folder on PYTHONPATH: it drops the import finder of an
-# editable install (`pip install -e` of a checkout), so that only the installed wheel provides modules.
-NO_CHECKOUT = """import sys
-sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-"""
-
-
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment of a Python that sees the wheel installed with `pip install --target`, and no checkout."""
-    site = tmp_path_factory.mktemp("installed")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site / "site"), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (site / "no-checkout").mkdir()
-    (site / "no-checkout" / "sitecustomize.py").write_text(NO_CHECKOUT)
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "COV_"))}
-    return env | {"PYTHONPATH": f"{site / 'site'}{os.pathsep}{site / 'no-checkout'}"}
+    return installed_env(wheel, tmp_path_factory.mktemp("installed"))
 
 
 def test_installed_wheel_has_no_top_level_probes_or_preprocessing(installed: dict[str, str], tmp_path: Path) -> None:
@@ -140,32 +109,6 @@ print(json.dumps(found))
     assert found["preprocessing"] == "ModuleNotFoundError: preprocessing"
     assert found["ecgpos.probes.linear.cli"] == str(Path(site, "ecgpos", "probes", "linear", "cli.py"))
     assert found["ecgpos.preprocessing.cli"] == str(Path(site, "ecgpos", "preprocessing", "cli.py"))
-
-
-@pytest.mark.slow
-def test_installed_wheel_runs_the_quick_demo(installed: dict[str, str], tmp_path: Path) -> None:
-    """The whole pipeline (preprocess, carve, probe, geometry, score, export) from the installed wheel alone."""
-    out = tmp_path / "demo"
-    # its own session: a demo past the time limit is killed with its simulation workers
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ecgpos", "demo", "--quick", "--out", str(out)],
-        cwd=tmp_path,
-        env=installed,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:  # under 3 minutes on 2 idle cores; a loaded machine has taken 20
-        stdout, stderr = proc.communicate(timeout=1800)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    assert proc.returncode == 0, stderr[-3000:]
-    assert f"Exported encoder: {out / 'export' / 'nested-encoder'}" in stdout
-    assert "demo finished in" in stderr
-    assert (out / "export" / "nested-encoder" / "config.json").is_file()
 
 
 def test_config_by_name_or_path() -> None:
