@@ -23,34 +23,50 @@ from ecgpos.resources import DATA_ENV_VAR, sample_data_root  # noqa: E402
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-# `make test` runs the suite on pytest-xdist workers with `--dist loadgroup`. Each test module stays on one
+# `make test` runs the suite on pytest-xdist workers with `--dist loadfile`: each test module stays on one
 # worker, so that its module-scoped fixtures (tiny runs, shards) are built once, as in a serial run. The
-# tests that bring up a Slurm cluster form one group, so that no two clusters (and their jobs, timed against
-# requeue and preemption deadlines) share the machine. Groups are handed out in the order given here, the
-# longest first: the Slurm group, then modules with `slow` tests, then the rest in file order, so that no
-# long module starts last while the other worker is idle.
-@pytest.hookimpl(tryfirst=True)
+# modules tests/test_slurm*.py are one unit, run one after another on one worker, so that no two Slurm
+# clusters (and their jobs, timed against requeue and preemption deadlines) share the machine; every test
+# marked `slurm` lives there. The units are handed out in the order set below, the longest first (the Slurm
+# unit, then modules with `slow` tests, then the rest in file order), so that no long module starts last
+# while the other worker is idle.
+SLURM_MODULES = "tests/test_slurm"
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "slurm" if module.startswith(SLURM_MODULES) else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlurmTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return SlurmTogether(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist") or not getattr(config.option, "numprocesses", None):
+    strays = [item.nodeid for item in items if item.get_closest_marker("slurm") and _unit(item.nodeid) != "slurm"]
+    if strays:
+        raise pytest.UsageError(f"tests marked `slurm` belong in {SLURM_MODULES}*.py: {', '.join(strays)}")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
-    groups: dict[str, list[pytest.Item]] = {}
+    units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            group = "marked"
-        elif item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-            group = "slurm"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-        groups.setdefault(group, []).append(item)
+        units.setdefault(_unit(item.nodeid), []).append(item)
 
-    def rank(group: str) -> int:
-        if group == "slurm":
+    def rank(unit: str) -> int:
+        if unit == "slurm":
             return 0
-        return 1 if any(item.get_closest_marker("slow") is not None for item in groups[group]) else 2
+        return 1 if any(item.get_closest_marker("slow") for item in units[unit]) else 2
 
-    items[:] = [item for group in sorted(groups, key=rank) for item in groups[group]]
+    items[:] = [item for unit in sorted(units, key=rank) for item in units[unit]]
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
