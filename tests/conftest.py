@@ -30,12 +30,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # marked `slurm` lives there. The units are handed out in the order set below, the longest first (the Slurm
 # unit, then modules with `slow` tests, then the rest in file order), so that no long module starts last
 # while the other worker is idle.
-SLURM_MODULES = "tests/test_slurm"
+SLURM_MODULES = "test_slurm"
 
 
 def _unit(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
-    return "slurm" if module.startswith(SLURM_MODULES) else module
+    return "slurm" if Path(module).name.startswith(SLURM_MODULES) else module
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -54,7 +54,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     strays = [item.nodeid for item in items if item.get_closest_marker("slurm") and _unit(item.nodeid) != "slurm"]
     if strays:
-        raise pytest.UsageError(f"tests marked `slurm` belong in {SLURM_MODULES}*.py: {', '.join(strays)}")
+        raise pytest.UsageError(f"tests marked `slurm` belong in tests/{SLURM_MODULES}*.py: {', '.join(strays)}")
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return
     units: dict[str, list[pytest.Item]] = {}
