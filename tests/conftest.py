@@ -85,7 +85,7 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     with FileLock(str(root / f"{name}.lock")):
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)  # a worker that failed to build it left this
-            folder.mkdir()
+            folder.mkdir(mode=0o700)  # owner-only, as pytest's own temporary folders
             done.write_text(str(build(folder)))
     return Path(done.read_text())
 
