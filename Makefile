@@ -17,11 +17,20 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/ecgpos demo
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (2: the CI machine's cores). Most of its time is spent
+# in subprocesses, imports and one-thread torch steps, which two workers overlap: serially it takes over
+# 45 minutes on the 2-core CI machine. `--dist loadfile` keeps each module on one worker (its module-scoped
+# runs and shards are built once); tests/conftest.py makes the Slurm modules one unit (one cluster at a time),
+# hands out the longest units first (hence --no-loadscope-reorder) and builds the session's shards and runs
+# once for all workers. `make test TEST_WORKERS=0` runs it serially.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP) lint docs-check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slurm and not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not slurm and not slow"
 
 test-slurm: $(STAMP)
 	$(PY) -m pytest -q -m slurm

@@ -10,14 +10,84 @@ import os
 os.environ.setdefault("ECGPOS_TEST_CUDA_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", "all"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
+import shutil  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 from ecgpos.resources import DATA_ENV_VAR, sample_data_root  # noqa: E402
 
-# Tests never use more threads than the 2-core CI machine has.
+# Tests never use more threads than the 2-core CI machine has: one each, so that the two pytest-xdist
+# workers of `make test` do not fight over its two cores.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# `make test` runs the suite on pytest-xdist workers with `--dist loadfile`: each test module stays on one
+# worker, so that its module-scoped fixtures (tiny runs, shards) are built once, as in a serial run. The
+# modules tests/test_slurm*.py are one unit, run one after another on one worker, so that no two Slurm
+# clusters (and their jobs, timed against requeue and preemption deadlines) share the machine; every test
+# marked `slurm` lives there. The units are handed out in the order set below, the longest first (the Slurm
+# unit, then modules with `slow` tests, then the rest in file order), so that no long module starts last
+# while the other worker is idle.
+SLURM_MODULES = "test_slurm"
+
+
+def _unit(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "slurm" if Path(module).name.startswith(SLURM_MODULES) else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SlurmTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return SlurmTogether(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    strays = [item.nodeid for item in items if item.get_closest_marker("slurm") and _unit(item.nodeid) != "slurm"]
+    if strays:
+        raise pytest.UsageError(f"tests marked `slurm` belong in tests/{SLURM_MODULES}*.py: {', '.join(strays)}")
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    units: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        units.setdefault(_unit(item.nodeid), []).append(item)
+
+    def rank(unit: str) -> int:
+        if unit == "slurm":
+            return 0
+        return 1 if any(item.get_closest_marker("slow") for item in units[unit]) else 2
+
+    items[:] = [item for unit in sorted(units, key=rank) for item in units[unit]]
+
+
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Path]) -> Path:
+    """`build(folder)` for a session fixture; its result is shared by all pytest-xdist workers.
+
+    In a serial run `folder` is a fresh temporary folder. Under xdist the first worker to ask builds into a
+    folder beside the workers' own temporary folders, under a file lock; the others wait for it and take
+    the result. The fixtures built this way are read, never changed, by the tests that use them.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed to build it left this
+            folder.mkdir(mode=0o700)  # owner-only, as pytest's own temporary folders
+            done.write_text(str(build(folder)))
+    return Path(done.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -40,23 +110,12 @@ def arrhythmia_shards(shared_data: Path, tmp_path_factory: pytest.TempPathFactor
     """Shards of all 200 real ecg-arrhythmia sample records, built once per session."""
     from ecgpos.cli import main
 
-    out = tmp_path_factory.mktemp("arrhythmia-shards")
-    rc = main(
-        [
-            "preprocess",
-            "ecg-arrhythmia",
-            "--src",
-            str(shared_data / "ecg-arrhythmia"),
-            "--subset",
-            "all",
-            "--out",
-            str(out),
-            "--records-per-shard",
-            "64",
-        ]
-    )
-    assert rc == 0
-    return out
+    def build(out: Path) -> Path:
+        argv = ["preprocess", "ecg-arrhythmia", "--src", str(shared_data / "ecg-arrhythmia"), "--subset", "all"]
+        assert main([*argv, "--out", str(out), "--records-per-shard", "64"]) == 0
+        return out
+
+    return built_once(tmp_path_factory, "arrhythmia-shards", build)
 
 
 # Refusal tests (test_refusals*.py): a real record, tiny shards, a tiny run and its export.
@@ -118,15 +177,20 @@ EXPORT_FAST = ["--set", "optim.steps=2", "--set", "train.batch_size=4", "--set",
 def level0_run(arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import pretrain_tiny
 
-    return pretrain_tiny(0, arrhythmia_shards, tmp_path_factory.mktemp("export-level0") / "run", *EXPORT_FAST)
+    def build(folder: Path) -> Path:
+        return pretrain_tiny(0, arrhythmia_shards, folder / "run", *EXPORT_FAST)
+
+    return built_once(tmp_path_factory, "export-level0", build)
 
 
 @pytest.fixture(scope="session")
 def level1_run(level0_run: Path, arrhythmia_shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import pretrain_tiny
 
-    run = tmp_path_factory.mktemp("export-level1") / "run"
-    return pretrain_tiny(1, arrhythmia_shards, run, *EXPORT_FAST, base=level0_run)
+    def build(folder: Path) -> Path:
+        return pretrain_tiny(1, arrhythmia_shards, folder / "run", *EXPORT_FAST, base=level0_run)
+
+    return built_once(tmp_path_factory, "export-level1", build)
 
 
 @pytest.fixture(scope="session")
@@ -141,18 +205,24 @@ def probe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def export0(level0_run: Path, probe_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import cli
 
-    out = tmp_path_factory.mktemp("exports") / "level0"
-    assert cli("export", "--run-dir", level0_run, "--out", out, "--onnx", "--probe-results", probe_dir) == 0
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "level0"
+        assert cli("export", "--run-dir", level0_run, "--out", out, "--onnx", "--probe-results", probe_dir) == 0
+        return out
+
+    return built_once(tmp_path_factory, "export0", build)
 
 
 @pytest.fixture(scope="session")
 def export1(level1_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tiny_runs import cli
 
-    out = tmp_path_factory.mktemp("exports") / "level1"
-    assert cli("export", "--run-dir", level1_run, "--out", out) == 0
-    return out
+    def build(folder: Path) -> Path:
+        out = folder / "level1"
+        assert cli("export", "--run-dir", level1_run, "--out", out) == 0
+        return out
+
+    return built_once(tmp_path_factory, "export1", build)
 
 
 @pytest.fixture(scope="module")
