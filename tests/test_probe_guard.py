@@ -242,12 +242,13 @@ def test_exclude_overlap_removes_exactly_the_overlapping_records(guard_case, tmp
         assert "dropped (--exclude-overlap)" in text
 
 
-def test_pretraining_folders_come_from_the_run_and_its_level0(tmp_path):
+@pytest.mark.parametrize("base_key", ["base", "stage0"])  # a run's base, as written and as a two-level run wrote it
+def test_pretraining_folders_come_from_the_run_and_its_level0(tmp_path, base_key):
     (tmp_path / "s0").mkdir()
     (tmp_path / "s1").mkdir()
     (tmp_path / "s0" / "run_info.json").write_text(json.dumps({"shards": ["/data/ningbo", "/data/code15"]}))
     (tmp_path / "s1" / "run_info.json").write_text(
-        json.dumps({"shards": ["/data/ningbo"], "level0": str(tmp_path / "s0")})
+        json.dumps({"shards": ["/data/ningbo"], base_key: str(tmp_path / "s0")})
     )
     assert recorded_pretraining(str(tmp_path / "s1"), {}) == [Path("/data/ningbo"), Path("/data/code15")]
     assert recorded_pretraining("export-folder", {"shards": ["/x"]}) == [Path("/x")]

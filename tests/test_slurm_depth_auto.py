@@ -53,7 +53,7 @@ def test_decide_job_runs_carve_on_the_pipelines_runs(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SLURM / "decide.sbatch"), "2"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout)
-    assert argv[:4] == ["ecgpos", "carve", "--decide", "2"] and _flag(argv, "--level-prefix") == "level"
+    assert argv[:4] == ["ecgpos", "carve", "--decide", "2"] and "--level-prefix" not in argv  # runs named level<l>
     assert _flag(argv, "--run-dir") == str(work / "runs") and _flag(argv, "--shards") == str(work / "shards")
     assert (_flag(argv, "--stop-below"), _flag(argv, "--min-drop"), _flag(argv, "--max-levels")) == ("0", "0.01", "3")
     assert _flag(argv, "--val-fraction") == "0.1"
@@ -146,7 +146,7 @@ def test_depth_auto_stops_then_carves_on_when_rerun_and_a_requeued_decide_job_su
     env["ECGPOS_STEPS"] = "level0 probe export"
     assert list(submit_pipeline(slurm_cluster, env, tmp_path)) == ["level0", "decide0"]
     jobs = _wait_chain(slurm_cluster, work, ["level0", "decide0", "probe-level0", "export"], timeout=600)
-    assert sorted(jobs) == ["decide0", "export", "probe-level0", "level0"]
+    assert sorted(jobs) == ["decide0", "export", "level0", "probe-level0"]
     carve = json.loads((runs / "carve.json").read_text())
     assert [r["decision"]["rule"] for r in carve["levels"]] == ["below"]
     assert (
