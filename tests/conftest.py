@@ -11,6 +11,7 @@ os.environ.setdefault("ECGPOS_TEST_CUDA_DEVICES", os.environ.get("CUDA_VISIBLE_D
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 import shutil  # noqa: E402
+import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -88,6 +89,15 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
             folder.mkdir(mode=0o700)  # owner-only, as pytest's own temporary folders
             done.write_text(str(build(folder)))
     return Path(done.read_text())
+
+
+@pytest.fixture(autouse=True)
+def fresh_accelerator_state():
+    """Accelerate keeps one process-wide state; a test that builds an Accelerator of its own (another
+    precision, another device) must not decide the next test's, so each test ends with it cleared."""
+    yield
+    if "accelerate.state" in sys.modules:
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(True)
 
 
 @pytest.fixture(scope="session")
