@@ -2,19 +2,17 @@
 
     python bench/depth_study.py [--out DIR] [--quick] [--seeds 3] [--levels 5]
 
-Corpus (the demo's simulator, neurokit2 ECGSYN, 9 s at 250 Hz, preprocessed as `ecgpos preprocess` does):
-nominal data is a union of three components, rhythm classes each with its own rate range and its own
-morphology (a fixed lead-mixing matrix with sign flips, which per-lead standardisation keeps). Held-out
-anomalies of two kinds:
-- join: between the components, the morphology of one class at the rate of another, and a normalised mix
-  of two records of different classes;
-- off-union: strong white noise on a nominal record, and a swapped lead pair (V1 <-> V5).
+Corpus (bench/depth_corpus.py, the demo's simulator): nominal data is a union of three components, rhythm
+classes each with its own rate range and morphology. Held-out anomalies of two kinds: join (between the
+components: one class's morphology at another's rate, a normalised mix of two classes) and off-union
+(strong white noise, a swapped lead pair).
 
 For each setting (push-pull off; on, with the paper's alpha 1 and scale 0.1) and seed, `ecgpos carve` trains
 levels 0..L-1 to a fixed depth (`--stop-below 0 --min-drop -1`), measuring each as it always does. Per level:
 the label-free readings (calibrated and literal criterion, pass-through rho, from carve.json; RankMe of the
 level's features; the level's own validation-loss drop) and the label-based ones (`ecgpos score`'s masked
-error, AUROC against held-out nominal records per anomaly kind, with a bootstrap interval).
+error, AUROC against held-out nominal records per anomaly kind, with a bootstrap interval; `ecgpos probe`'s
+linear probe of the rhythm class on the level's features; `ecgpos geometry`'s Delta % from the level above).
 
 Depths:
 - right depth (labels): the shallowest level after which the join-anomaly AUROC no longer rises above that
@@ -38,8 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FS, SECONDS = 250, 9.0
-RATES = {"brady": (42, 56), "normal": (64, 92), "tachy": (108, 148)}
+from depth_corpus import CLASSES, record_classes, simulate_corpus, write_pool  # noqa: E402  (bench/, the script's folder)
+
 RANKME_GAIN, LOSS_DROP = 0.01, 0.10
 STOP_BELOW, MIN_DROP = 0.05, 0.01  # `ecgpos carve`'s defaults
 
@@ -55,91 +53,8 @@ class Size:
     latent_steps: int
 
 
-DEFAULT = Size(pool_per_class=24, eval_per_class=8, anomalies=8, levels=5, seeds=3, level0_steps=120, latent_steps=80)
+DEFAULT = Size(pool_per_class=40, eval_per_class=8, anomalies=8, levels=5, seeds=3, level0_steps=800, latent_steps=300)
 QUICK = Size(pool_per_class=8, eval_per_class=3, anomalies=3, levels=2, seeds=1, level0_steps=10, latent_steps=10)
-
-
-def morphology(c: int) -> np.ndarray:
-    """Class c's fixed lead-mixing matrix (12, 12): identity plus a random mix, three leads sign-flipped."""
-    rng = np.random.default_rng(1000 + c)
-    mix = np.eye(12) + 0.6 * rng.standard_normal((12, 12)) / np.sqrt(12)
-    mix[rng.choice(12, 3, replace=False)] *= -1
-    return mix.astype(np.float32)
-
-
-def simulate_corpus(size: Size, seed: int = 0) -> dict[str, list[np.ndarray]]:
-    """Preprocessed (12, 2250) windows by group: pool, nominal (eval), join, off."""
-    from ecgpos.demo.synthetic import SEED_RANGE, SimulationParams, simulate_many
-    from ecgpos.ecg.signal import preprocess_batch
-    from ecgpos.ecg.spec import DEFAULT_SPEC
-
-    rng = np.random.default_rng(seed)
-    classes = list(RATES)
-    jobs: list[tuple[str, int, SimulationParams]] = []  # (group, morphology class, params)
-
-    def add(group: str, morph: int, rate_class: int, n: int) -> None:
-        for _ in range(n):
-            sim_seed = int(rng.integers(0, SEED_RANGE))
-            hr = float(rng.uniform(*RATES[classes[rate_class]]))
-            jobs.append((group, morph, SimulationParams(sim_seed, hr, float(rng.uniform(0.5, 4)), 0.01, SECONDS, FS)))
-
-    for c in range(3):
-        add("pool", c, c, size.pool_per_class)
-        add("nominal", c, c, size.eval_per_class)
-    for k in range(size.anomalies):  # morphology of one class at the rate of another
-        c = k % 3
-        add("rate-swap", c, (c + 1 + k % 2) % 3, 1)
-    signals = simulate_many([p for _, _, p in jobs])
-    out: dict[str, list[np.ndarray]] = {}
-    for (group, morph, _), x in zip(jobs, signals):
-        y = preprocess_batch((morphology(morph) @ x)[None], FS, DEFAULT_SPEC)[0][:, : int(FS * SECONDS)]
-        out.setdefault(group, []).append(y.astype(np.float32))
-        out.setdefault(f"class-{group}", []).append(np.float32(morph))  # type: ignore[arg-type]
-    nominal, by_class = out["nominal"], [int(c) for c in out["class-nominal"]]
-    mixes, noisy, swapped = [], [], []
-    for k in range(size.anomalies):
-        a = nominal[k % len(nominal)]
-        b = next(x for x, c in zip(nominal[::-1], by_class[::-1]) if c != by_class[k % len(nominal)])
-        m = a + b
-        mixes.append(((m - m.mean(1, keepdims=True)) / (m.std(1, keepdims=True) + 1e-6)).astype(np.float32))
-        noisy.append((a + rng.standard_normal(a.shape).astype(np.float32)).astype(np.float32))
-        s = a.copy()
-        s[[6, 10]] = s[[10, 6]]
-        swapped.append(s)
-    return {
-        "pool": out["pool"],
-        "nominal": nominal,
-        "join": out["rate-swap"] + mixes,
-        "off": noisy + swapped,
-    }
-
-
-def write_pool(windows: list[np.ndarray], folder: Path) -> Path:
-    """The pretraining pool as one shard in the layout `ecgpos preprocess` writes."""
-    import csv
-
-    from ecgpos.ecg.shards import shard_name, write_shard
-    from ecgpos.ecg.spec import DEFAULT_SPEC
-
-    folder.mkdir(parents=True, exist_ok=True)
-    ids = [f"DEPTH{i:05d}" for i in range(len(windows))]
-    write_shard(folder / shard_name(0), windows, ids, DEFAULT_SPEC, {"source": "depth-study", "chunk": 0})
-    fields = ["shard", "row", "source", "record_id", "patient_id", "age", "sex", "length", "labels"]
-    with (folder / "index.csv").open("w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(fields)
-        writer.writerows(
-            [shard_name(0), i, "depth-study", rid, rid, "", "", x.shape[1], ""]
-            for i, (rid, x) in enumerate(zip(ids, windows))
-        )
-    meta = {
-        "spec": DEFAULT_SPEC.to_dict(),
-        "source": "depth-study",
-        "counts": {"written": len(ids)},
-        "version": "bench",
-    }
-    (folder / "preprocess.json").write_text(json.dumps(meta))
-    return folder
 
 
 def auroc_ci(nominal: np.ndarray, anomalous: np.ndarray, resamples: int = 1000) -> tuple[float, float, float]:
@@ -166,30 +81,66 @@ def rankme(features: np.ndarray) -> float:
     return float(np.exp(-(p * np.log(p)).sum()))
 
 
-def label_readings(runs: Path, levels: int, groups: dict[str, list[np.ndarray]]) -> list[dict]:
-    """Per level: AUROC per anomaly kind of `ecgpos score`'s masked error, and RankMe of its features."""
+def level_features(encoder, level: int, windows: list[np.ndarray]) -> np.ndarray:
+    """forward_features of levels 0..level of the nested encoder, one row per window."""
     import torch
 
-    from ecgpos.inference.scoring import load_recon_models, window_scores
     from ecgpos.models.nested import cut_encoder
+
+    with torch.no_grad():
+        return cut_encoder(encoder, level).forward_features(torch.from_numpy(np.stack(windows))).float().numpy()
+
+
+def probe_auroc(pool: np.ndarray, pool_class: np.ndarray, test: np.ndarray, test_class: np.ndarray) -> float:
+    """Test macro AUROC of the rhythm class by `ecgpos probe`'s linear probe (the paper's protocol, one
+    seed): trained on four fifths of the pool, selected on the last fifth, tested on the held-out nominal
+    records; features standardised with the training part's statistics."""
+    from ecgpos.probes.linear.train import train_probe
+
+    one_hot = np.eye(len(CLASSES), dtype=np.float32)
+    held = np.arange(len(pool)) % 5 == 4
+    mean, std = pool[~held].mean(0), pool[~held].std(0) + 1e-6
+    z = [(a - mean) / std for a in (pool[~held], pool[held], test)]
+    y = [one_hot[c] for c in (pool_class[~held], pool_class[held], test_class)]
+    outcome = train_probe(z[0], y[0], z[1], y[1], z[2], y[2], [0], CLASSES)
+    return float(outcome.seeds[0].test_auroc)
+
+
+def geometry_deltas(before: dict[str, np.ndarray], after: dict[str, np.ndarray], nominal_class: np.ndarray) -> dict:
+    """`ecgpos geometry`'s Delta % from one level's features to the next (features space), nominal
+    classes the rhythm classes, anomaly classes join and off; {} where the pair cannot be measured."""
+    from ecgpos.probes.geometry.dynamics import UnmeasurableError, geometry
+
+    labels = [CLASSES[c] for c in nominal_class] + ["join"] * len(before["join"]) + ["off"] * len(before["off"])
+    x, x_hat = (np.concatenate([f["nominal"], f["join"], f["off"]]) for f in (before, after))
+    try:
+        return dict(geometry(x, x_hat, labels, CLASSES, ["join", "off"]).delta_pct)
+    except UnmeasurableError:
+        return {}
+
+
+def label_readings(runs: Path, size: Size, groups: dict[str, list[np.ndarray]]) -> list[dict]:
+    """Per level: AUROC per anomaly kind of `ecgpos score`'s masked error, RankMe of its features, the
+    linear probe's rhythm-class AUROC and geometry's Delta % from the level above."""
+    from ecgpos.inference.scoring import load_recon_models, window_scores
     from ecgpos.runs.run_folder import load_run_model
 
+    levels = size.levels
     models = load_recon_models(runs / f"level{levels - 1}")
     names = ["nominal", "join", "off"]
     scores = {g: window_scores(models, np.stack(groups[g]), 8) for g in names}
-    top = load_run_model(runs / f"level{levels - 1}")[0].eval()
-    encoder = top.nested_encoder()
-    x = torch.from_numpy(np.stack(groups["nominal"]))
-    out = []
+    encoder = load_run_model(runs / f"level{levels - 1}")[0].eval().nested_encoder()
+    pool_class, nominal_class = (record_classes(size, g) for g in ("pool", "nominal"))
+    out, above = [], None
     for level in range(levels):
         key = f"level{level}"
-        row: dict = {}
-        for kind in ("join", "off"):
-            row[f"auroc_{kind}"] = auroc_ci(scores["nominal"][key], scores[kind][key])
-        with torch.no_grad():
-            feats = cut_encoder(encoder, level).forward_features(x)
-        row["rankme"] = rankme(feats.float().numpy())
+        feats = {g: level_features(encoder, level, groups[g]) for g in ("pool", *names)}
+        row: dict = {f"auroc_{kind}": auroc_ci(scores["nominal"][key], scores[kind][key]) for kind in ("join", "off")}
+        row["rankme"] = rankme(feats["nominal"])
+        row["probe_auroc"] = probe_auroc(feats["pool"], pool_class, feats["nominal"], nominal_class)
+        row["geometry"] = geometry_deltas(above, feats, nominal_class) if above else {}
         out.append(row)
+        above = feats
     return out
 
 
@@ -248,7 +199,7 @@ def run_setting(out: Path, pool: Path, size: Size, setting: str, seed: int, grou
     if ecgpos(argv) != 0:
         raise SystemExit(f"carve failed for {setting} seed {seed}")
     carved = json.loads((runs / "carve.json").read_text())["levels"]
-    labels = label_readings(runs, size.levels, groups)
+    labels = label_readings(runs, size, groups)
     keep = ("level", "clean_error", "perturbation_over_error", "criterion", "criterion_ci", "criterion_literal")
     keep += ("pass_through", "pass_through_ci", "perturbation", "families")
     rows = [
@@ -268,8 +219,8 @@ def run_setting(out: Path, pool: Path, size: Size, setting: str, seed: int, grou
     return {"setting": setting, "seed": seed, "levels": rows, "depths": depths}
 
 
-def _mean(values: list[float]) -> str:
-    return f"{np.mean(values):.3f}" if values else "-"
+def _mean(values: list[float], digits: int = 3) -> str:
+    return f"{np.mean(values):.{digits}f}" if values else "-"
 
 
 def report(results: list[dict], size: Size, machine: str, seconds: float) -> str:
@@ -278,9 +229,9 @@ def report(results: list[dict], size: Size, machine: str, seconds: float) -> str
         f"Depth study: {size.levels} levels, {size.seeds} seed(s), level 0 {size.level0_steps} steps, "
         f"latent levels {size.latent_steps} steps, tiny configs; {machine}; {seconds / 60:.1f} min.",
         "",
-        "| setting | level | criterion | literal | rho | delta / eps | AUROC join | AUROC off | RankMe "
-        "| val-loss drop |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | level | criterion | literal | rho | delta / eps | AUROC join | AUROC off | probe AUROC "
+        "| Delta S % | Delta rho % | RankMe | val-loss drop |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for setting in dict.fromkeys(r["setting"] for r in results):
         runs = [r for r in results if r["setting"] == setting]
@@ -289,6 +240,8 @@ def report(results: list[dict], size: Size, machine: str, seconds: float) -> str
             cells = [_mean([x[k] for x in rows]) for k in ("criterion", "criterion_literal", "pass_through")]
             cells += [_mean([x["perturbation_over_error"] for x in rows])]
             cells += [_mean([x[k][0] for x in rows]) for k in ("auroc_join", "auroc_off")]
+            cells += [_mean([x["probe_auroc"] for x in rows])]
+            cells += [_mean([x["geometry"][m] for x in rows if m in x["geometry"]], 1) for m in ("S", "rho")]
             cells += [_mean([x["rankme"] for x in rows]), _mean([x["loss_drop"] for x in rows])]
             lines.append(f"| {setting} | {level} | " + " | ".join(cells) + " |")
     lines += [

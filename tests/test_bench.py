@@ -216,6 +216,9 @@ def test_depth_study_quick_names_both_depths(tmp_path: Path) -> None:
     for level in (r for result in results for r in result["levels"]):
         assert 0 <= level["criterion"] <= 1 and 0 <= level["pass_through"]
         assert 0 <= level["auroc_join"][0] <= 1 and level["auroc_join"][1] <= level["auroc_join"][2]
-        assert level["rankme"] >= 1 and level["perturbation"] in ("lowfreq", "principal")
+        assert level["rankme"] >= 1 and level["perturbation"] == "principal"
+        assert 0 <= level["probe_auroc"] <= 1 and level["perturbation_over_error"] == pytest.approx(2, rel=1e-3)
+    for result in results:  # geometry measures each level against the one above it
+        assert result["levels"][0]["geometry"] == {} and {"S", "rho", "IC"} <= set(result["levels"][1]["geometry"])
     assert (tmp_path / "study" / "depth.png").stat().st_size > 5000
     assert "Agreement with the right depth" in (tmp_path / "study" / "table.md").read_text()

@@ -149,10 +149,34 @@ def test_a_level_reading_does_not_depend_on_its_batches(level: int) -> None:
         assert reading.violation == split.families[family].violation
         other = split.families[family].pass_through
         assert all(reading.pass_through[r] == pytest.approx(other[r], rel=1e-4) for r in other)
-        if level == 1:  # a linear target space: the size is exact
-            assert reading.size_over_error == pytest.approx(2.0, rel=1e-3)
-        else:  # per-patch normalised targets are bounded: an untrained level's 2 eps lies beyond them
-            assert 0.5 < reading.size_over_error <= 2.0 + 1e-3
+        # read in its patches' units, a level's perturbation lies at exactly kappa * eps, normalised
+        # targets (level 0) included
+        assert reading.size_over_error == pytest.approx(2.0, rel=1e-3)
     assert whole.deciding == list(whole.families)[0]
     view = model_view(model)
     assert view.map is not model.reconstruct
+
+
+def test_a_normalised_level_is_read_in_its_patches_units_along_shape_directions() -> None:
+    """Level 0 trains on per-patch normalised targets: the criterion reads it in the patches' own units
+    (each prediction mapped back with its patch's mean and std), and the deciding family's directions
+    are those of the patches without their means, the part such a level models."""
+    from ecgpos.objectives.perturbations import TokenMoments, deciding_family
+
+    model = _models()[0]
+    assert model.norm_target and deciding_family(model) == PRINCIPAL
+    x = torch.randn(2, 12, 2250, generator=torch.Generator().manual_seed(4))
+    view = model_view(model, "unmasked")
+    assert torch.equal(view.target(x), model.patches(x)) and view.centred
+    pred = model.reconstruct(x)
+    patches = model.patches(x)
+    assert torch.allclose(
+        view.map(x), pred * patches.std(-1, unbiased=False, keepdim=True) + patches.mean(-1, keepdim=True), atol=1e-4
+    )
+    moments = TokenMoments(centred=True)
+    moments.add(patches + 5.0 * torch.randn(2, 12, 30, 1))  # each patch's own level varies most
+    vectors, _ = moments.principal()
+    assert vectors.sum(0).abs().max() < 1e-6  # no direction moves a patch's mean
+    raw = TokenMoments()
+    raw.add(patches + 5.0 * torch.randn(2, 12, 30, 1))
+    assert raw.principal()[0][:, 0].abs().std() < 0.05  # uncentred, the leading one is the patch mean

@@ -50,7 +50,7 @@ def test_stops_at_the_depth_budget_and_carves_on_before() -> None:
 
 
 def _record(level: int, criterion: float) -> LevelRecord:
-    families = {"principal" if level else "lowfreq": {"criterion": criterion, "pass_through": 0.4}}
+    families = {"principal": {"criterion": criterion, "pass_through": 0.4}}
     families["gaussian"] = {"criterion": 0.0, "pass_through": 0.02, "perturbation_over_error": 2.0}
     return LevelRecord(
         level=level,
@@ -64,7 +64,7 @@ def _record(level: int, criterion: float) -> LevelRecord:
         criterion_literal=0.0,
         pass_through=0.4,
         pass_through_ci=(0.3, 0.5),
-        perturbation="principal" if level else "lowfreq",
+        perturbation="principal",
         records=20,
         decision={"stop": bool(level), "rule": STOP_MAX if level else CONTINUE, "reason": "r"},
         families=families,
@@ -122,7 +122,7 @@ def test_carve_three_levels_on_the_real_samples(
         logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert r["records"] == len(val) == 22 and r["steps"] == 2
         assert set(CARVE_KEYS) <= set(r) and r["map"] == "masked"  # no push-pull: the masked map
-        assert r["perturbation"] == ("lowfreq" if r["level"] == 0 else "principal")
+        assert r["perturbation"] == "principal"
         assert r["criterion_literal"] == pytest.approx(
             [x for x in logged if "val_push_violation" in x][-1]["val_push_violation"], abs=1e-6
         )
@@ -133,7 +133,7 @@ def test_carve_three_levels_on_the_real_samples(
         assert criterion(again.pass_through) == pytest.approx(r["pass_through"], rel=1e-4)
         assert 0 <= r["criterion"] <= 1 and r["criterion_ci"][0] <= r["criterion"] <= r["criterion_ci"][1]
         assert 0 < r["pass_through"] < 1 and r["pass_through_ci"][0] < r["pass_through"] < r["pass_through_ci"][1]
-        assert r["perturbation_over_error"] >= (2 - 1e-3 if r["level"] else 0.5)  # level 0's targets are bounded
+        assert r["perturbation_over_error"] >= 2 - 1e-3
     text = (runs / "carve.md").read_text()
     assert "| 2 |" in text and "Decision after level 2: stopped, reached --max-levels 3" in text
     assert (runs / "carve.png").stat().st_size > 10_000

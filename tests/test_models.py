@@ -128,7 +128,7 @@ def test_mae_loss_counts_masked_patches_only():
     assert loss.item() < 1e-10
     loss, _ = model.forward_loss(x, torch.where(out["mask"][..., None], target + 1.0, target), out["mask"])
     assert loss.item() == pytest.approx(1.0, rel=1e-5)
-    assert torch.allclose(model.to_signal_units(x, target), patchify(x, 75), atol=1e-4)
+    assert torch.allclose(model.in_patch_units(x, target), patchify(x, 75), atol=1e-4)
     raw = MaskedECGAutoencoder(model.encoder, SMALL_DEC, norm_target=False)
     assert torch.equal(raw.target(x), patchify(x, 75))
 

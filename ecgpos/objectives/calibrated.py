@@ -5,19 +5,22 @@ reconstruction error is large compared with that size reads 0 whatever it does t
 the size follows the level:
 
 1. eps = the median over the held-out windows of d(P(x), x): the level's clean reconstruction error in
-   its target space, through the map P it is read as (below).
+   its target space, through the map P it is read as (below). A level trained on per-patch normalised
+   targets (norm_target) is read in its patches' own units instead: each predicted patch is mapped back
+   with the input patch's own mean and std (LevelObjective.in_patch_units, the figures' definition). On
+   the normalised sphere every window has the same size |x|, and a level near the mean predictor has
+   eps ~ |x|: no perturbation lies 2 eps away there, and a map that removes a perturbation would read
+   as one that keeps it. In the patches' units both maps read as below at any size. The price, stated
+   where the families are: what such a level discards by construction (a patch's level and scale) it
+   passes through.
 2. Each window gets a perturbation of a family (ecgpos.objectives.perturbations) scaled so that
-   d(x~, x) = delta = kappa * eps in the target space (KAPPA = 2; a few multiplicative steps find the
-   scale where the target is not linear in the input, e.g. per-patch normalised patches).
+   d(x~, x) = delta = kappa * eps in that space (KAPPA = 2; the space is linear in the patches, so one
+   scaling is exact; a few multiplicative steps remain for a view whose target is not).
 3. The window violates the margin when d(P(x~), x~) < alpha * d(x~, x) with alpha = 1: the reconstruction
    of x~ lies nearer x~ than x does. A map that passes the perturbation through (P(x~) = P(x) + e) has
    d(P(x~), x~) = d(P(x), x), below delta for every window whose error is under kappa times the median:
    it reads 1. A map that removes it (P(x~) = P(x)) has d(P(x~), x~) ~ sqrt(d(P(x), x)^2 + delta^2) >= delta:
    it reads 0. At alpha > 1 a removing map would violate too, hence alpha 1 whatever the level trained with.
-   Per-patch normalised targets (norm_target) put every window on a sphere of radius |x|: there a map that
-   removes the perturbation and predicts little (d(P(x~), x~) ~ |x~| = |x|) would violate at any delta
-   above |x|, so delta is capped at the median |x| and carve.json's `perturbation_over_error` says the
-   ratio delta / eps actually used (below kappa for a level whose error approaches its targets' size).
 4. Pass-through rho = d(P(x~), P(x)) / d(x~, x) per window: 0 when the level removes the perturbation,
    1 when it reproduces it.
 
@@ -61,7 +64,7 @@ class LevelView:
     with_patches: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # inputs, new patches -> inputs
     target: Callable[[torch.Tensor], torch.Tensor]  # inputs -> target space
     map: Callable[[torch.Tensor], torch.Tensor]  # inputs -> reconstruction in the target space
-    bounded: bool = False  # per-patch normalised targets: every window lies on a sphere of radius |x|
+    centred: bool = False  # the level models each patch without its mean: principal directions of centred patches
 
 
 def map_kind(model: LevelObjective, choice: str = "trained") -> str:
@@ -78,14 +81,14 @@ def masked_map(model: LevelObjective, inputs: torch.Tensor, masks: int = MASKS) 
 
 
 def model_view(model: LevelObjective, choice: str = "trained") -> LevelView:
-    """The view of a level objective through its map: the objective's own declared members."""
+    """The view of a level objective through its map, in its patches' units (module docstring, 1)."""
     kind = map_kind(model, choice)
     return LevelView(
         model.level_inputs,
         model.patches,
         model.with_patches,
-        model.target,
-        lambda inputs: model.reconstruct_through(inputs, kind, MASKS),
+        model.patches,
+        lambda inputs: model.in_patch_units(inputs, model.reconstruct_through(inputs, kind, MASKS)),
         model.norm_target,
     )
 
@@ -176,7 +179,7 @@ def calibrated_reading(
     """The calibrated criterion of each family over `batches` (a callable: the records are read twice,
     once for eps and the principal directions, once perturbed). Each window's direction comes from a
     generator seeded by (seed, family, record id, window number): batching changes nothing."""
-    moments = TokenMoments()
+    moments = TokenMoments(view.centred)
     errors, norms = clean_errors(view, batches, moments)
     if errors.size == 0:
         return CalibratedReading(map_name, float("nan"), kappa, deciding, {f: FamilyReading() for f in families})
@@ -185,8 +188,6 @@ def calibrated_reading(
     used = max(eps, EPS_FLOOR * float(np.median(norms)))
     basis = moments.principal()
     delta = kappa * used
-    if view.bounded:  # on the sphere, beyond its radius a map that removes the perturbation would violate
-        delta = min(delta, float(np.median(norms)))
     hits: dict[str, dict[str, list[tuple[float, float]]]] = {f: {} for f in families}
     sizes: dict[str, list[float]] = {f: [] for f in families}
     with torch.no_grad():

@@ -142,6 +142,17 @@ class LevelObjective(nn.Module, abc.ABC):
         patches = self.patches(inputs)
         return normalise_tokens(patches) if self.norm_target else patches
 
+    @torch.no_grad()
+    def in_patch_units(self, inputs: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+        """pred (B, L, N, D) in the target space -> the units of the inputs' patches, per-patch
+        normalisation undone with each input patch's own mean and std (identity without norm_target)."""
+        if not self.norm_target:
+            return pred
+        patches = self.patches(inputs).float()
+        mean = patches.mean(dim=-1, keepdim=True)
+        std = torch.sqrt(patches.var(dim=-1, keepdim=True, unbiased=False) + TARGET_EPS)
+        return pred.float() * std + mean
+
     def draw_noise(
         self, batch: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
     ) -> dict[str, torch.Tensor]:

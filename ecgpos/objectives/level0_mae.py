@@ -44,7 +44,7 @@ class MaskedECGAutoencoder(LevelObjective):
     """ST-MEM masked autoencoder: x (B, 12, 2250) -> dict(loss, pred, target, mask).
 
     pred/target (B, 12, 30, 75) are in normalised-patch units when norm_target (the default);
-    `to_signal_units(x, pred)` maps pred back to the input's units for figures.
+    `in_patch_units(inputs, pred)` maps pred back to the signal's units (figures, the calibrated criterion).
     """
 
     def __init__(
@@ -97,14 +97,3 @@ class MaskedECGAutoencoder(LevelObjective):
             loss = loss + pp.lambda_pp * pp_loss
             log["pp_loss"], log["push_active"] = pp_loss, active
         return {"loss": loss, "log": log, "pred": pred, "target": target, "mask": mask}
-
-    @torch.no_grad()
-    def to_signal_units(self, x: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-        """pred (B, L, N, P) -> (B, L, N, P) in x's units, undoing per-patch normalisation with
-        each input patch's own mean and std (identity when norm_target is False)."""
-        if not self.norm_target:
-            return pred
-        patches = patchify(x, self.encoder.patch_size).float()
-        mean = patches.mean(dim=-1, keepdim=True)
-        std = torch.sqrt(patches.var(dim=-1, keepdim=True, unbiased=False) + TARGET_EPS)
-        return pred.float() * std + mean

@@ -10,10 +10,17 @@ clean one in the level's target space. The families:
   no visible patch, so under the masked map it reads about 0 whatever the level.
 - `lowfreq` (level 0): a smooth offset per lead, sum of sinusoids of 1, 2 and 3 cycles per window (0.1 to
   0.3 Hz at 9 s), random amplitudes and phases: baseline wander, which visible patches carry to hidden ones.
-- `gain` (level 0 without norm_target): a lead-wide gain and baseline change. Per-patch normalised targets
-  (norm_target, the default) remove both, so the family is left out there.
-- `principal` (latent levels): one shift of every patch token of the window along the leading principal
-  directions of the held-out tokens, N(0, lambda_j) along direction j.
+- `gain` (level 0 without norm_target): a lead-wide gain and baseline change.
+- `principal` (every level): one shift of every patch of the window along the leading principal directions
+  of the held-out patches (at a latent level, tokens), N(0, lambda_j) along direction j: the directions in
+  which the level's own inputs vary most, repeated in every patch, so visible patches carry it to hidden
+  ones. At a level trained on per-patch normalised targets the directions are those of the patches with
+  each patch's mean removed: the part of a patch such a level models.
+
+A level trained on per-patch normalised targets is read in its patches' units with each patch's own mean
+and std (ecgpos.objectives.calibrated), so what it discards by construction, a patch's level and scale,
+passes through: `lowfreq` (mostly a slow offset) reads near 1 there and `gain` is left out. The deciding
+family is therefore `principal` at every level: a change of the patches' shape, the part every level models.
 
 DECIDING names the family whose reading drives `ecgpos carve`'s decision at each kind of level.
 """
@@ -31,19 +38,19 @@ LOWFREQ = "lowfreq"
 GAIN = "gain"
 PRINCIPAL = "principal"
 PRINCIPAL_DIRECTIONS = 4  # k: the leading directions a `principal` shift moves along
-DECIDING = {"signal": LOWFREQ, "latent": PRINCIPAL}
+DECIDING = PRINCIPAL
 
 
 def level_families(model: LevelObjective) -> tuple[str, ...]:
     """The families measured at this level, the deciding one first."""
     if model.is_latent:
         return (PRINCIPAL, GAUSSIAN)
-    return (LOWFREQ, GAUSSIAN) if model.norm_target else (LOWFREQ, GAIN, GAUSSIAN)
+    return (PRINCIPAL, LOWFREQ, GAUSSIAN) if model.norm_target else (PRINCIPAL, LOWFREQ, GAIN, GAUSSIAN)
 
 
-def deciding_family(model: LevelObjective) -> str:
+def deciding_family(model: LevelObjective) -> str:  # noqa: ARG001 - the same at every level, see above
     """The family whose reading decides `ecgpos carve` at this level."""
-    return DECIDING["latent" if model.is_latent else "signal"]
+    return DECIDING
 
 
 def direction(
@@ -81,13 +88,16 @@ def direction(
 class TokenMoments:
     """Running first and second moments of token vectors (D,), for the principal directions."""
 
-    def __init__(self) -> None:
+    def __init__(self, centred: bool = False) -> None:
+        self.centred = centred  # each row's own mean removed first (a level with per-patch normalised targets)
         self.count = 0
         self.total: torch.Tensor | None = None
         self.outer: torch.Tensor | None = None
 
     def add(self, patches: torch.Tensor) -> None:
         rows = patches.detach().double().reshape(-1, patches.shape[-1]).cpu()
+        if self.centred:
+            rows = rows - rows.mean(dim=-1, keepdim=True)
         self.count += rows.shape[0]
         self.total = rows.sum(0) if self.total is None else self.total + rows.sum(0)
         self.outer = rows.T @ rows if self.outer is None else self.outer + rows.T @ rows

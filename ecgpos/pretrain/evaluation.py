@@ -67,7 +67,7 @@ def training_figures(
     folder = run_dir / FIGURES_DIR
     title = f"step {step}: loss {float(out['loss']):.4f} on {figure_set.index.record_id[0]}"
     if cfg.level == 0:
-        tensors = {"recon": objective.to_signal_units(x, out["pred"])[0].float()}
+        tensors = {"recon": objective.in_patch_units(x, out["pred"])[0].float()}
     else:
         tensors = {"target": out["target"][0].float(), "pred": out["pred"][0].float()}
     arrays = {"mask": out["mask"][0].cpu().numpy(), **{k: v.cpu().numpy() for k, v in tensors.items()}}
