@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ecgpos.cli import main as ecgpos_main  # noqa: E402
 from ecgpos.export.classifier import CLASSIFIER_ONNX_FILE, ExportedClassifier, load_classifier  # noqa: E402
 from ecgpos.export.classifier_writer import FinetunedModel, write_classifier_export  # noqa: E402
-from ecgpos.export.load import ExportedEncoder  # noqa: E402
 from ecgpos.inference.resolve import random_encoder  # noqa: E402
 from ecgpos.resources import sample_data_root  # noqa: E402
 
@@ -41,9 +40,8 @@ def write_classifier(config: Path, out: Path) -> None:
     """A classifier export of `config`'s encoder with a seeded head, written by the exporter itself."""
     loaded = random_encoder(config, seed=0)
     torch.manual_seed(0)
-    head = torch.nn.Linear(loaded.module.width, len(LABELS)).eval()
-    encoder = ExportedEncoder(loaded.module, loaded.spec, loaded.arch, {"training": {}})
-    classifier = ExportedClassifier(encoder, head, LABELS, np.full(len(LABELS), 0.5), {})
+    head = torch.nn.Linear(loaded.width, len(LABELS)).eval()
+    classifier = ExportedClassifier(loaded, head, LABELS, np.full(len(LABELS), 0.5), {})
     rng = np.random.default_rng(0)
     windows = rng.standard_normal((24, 12, loaded.spec.window)).astype(np.float32)
     with torch.no_grad():

@@ -40,6 +40,9 @@ def shipped_configs() -> list[str]:
     return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
 
 
+_NOTED: set[str] = set()
+
+
 def config_path(name_or_path: str | Path) -> Path:
     """An existing YAML file, or a shipped config by name ('level0', 'tiny/level1', 'level0.yaml');
     a missing stage0/stage1 config (by name or as configs/[tiny/]stage<l>.yaml) is its level<l> file."""
@@ -57,7 +60,9 @@ def config_path(name_or_path: str | Path) -> Path:
             not level.is_absolute() and (config_dir() / f"{other[2]}level{other[3]}.yaml").is_file()
         ):
             found = config_path(level)
-            print(f"ecgpos: note: config {name_or_path} is {found}", file=sys.stderr)
+            if str(name_or_path) not in _NOTED:  # once per process: carve resolves it for every level
+                _NOTED.add(str(name_or_path))
+                print(f"ecgpos: note: config {name_or_path} is {found}", file=sys.stderr)
             return found
     raise ConfigError(f"config {name_or_path} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
 

@@ -85,11 +85,17 @@ def test_a_config_that_says_stage_reads_as_level(tmp_path: Path, capsys: pytest.
         assert config_differences(saved, load_run_config(name, FIXTURE_SETS)) == []
 
 
-def test_the_stage_config_names_are_the_level_files(capsys: pytest.CaptureFixture) -> None:
+def test_the_stage_config_names_are_the_level_files(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ecgpos.resources
+
+    monkeypatch.setattr(ecgpos.resources, "_NOTED", set())
     for old, new in (("stage0", "level0"), ("stage1.yaml", "level1"), ("tiny/stage0", "tiny/level0")):
         assert config_path(old) == config_path(new)
         note = capsys.readouterr().err
         assert note.count("\n") == 1 and f"config {old} is " in note
+        assert config_path(old) == config_path(new) and capsys.readouterr().err == ""  # said once per process
     assert config_path(config_dir() / "tiny" / "stage1.yaml") == config_dir() / "tiny" / "level1.yaml"
     assert not (config_dir() / "stage0.yaml").exists() and (config_dir() / "level0.yaml").is_file()
     with pytest.raises(ConfigError, match="neither a file nor a shipped config"):
