@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the package, and depth_corpus beside this script
 
-from depth_corpus import CLASSES, record_classes, simulate_corpus, write_pool  # noqa: E402  (bench/, the script's folder)
+from depth_corpus import CLASSES, record_classes, simulate_corpus, write_pool  # noqa: E402
 
 RANKME_GAIN, LOSS_DROP = 0.01, 0.10
 STOP_BELOW, MIN_DROP = 0.05, 0.01  # `ecgpos carve`'s defaults
@@ -286,8 +286,9 @@ def plot(results: list[dict], size: Size, path: Path) -> None:
         ax.set_xlabel("level")
         ax.set_xticks(depth)
         ax.set_ylim(-0.05, 1.05)
-    axes[0][0].legend(["criterion (calibrated)", "pass-through rho", "AUROC join"], fontsize=7, loc="lower left")
-    fig.tight_layout()
+    labels = ["criterion (calibrated)", "pass-through rho", "AUROC join (score)"]
+    fig.legend(labels, fontsize=8, loc="lower center", ncol=3, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))  # room for the legend below the panels
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
