@@ -210,7 +210,8 @@ def calibrated_reading(
         f: FamilyReading(
             {r: float(np.mean([v for v, _ in h])) for r, h in hits[f].items()},
             {r: float(np.mean([p for _, p in h])) for r, h in hits[f].items()},
-            float(np.median(sizes[f])) / used if sizes[f] and used > 0 else float("nan"),
+            # to the float32 distances' precision, so that a calibration of exactly kappa reads kappa
+            round(float(np.median(sizes[f])) / used, 5) if sizes[f] and used > 0 else float("nan"),
         )
         for f in families
     }
