@@ -22,7 +22,7 @@ and std (ecgpos.objectives.calibrated), so what it discards by construction, a p
 passes through: `lowfreq` (mostly a slow offset) reads near 1 there and `gain` is left out. The deciding
 family is therefore `principal` at every level: a change of the patches' shape, the part every level models.
 
-DECIDING names the family whose reading drives `ecgpos carve`'s decision at each kind of level.
+DECIDING names the family whose reading drives `ecgpos carve`'s decision.
 """
 
 from __future__ import annotations
