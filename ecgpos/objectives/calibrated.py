@@ -15,7 +15,7 @@ the size follows the level:
    passes through.
 2. Each window gets a perturbation of a family (ecgpos.objectives.perturbations) scaled so that
    d(x~, x) = delta = kappa * eps in that space (KAPPA = 2; the space is linear in the patches, so one
-   scaling is exact; a few multiplicative steps remain for a view whose target is not).
+   scaling is exact).
 3. The window violates the margin when d(P(x~), x~) < alpha * d(x~, x) with alpha = 1: the reconstruction
    of x~ lies nearer x~ than x does. A map that passes the perturbation through (P(x~) = P(x) + e) has
    d(P(x~), x~) = d(P(x), x), below delta for every window whose error is under kappa times the median:
@@ -49,7 +49,6 @@ from ecgpos.objectives.push_pull import per_sample_distance
 KAPPA = 2.0
 MAPS = ("trained", "masked", "unmasked")
 MASKS = SCORE_MASKS  # `ecgpos score`'s default --masks
-SCALE_STEPS = 6
 EPS_FLOOR = 1e-3  # eps is at least this fraction of the median target size
 
 Batches = Callable[[], Iterable[tuple[Sequence[tuple[str, int]], torch.Tensor]]]
@@ -93,20 +92,19 @@ def model_view(model: LevelObjective, choice: str = "trained") -> LevelView:
     )
 
 
-def scaled_perturbation(view: LevelView, inputs: torch.Tensor, e: torch.Tensor, delta: float) -> torch.Tensor:
-    """The perturbed inputs x~ = x + s e, s per window so that d(x~, x) = delta in the target space
-    (exact where the target is linear in the patches, a few multiplicative steps elsewhere)."""
-    patches, clean = view.patches(inputs), view.target(inputs)
-    norm = per_sample_distance(e, torch.zeros_like(e)).clamp_min(1e-12)
-    scale = (delta / norm).reshape(-1, *[1] * (e.dim() - 1))
-    for _ in range(SCALE_STEPS):
-        tilde = view.with_patches(inputs, patches + scale * e)
-        size = per_sample_distance(view.target(tilde), clean)
-        ratio = torch.where(size > 0, delta / size.clamp_min(1e-30), torch.ones_like(size))
-        if bool(((ratio - 1).abs() < 1e-4).all()):
-            break
-        scale = (scale * ratio.clamp(0.1, 10.0).reshape(scale.shape)).clamp(max=1e6)
-    return view.with_patches(inputs, patches + scale * e)
+def scaled_perturbation(
+    view: LevelView, inputs: torch.Tensor, e: torch.Tensor, delta: float, clean: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The perturbed inputs x~ = x + s e, s per window so that d(x~, x) = delta in the target space.
+    The target is linear in the patches (a level is read in its patches' units), so the size measured at
+    a first guess (delta / |e|) fixes s; measured at about delta, it keeps float32's relative precision.
+    `clean`: the inputs' target when already computed."""
+    patches = view.patches(inputs)
+    clean = view.target(inputs) if clean is None else clean
+    shape = (-1, *[1] * (e.dim() - 1))
+    guess = delta / per_sample_distance(e, torch.zeros_like(e)).clamp_min(1e-12)
+    size = per_sample_distance(view.target(view.with_patches(inputs, patches + guess.reshape(shape) * e)), clean)
+    return view.with_patches(inputs, patches + (guess * delta / size.clamp_min(1e-30)).reshape(shape) * e)
 
 
 @torch.no_grad()
@@ -122,7 +120,7 @@ def window_readings(
     along directions e (B, L, N, D) at the calibrated size `delta`; `clean`: (target, map) of the inputs
     when already computed."""
     clean_t, clean_p = clean if clean is not None else (view.target(inputs), view.map(inputs))
-    tilde = scaled_perturbation(view, inputs, e, delta)
+    tilde = scaled_perturbation(view, inputs, e, delta, clean_t)
     tilde_t, tilde_p = view.target(tilde), view.map(tilde)
     size = per_sample_distance(tilde_t, clean_t)
     violated = alpha * size > per_sample_distance(tilde_p, tilde_t)

@@ -48,8 +48,8 @@ def level_families(model: LevelObjective) -> tuple[str, ...]:
     return (PRINCIPAL, LOWFREQ, GAUSSIAN) if model.norm_target else (PRINCIPAL, LOWFREQ, GAIN, GAUSSIAN)
 
 
-def deciding_family(model: LevelObjective) -> str:  # noqa: ARG001 - the same at every level, see above
-    """The family whose reading decides `ecgpos carve` at this level."""
+def deciding_family(model: LevelObjective) -> str:
+    """The family whose reading decides `ecgpos carve` at this level: the same at every level (above)."""
     return DECIDING
 
 
